@@ -1,0 +1,145 @@
+"""Typed configuration of a position scheme: rotation × far_mass × rotate_values (DESIGN §2).
+
+Every choice is a ``Literal``; cross-field checks run at construction so an impossible cell can
+never reach the model. Errors are :class:`ConfigError` (a ``ValueError``) with a one-line message
+that names the offending field and what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
+
+Rotation = Literal["none", "rope", "accum", "path"]
+FarMass = Literal["none", "alibi", "forget"]
+Increments = Literal["random_position", "random_token", "learned"]
+IncrementMean = Literal["zero", "rope"]
+IncrementSpread = Literal["constant", "ladder"]
+IncrementFamily = Literal["gaussian", "uniform"]
+PathKernel = Literal["chunked", "recurrent", "fla"]
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; its message is one line naming the field and the valid choices."""
+
+
+def _check_choice(name: str, value: object, literal: object) -> None:
+    choices = get_args(literal)
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
+
+
+@dataclass
+class SchemeConfig:
+    """One cell of the ablation grid plus the knobs of its parts.
+
+    Attributes:
+        rotation: how the q·k pairing is transported along the path s → t.
+        far_mass: additive log-decay bias Σ_{j=s+1..t} log f_j (ALiBi: constant per head; forget: data-dependent).
+        rotate_values: SO(2) rotations only; value of s arrives at t rotated by θ_t − θ_s.
+        rope_base: RoPE's base b, ω_i = b^(−i/(D/2)) for pair i.
+        increments: kind of accumulated increment δ_j (``rotation="accum"`` only).
+        increment_mean: ``zero`` or RoPE's ω_i (the drift control that breaks the regularity condition).
+        increment_spread: ``constant`` (one σ for every pair) or ``ladder`` (σ_i = c·ω_i / ω_0).
+        increment_family: distribution of random increments.
+        window: mixing window W in tokens: σ is chosen so |E[e^{iδ}]|^W = window_eps (random kinds).
+        sigma: spread set directly (mutually exclusive with ``window``).
+        window_eps: the ε of the mixing window.
+        resample: redraw ``random_position`` increments every training batch.
+        seed: seed of the frozen random increments (eval draws and the ``random_token`` table).
+        max_increment: bound of learned increments, δ = max_increment · tanh(·).
+        increment_rank: low-rank bottleneck of learned projections (None = full rank).
+        conv_size: width of the short causal convolution before learned projections (0 = none).
+        learned_ladder: scale learned increments by RoPE's frequency ladder (Selective-RoPE style).
+        learned_init_std: init std of the last learned-increment projection.
+        forget_bias_init: initial bias of the forget gate; None = log-sigmoid matching ALiBi's slopes.
+        beta_max: PaTH's β_j = beta_max · sigmoid(·), in (0, 2].
+        path_rank: low-rank bottleneck of PaTH's w projection (None = full rank).
+        chunk_size: PaTH chunk length c.
+        path_kernel: PaTH implementation.
+        block_size: query/key block of the biased (far-mass) attention kernel.
+    """
+
+    rotation: Rotation = "none"
+    far_mass: FarMass = "none"
+    rotate_values: bool = False
+    # rope
+    rope_base: float = 10000.0
+    # accum
+    increments: Increments | None = None
+    increment_mean: IncrementMean = "zero"
+    increment_spread: IncrementSpread = "constant"
+    increment_family: IncrementFamily = "gaussian"
+    window: float | None = None
+    sigma: float | None = None
+    window_eps: float = 0.05
+    resample: bool = True
+    seed: int = 0
+    max_increment: float = 1.0
+    increment_rank: int | None = None
+    conv_size: int = 0
+    learned_ladder: bool = False
+    learned_init_std: float = 0.02
+    # forget gate
+    forget_bias_init: float | None = None
+    # path
+    beta_max: float = 2.0
+    path_rank: int | None = None
+    chunk_size: int = 64
+    path_kernel: PathKernel = "chunked"
+    # kernels
+    block_size: int = 128
+
+    def __post_init__(self) -> None:
+        _check_choice("rotation", self.rotation, Rotation)
+        _check_choice("far_mass", self.far_mass, FarMass)
+        if not isinstance(self.rotate_values, bool):
+            raise ConfigError(f"rotate_values={self.rotate_values!r} is not valid; use true or false")
+        _check_choice("increment_mean", self.increment_mean, IncrementMean)
+        _check_choice("increment_spread", self.increment_spread, IncrementSpread)
+        _check_choice("increment_family", self.increment_family, IncrementFamily)
+        _check_choice("path_kernel", self.path_kernel, PathKernel)
+        if self.rotation == "accum":
+            if self.increments is None:
+                self.increments = "random_position"
+            _check_choice("increments", self.increments, Increments)
+        elif self.increments is not None:
+            raise ConfigError(
+                f"increments={self.increments!r} needs rotation='accum' (got rotation={self.rotation!r}); "
+                "drop increments or set rotation=accum"
+            )
+        if self.rotate_values and self.rotation not in ("rope", "accum"):
+            raise ConfigError(
+                f"rotate_values=true needs an SO(2) rotation (rope or accum), not rotation={self.rotation!r}"
+            )
+        positive = {
+            "rope_base": self.rope_base,
+            "max_increment": self.max_increment,
+            "chunk_size": self.chunk_size,
+            "block_size": self.block_size,
+        }
+        for name in ("window", "sigma", "increment_rank", "path_rank"):
+            if getattr(self, name) is not None:
+                positive[name] = getattr(self, name)
+        for name, value in positive.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or math.isinf(value):
+                raise ConfigError(f"{name}={value!r} is not valid; it must be a positive number")
+        for name in ("chunk_size", "block_size", "increment_rank", "path_rank", "conv_size", "seed"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{name}={value!r} is not valid; it must be an integer")
+        if self.conv_size < 0:
+            raise ConfigError(f"conv_size={self.conv_size!r} is not valid; it must be 0 (off) or a positive width")
+        if self.learned_init_std < 0:
+            raise ConfigError(f"learned_init_std={self.learned_init_std!r} is not valid; it must be >= 0")
+        if not 0.0 < self.window_eps < 1.0:
+            raise ConfigError(f"window_eps={self.window_eps!r} is not valid; it must lie in (0, 1)")
+        if not 0.0 < self.beta_max <= 2.0:
+            raise ConfigError(f"beta_max={self.beta_max!r} is not valid; it must lie in (0, 2]")
+        if self.window is not None and self.sigma is not None:
+            raise ConfigError("window and sigma both set; set the spread by one of them")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,127 @@
+"""Registry and the composed per-layer scheme module (DESIGN §2).
+
+``build(cfg, d_model, n_heads)`` looks the rotation and the far-mass part up in two registries, so a
+new family is one file with a ``@register_rotation`` / ``@register_far_mass`` class, never a new flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from accrot.ops.attention import causal_attention
+from accrot.ops.rotary import rotate_pairs
+from accrot.position.base import FarMassPart, RotationPart
+from accrot.position.config import ConfigError, SchemeConfig
+
+ROTATIONS: dict[str, type[RotationPart]] = {}
+FAR_MASS: dict[str, type[FarMassPart]] = {}
+
+
+def register_rotation(name: str) -> Callable[[type[RotationPart]], type[RotationPart]]:
+    def deco(cls: type[RotationPart]) -> type[RotationPart]:
+        ROTATIONS[name] = cls
+        return cls
+
+    return deco
+
+
+def register_far_mass(name: str) -> Callable[[type[FarMassPart]], type[FarMassPart]]:
+    def deco(cls: type[FarMassPart]) -> type[FarMassPart]:
+        FAR_MASS[name] = cls
+        return cls
+
+    return deco
+
+
+class PositionScheme(nn.Module):
+    """Attention with one position scheme: ``forward(q, k, v, x, tokens) -> [B, H, T, D]``.
+
+    Args (forward):
+        q, k, v: ``[B, H, T, D]`` projections (any float dtype; the output has q's dtype).
+        x: ``[B, T, d_model]`` the layer input, from which data-dependent parts are computed.
+        tokens: ``[B, T]`` token ids (``random_token`` increments index a table with them).
+    """
+
+    def __init__(self, cfg: SchemeConfig, rotation: RotationPart, far_mass: FarMassPart | None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.rotation = rotation
+        self.far_mass = far_mass
+
+    # -- exposed quantities (DESIGN §2) -------------------------------------------------------------
+    def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Absolute accumulated angles θ_t, ``[B, H, T, D/2]`` float32 (rope, accum; zeros for none)."""
+        if self.rotation.kind == "path":
+            raise ConfigError("angles() is defined for SO(2) rotations (none, rope, accum), not rotation='path'")
+        if self.rotation.kind == "none":
+            B, T = tokens.shape
+            return x.new_zeros(B, self.rotation.n_heads, T, self.rotation.head_dim // 2, dtype=torch.float32)
+        return self.rotation.angles(x, tokens).expand(tokens.shape[0], -1, -1, -1)
+
+    def householder(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """PaTH's ``(w [B, H, T, D] unit rows, beta [B, H, T])`` in float32 (path only)."""
+        if self.rotation.kind != "path":
+            raise ConfigError(f"householder() is defined for rotation='path', not rotation={self.cfg.rotation!r}")
+        return self.rotation.householder(x, tokens)
+
+    def log_decay(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Per-step log f_j ≤ 0, ``[B, H, T]`` float32; b_ts = Σ_{j=s+1..t} log f_j (zeros for none)."""
+        if self.far_mass is None:
+            B, T = tokens.shape
+            return x.new_zeros(B, self.rotation.n_heads, T, dtype=torch.float32)
+        return self.far_mass.log_decay(x, tokens).expand(tokens.shape[0], -1, -1)
+
+    def describe(self) -> dict:
+        info = {"rotation": self.cfg.rotation, "far_mass": self.cfg.far_mass, "rotate_values": self.cfg.rotate_values}
+        info.update(self.rotation.describe())
+        if self.far_mass is not None:
+            info.update(self.far_mass.describe())
+        return info
+
+    # -- attention ----------------------------------------------------------------------------------
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        log_f = None if self.far_mass is None else self.far_mass.log_decay(x, tokens)  # [B|1, H, T] fp32
+        if self.rotation.kind == "path":
+            from accrot.ops.path import path_attention
+
+            w, beta = self.rotation.householder(x, tokens)  # [B, H, T, D], [B, H, T]
+            return path_attention(
+                q, k, v, w, beta, log_f, chunk_size=self.cfg.chunk_size, kernel=self.cfg.path_kernel
+            )
+        theta = None
+        if self.rotation.kind == "so2":
+            # one draw per forward: random increments redrawn in training must rotate q, k, v alike
+            theta = self.rotation.angles(x, tokens)  # [B|1, H, T, D/2] float32
+            q, k = rotate_pairs(q, theta), rotate_pairs(k, theta)
+            if self.cfg.rotate_values:
+                v = rotate_pairs(v, -theta)  # value of s leaves at −θ_s ...
+        out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]
+        if theta is not None and self.cfg.rotate_values:
+            out = rotate_pairs(out, theta)  # ... and arrives at t rotated by +θ_t
+        return out
+
+
+def build(cfg: SchemeConfig, d_model: int, n_heads: int) -> PositionScheme:
+    """Build the per-layer scheme module for ``cfg`` (head dim D = d_model // n_heads)."""
+    if not isinstance(cfg, SchemeConfig):
+        raise ConfigError(f"build() takes a SchemeConfig, not {type(cfg).__name__}")
+    if n_heads < 1 or d_model % n_heads:
+        raise ConfigError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+    head_dim = d_model // n_heads
+    if cfg.rotation in ("rope", "accum") and head_dim % 2:
+        raise ConfigError(
+            f"head dim {head_dim} (d_model={d_model} / n_heads={n_heads}) is odd; rotation={cfg.rotation!r} "
+            "pairs coordinates, so it needs an even head dim"
+        )
+    if cfg.rotation not in ROTATIONS:
+        raise ConfigError(f"rotation={cfg.rotation!r} is not built yet; built: {', '.join(sorted(ROTATIONS))}")
+    if cfg.far_mass != "none" and cfg.far_mass not in FAR_MASS:
+        raise ConfigError(f"far_mass={cfg.far_mass!r} is not built yet; built: none, {', '.join(sorted(FAR_MASS))}")
+    rotation = ROTATIONS[cfg.rotation](cfg, d_model, n_heads)
+    far_mass = None if cfg.far_mass == "none" else FAR_MASS[cfg.far_mass](cfg, d_model, n_heads)
+    return PositionScheme(cfg, rotation, far_mass)
