@@ -1,0 +1,44 @@
+# accrot — `make help` lists every target. The first run of any target creates .venv and installs
+# the pinned dependencies (torch==2.13.0 first, then the rest under constraints.txt).
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# tests and demos never touch the network or the user's caches
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: help install test test-fast demo lint bench clean
+
+help: ## show this help
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv and install pinned dependencies (idempotent)
+
+test: $(STAMP) ## run the whole test suite (slow tests included), offline
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the suite without slow tests
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
+	$(BIN)/accrot demo
+
+bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH)
+	$(BIN)/accrot bench all
+
+lint: $(STAMP) ## ruff over the code and tests
+	$(BIN)/ruff check accrot data_modules callbacks tests
+
+clean: ## remove the virtual environment, caches and run outputs
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs/demo
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,120 @@
+"""LightningModule around the backbone: next-token loss, AdamW with warmup + cosine, metrics.
+
+Gradient clipping is the Trainer's (``trainer.gradient_clip_val`` in the shipped configs), so it is
+logged and applied the same way under every precision and strategy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torchmetrics.text import Perplexity
+
+from accrot.model import ModelConfig, Transformer
+from accrot.position import SchemeConfig
+
+
+class LitLM(L.LightningModule):
+    """A causal LM whose attention differs only by ``scheme``.
+
+    Args:
+        d_model, n_layers, n_heads, vocab_size, mlp_hidden, tie_embeddings: backbone shape (:class:`ModelConfig`).
+        scheme: the position scheme of every layer (:class:`SchemeConfig`).
+        lr: peak learning rate of AdamW.
+        weight_decay: decoupled weight decay on matrices (not on norms, biases or embeddings' gains).
+        betas: AdamW betas.
+        warmup_steps: linear warm-up length.
+        min_lr_ratio: the cosine decays to ``lr · min_lr_ratio`` at ``trainer.max_steps``.
+    """
+
+    def __init__(
+        self,
+        d_model: int = 128,
+        n_layers: int = 4,
+        n_heads: int = 4,
+        vocab_size: int = 256,
+        mlp_hidden: int | None = None,
+        tie_embeddings: bool = True,
+        scheme: SchemeConfig | None = None,
+        lr: float = 3e-3,
+        weight_decay: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 50,
+        min_lr_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        scheme = scheme if scheme is not None else SchemeConfig()
+        if isinstance(scheme, dict):
+            scheme = SchemeConfig(**scheme)
+        self.model_config = ModelConfig(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            mlp_hidden=mlp_hidden,
+            tie_embeddings=tie_embeddings,
+            scheme=scheme,
+        )
+        # plain dicts in the checkpoint: loadable without pickled classes, comparable across runs
+        self.save_hyperparameters(ignore=["scheme"])
+        self.hparams["scheme"] = asdict(scheme)
+        self.model = Transformer(self.model_config)
+        self.train_ppl = Perplexity()
+        self.val_ppl = Perplexity()
+
+    @property
+    def scheme_config(self) -> SchemeConfig:
+        return self.model_config.scheme
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], ppl: Perplexity, stage: str) -> torch.Tensor:
+        inputs, targets = batch  # [B, T] each
+        logits = self.model(inputs)  # [B, T, V]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        ppl(logits.float(), targets)
+        on_step = stage == "train"
+        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, sync_dist=not on_step)
+        self.log(f"{stage}/ppl", ppl, on_step=on_step, on_epoch=not on_step)
+        return loss
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self._step(batch, self.train_ppl, "train")
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._step(batch, self.val_ppl, "val")
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self._step(batch, self.val_ppl, "test")
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for _, p in self.model.named_parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+        hp = self.hparams
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+        )
+        total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
+        if total is None:
+            total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup, floor = hp.warmup_steps, hp.min_lr_ratio
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

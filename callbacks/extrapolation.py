@@ -1,0 +1,130 @@
+"""Evaluate at many lengths while training (DESIGN §5): every N steps and at the end.
+
+Writes ``extrapolation.json`` (schema in README.md) and ``extrapolation.png`` into the run directory
+and logs ``extrap/nll@{m}x`` (plus last-window NLL) to every active logger.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from accrot.evaluation import SCHEMA, LengthResult, evaluate_lengths
+from accrot.report import atomic_write_text, plot_curves
+
+
+class ExtrapolationCallback(L.Callback):
+    """Multi-length evaluation on the data module's fixed evaluation blocks.
+
+    Args:
+        multipliers: evaluation lengths as multiples of the training length ``datamodule.seq_len``.
+        budget_tokens: scored tokens per length (the same for every length and every model).
+        every_n_steps: evaluate every N optimiser steps (0: only at the end of training).
+        max_batch_tokens: tokens per forward pass during evaluation (memory knob, not a result knob).
+        filename: JSON written into the run directory (the PNG takes the same stem).
+    """
+
+    def __init__(
+        self,
+        multipliers: list[float] = [1, 2, 4, 8, 16, 32],  # noqa: B006 - jsonargparse shows the default
+        budget_tokens: int = 32768,
+        every_n_steps: int = 0,
+        max_batch_tokens: int = 16384,
+        filename: str = "extrapolation.json",
+    ) -> None:
+        super().__init__()
+        if not multipliers or any(m <= 0 for m in multipliers):
+            raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
+        self.multipliers = sorted(float(m) for m in multipliers)
+        self.budget_tokens = budget_tokens
+        self.every_n_steps = every_n_steps
+        self.max_batch_tokens = max_batch_tokens
+        self.filename = filename
+        self.history: list[dict] = []
+        self._blocks: dict[int, torch.Tensor] | None = None
+        self._last_step = -1
+
+    # -- set-up: cut the evaluation blocks once, failing before any training if the stream is too short --
+    def lengths_for(self, train_length: int) -> list[int]:
+        return sorted({max(1, int(round(m * train_length))) for m in self.multipliers})
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "eval_blocks"):
+            raise ValueError("ExtrapolationCallback needs a data module with eval_blocks(length, budget_tokens)")
+        self.train_length = int(dm.seq_len)
+        self._blocks = {ln: dm.eval_blocks(ln, self.budget_tokens) for ln in self.lengths_for(self.train_length)}
+
+    # -- triggers -------------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
+            self.run(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.global_step != self._last_step:
+            self.run(trainer, pl_module)
+
+    # -- the evaluation ---------------------------------------------------------------------------------
+    def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[LengthResult]:
+        self._last_step = trainer.global_step
+        was_training = pl_module.training
+        pl_module.eval()
+        t0 = time.perf_counter()
+        try:
+            with trainer.strategy.precision_plugin.forward_context():
+                results = evaluate_lengths(
+                    pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device
+                )
+        finally:
+            pl_module.train(was_training)
+        entry = {
+            "step": trainer.global_step,
+            "seconds": round(time.perf_counter() - t0, 3),
+            "lengths": [r.to_dict() for r in results],
+        }
+        self.history.append(entry)
+        metrics = {}
+        for r in results:
+            m = f"{r.multiplier:g}x"
+            metrics[f"extrap/nll@{m}"] = r.nll
+            metrics[f"extrap/last_window_nll@{m}"] = r.last_window_nll
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+        if trainer.is_global_zero:
+            self.write(trainer, pl_module)
+        return results
+
+    def run_dir(self, trainer: L.Trainer) -> Path:
+        return Path(trainer.log_dir or trainer.default_root_dir)
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        out = self.run_dir(trainer)
+        out.mkdir(parents=True, exist_ok=True)
+        dm = trainer.datamodule
+        doc = {
+            "schema": SCHEMA,
+            "train_length": self.train_length,
+            "budget_tokens": self.budget_tokens,
+            "scheme": pl_module.hparams.get("scheme"),
+            "data": dm.describe() if hasattr(dm, "describe") else {},
+            "final": self.history[-1],
+            "history": self.history,
+        }
+        atomic_write_text(out / self.filename, json.dumps(doc, indent=1))
+        curves = {f"step {h['step']}": h["lengths"] for h in self.history[-4:]}
+        plot_curves(curves, self.train_length, out / Path(self.filename).with_suffix(".png"),
+                    title=f"{pl_module.hparams.get('scheme', {}).get('rotation', '')} / "
+                    f"{pl_module.hparams.get('scheme', {}).get('far_mass', '')}")
+
+    # -- resumable history --------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"history": self.history, "last_step": self._last_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = list(state_dict.get("history", []))
+        self._last_step = state_dict.get("last_step", -1)

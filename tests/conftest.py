@@ -1,0 +1,38 @@
+"""Test hygiene (STYLE §10): offline, caches in tmp, fixed seeds, default dtype reset, tiny shapes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+_CACHE = tempfile.mkdtemp(prefix="accrot-test-cache-")
+# set before Lightning / datasets / wandb / matplotlib are imported by any test module
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "WANDB_MODE": "disabled",
+    "WANDB_SILENT": "true",
+    "HF_HOME": os.path.join(_CACHE, "hf"),
+    "WANDB_DIR": os.path.join(_CACHE, "wandb"),
+    "MPLCONFIGDIR": os.path.join(_CACHE, "mpl"),
+}.items():
+    os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _hygiene():
+    torch.manual_seed(0)
+    dtype = torch.get_default_dtype()
+    yield
+    torch.set_default_dtype(dtype)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """‖ref − out‖ / ‖ref‖ (STYLE §3), robust to an all-zero reference."""
+    ref, out = ref.double(), out.double()
+    return float((ref - out).norm() / ref.norm().clamp_min(1e-300))
