@@ -8,8 +8,8 @@ from the validation stream. Every block is one independent forward pass starting
 
 Reported per length: mean NLL and perplexity over all scored tokens, the NLL of the last
 ``train_length`` positions of each block ("last window": what a model sees beyond its training
-length), and the NLL per position bucket (the per-position curve). Sums are torchmetrics
-``SumMetric`` states, so a sharded evaluation reduces over ranks like any other metric.
+length), and the NLL per position bucket (the per-position curve). The sums live in a torchmetrics
+``Metric`` (:class:`PositionNLL`), so a sharded evaluation reduces over ranks like any other metric.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
-from torchmetrics.aggregation import SumMetric
+from torchmetrics import Metric
 
 SCHEMA = "accrot.extrapolation/1"
 
@@ -41,6 +41,42 @@ class LengthResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class PositionNLL(Metric):
+    """Summed NLL overall, over the last window, and per position bucket, with token counts.
+
+    ``update(nll [b, ℓ])``; ``compute()`` gives the three means. States reduce by sum across ranks.
+    """
+
+    full_state_update = False
+
+    def __init__(self, length: int, window: int, bucket_width: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.window = window
+        n_buckets = math.ceil(length / bucket_width)
+        self.register_buffer("bucket_of", torch.arange(length) // bucket_width, persistent=False)  # [ℓ]
+        for name, size in (("total", ()), ("last", ()), ("blocks", ()), ("buckets", (n_buckets,))):
+            self.add_state(name, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("bucket_tokens", default=torch.bincount(self.bucket_of).double(), dist_reduce_fx="sum")
+        self.bucket_tokens.zero_()
+
+    def update(self, nll: torch.Tensor) -> None:
+        nll = nll.double()  # [b, ℓ]
+        self.total += nll.sum()
+        self.last += nll[:, -self.window :].sum()
+        self.blocks += nll.shape[0]
+        self.buckets.index_add_(0, self.bucket_of, nll.sum(0))
+        self.bucket_tokens.index_add_(0, self.bucket_of, torch.full_like(nll[0], nll.shape[0]))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        length = self.bucket_of.numel()
+        return {
+            "nll": self.total / (self.blocks * length),
+            "last_window_nll": self.last / (self.blocks * self.window),
+            "bucket_nll": self.buckets / self.bucket_tokens,
+            "blocks": self.blocks,
+        }
 
 
 def bucket_width_for(length: int, train_length: int, max_buckets: int = 64) -> int:
@@ -65,13 +101,8 @@ def evaluate_length(
     n, length = blocks.shape[0], blocks.shape[1] - 1
     device = torch.device(device) if device is not None else blocks.device
     width = bucket_width_for(length, train_length)
-    n_buckets = math.ceil(length / width)
-    bucket_of = torch.arange(length, device=device) // width  # [ℓ]
     window = min(train_length, length)
-    total, last, buckets = SumMetric(), SumMetric(), SumMetric()
-    for m in (total, last, buckets):
-        m.to(device)
-        m.sync_on_compute = sync
+    metric = PositionNLL(length, window, width, sync_on_compute=sync).to(device)
     per_batch = max(1, max_batch_tokens // length)
     for start in range(0, n, per_batch):
         chunk = blocks[start : start + per_batch].to(device=device, dtype=torch.long)  # [b, ℓ+1]
@@ -79,21 +110,19 @@ def evaluate_length(
         nll = F.cross_entropy(logits.float().transpose(1, 2), chunk[:, 1:], reduction="none")  # [b, ℓ]
         if not torch.isfinite(nll).all():
             raise FloatingPointError(f"evaluation at length {length} produced a non-finite NLL (blocks {start}..)")
-        total.update(nll.sum())
-        last.update(nll[:, -window:].sum())
-        buckets.update(torch.zeros(n_buckets, device=device).index_add_(0, bucket_of, nll.sum(0)))
-    counts = torch.bincount(bucket_of, minlength=n_buckets).double() * n  # tokens per bucket
-    mean = float(total.compute()) / (n * length)
+        metric.update(nll)
+    out = metric.compute()
+    mean, blocks_seen = float(out["nll"]), int(out["blocks"])
     return LengthResult(
         length=length,
         multiplier=multiplier,
-        blocks=n,
-        tokens=n * length,
+        blocks=blocks_seen,
+        tokens=blocks_seen * length,
         nll=mean,
         ppl=math.exp(mean),
-        last_window_nll=float(last.compute()) / (n * window),
+        last_window_nll=float(out["last_window_nll"]),
         bucket_width=width,
-        bucket_nll=(buckets.compute().double().cpu() / counts.cpu()).tolist(),
+        bucket_nll=out["bucket_nll"].cpu().tolist(),
     )
 
 

@@ -1,0 +1,54 @@
+"""Multi-length evaluation equals a direct forward; buckets and last window are consistent."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accrot.evaluation import bucket_width_for, evaluate_length, evaluate_lengths
+from accrot.model import ModelConfig, Transformer
+from accrot.position import SchemeConfig
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(rotation="none"))).eval()
+
+
+@pytest.mark.parametrize("max_batch_tokens", [40, 100000], ids=["chunked", "one-batch"])
+def test_matches_direct_forward(model, max_batch_tokens):
+    blocks = torch.randint(0, 256, (5, 41))  # 5 blocks of length 40
+    res = evaluate_length(model, blocks, train_length=16, max_batch_tokens=max_batch_tokens)
+    with torch.no_grad():
+        nll = F.cross_entropy(model(blocks[:, :-1]).transpose(1, 2), blocks[:, 1:], reduction="none")  # [5, 40]
+    assert res.blocks == 5 and res.tokens == 200 and res.length == 40
+    assert res.nll == pytest.approx(nll.mean().item(), rel=1e-5)
+    assert res.ppl == pytest.approx(math.exp(nll.mean().item()), rel=1e-5)
+    assert res.last_window_nll == pytest.approx(nll[:, -16:].mean().item(), rel=1e-5)
+    width = res.bucket_width
+    expect = [nll[:, i : i + width].mean().item() for i in range(0, 40, width)]
+    assert res.bucket_nll == pytest.approx(expect, rel=1e-5)
+
+
+def test_lengths_sorted_with_multipliers(model):
+    blocks = {64: torch.randint(0, 256, (2, 65)), 16: torch.randint(0, 256, (8, 17))}
+    results = evaluate_lengths(model, blocks, train_length=16)
+    assert [r.length for r in results] == [16, 64]
+    assert [r.multiplier for r in results] == [1.0, 4.0]
+
+
+def test_bucket_width_caps_points():
+    assert bucket_width_for(128, 128) == 32
+    assert math.ceil(8192 / bucket_width_for(8192, 128)) <= 64
+
+
+def test_non_finite_is_an_error():
+    def broken(tokens):
+        return torch.full((*tokens.shape, 256), float("nan"))
+
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        evaluate_length(broken, torch.randint(0, 256, (2, 9)), train_length=8)
