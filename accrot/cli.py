@@ -27,17 +27,45 @@ class UsageError(ValueError):
     """A bad command-line value caught by accrot itself."""
 
 
-def _bad_input_types() -> tuple[type[BaseException], ...]:
+def bad_input_message(err: BaseException) -> str | None:
+    """The one-line message of a bad input anywhere in ``err``'s cause chain; None for a real bug."""
     from jsonargparse import ArgumentError
 
     from data_modules import DataError
 
-    return (ArgumentError, ConfigError, DataError, UsageError)
+    chain, seen = [], err
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    for e in chain:  # our own messages are already one line and name the field
+        if isinstance(e, (ConfigError, DataError, UsageError)):
+            return one_line(str(e))
+    for e in chain:
+        if isinstance(e, ArgumentError):
+            return one_line(str(e))
+    return None
+
+
+_EXPECTED = re.compile(r"Expected an? (?P<type>.*?)\. Got value: (?P<value>[^\n;]*)")
+_LITERAL = re.compile(r"typing\.Literal\[(?P<choices>.*)\]")
+_KEY = re.compile(r'Parser key "(?P<key>[\w.]+)"')
 
 
 def one_line(message: str) -> str:
     """Collapse a (possibly nested, multi-line) parser message into one readable line."""
-    lines = [ln.strip(" -") for ln in str(message).splitlines() if ln.strip(" -")]
+    message = str(message)
+    expected = _EXPECTED.search(message)
+    if expected:  # "model.scheme" + "rotation": the full dotted key, the bad value and what is valid
+        keys = list(dict.fromkeys(m.group("key") for m in _KEY.finditer(message[: expected.start()])))
+        key = ".".join(keys) or "value"
+        kind = expected.group("type")
+        literal = _LITERAL.fullmatch(kind)
+        if literal:
+            valid = f"choose one of {literal.group('choices')}"
+        else:
+            valid = "expected " + re.sub(r"<class '(.*?)'>", r"\1", kind)
+        return f"{key}={expected.group('value').strip()!r} is not valid; {valid}"
+    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
     # jsonargparse nests "Problem with given class_path ..." / "Parser key ...": keep the informative parts
     lines = [ln for ln in lines if not ln.startswith(("Given value type", "Subcommand", "tip:"))]
     text = "; ".join(dict.fromkeys(lines))
@@ -79,6 +107,36 @@ def _make_cli_class():
             parser.add_argument("--wandb", type=str, default="auto",
                                 help="auto (online if logged in, else offline), online, offline or disabled")
             parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
+
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            from jsonargparse import ArgumentError
+
+            try:
+                super().parse_arguments(parser, args)
+            except ArgumentError as err:
+                unknown = re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
+                if not unknown:
+                    raise
+                raise UsageError(self._unknown_key_message(parser, unknown.group(1))) from err
+
+        @staticmethod
+        def _unknown_key_message(parser: LightningArgumentParser, key: str) -> str:
+            import difflib
+
+            sub = next((a for a in parser._actions if type(a).__name__.endswith("ActionSubCommands")), None)
+            known: list[str] = []
+            for p in (sub.choices.values() if sub is not None else [parser]):
+                known += [k for k in p.get_defaults().keys() if not k.startswith("__")]
+            close = difflib.get_close_matches(key, sorted(set(known)), n=3, cutoff=0.6)
+            prefix = key.rpartition(".")[0]
+            siblings = sorted({k[len(prefix) + 1 :].split(".")[0] for k in known if k.startswith(prefix + ".")})
+            if close:
+                hint = f"did you mean {', '.join(close)}?"
+            elif prefix and siblings:
+                hint = f"valid keys under {prefix!r}: {', '.join(siblings)}"
+            else:
+                hint = "run with --help for the valid keys"
+            return f"unknown key {key!r}; {hint}"
 
         def before_instantiate_classes(self) -> None:
             cfg = self.config.get(self.subcommand, self.config)
@@ -284,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
         run_lightning(argv)
         return 0
-    except _bad_input_types() as err:
-        print(f"accrot: error: {one_line(str(err))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except FileNotFoundError as err:
-        print(f"accrot: error: {one_line(str(err))}", file=sys.stderr)
+    except Exception as err:
+        message = bad_input_message(err)
+        if message is None:
+            raise
+        print(f"accrot: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as err:  # --help and argparse's own exits
         return int(err.code or 0) if isinstance(err.code, int) else 0

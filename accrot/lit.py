@@ -39,7 +39,7 @@ class LitLM(L.LightningModule):
         vocab_size: int = 256,
         mlp_hidden: int | None = None,
         tie_embeddings: bool = True,
-        scheme: SchemeConfig | None = None,
+        scheme: SchemeConfig = SchemeConfig(),  # noqa: B008 - a frozen default, never mutated
         lr: float = 3e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
@@ -47,7 +47,6 @@ class LitLM(L.LightningModule):
         min_lr_ratio: float = 0.1,
     ) -> None:
         super().__init__()
-        scheme = scheme if scheme is not None else SchemeConfig()
         if isinstance(scheme, dict):
             scheme = SchemeConfig(**scheme)
         self.model_config = ModelConfig(

@@ -18,6 +18,8 @@ for key, value in {
     "HF_HOME": os.path.join(_CACHE, "hf"),
     "WANDB_DIR": os.path.join(_CACHE, "wandb"),
     "MPLCONFIGDIR": os.path.join(_CACHE, "mpl"),
+    # name every jsonargparse deprecation (its default first message is a generic one)
+    "JSONARGPARSE_DEPRECATION_WARNINGS": "all",
 }.items():
     os.environ[key] = value
 

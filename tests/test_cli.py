@@ -1,0 +1,134 @@
+"""The ``accrot`` command end to end: every shipped config runs, runs record what produced them, bad
+input ends with one line and exit status 2 leaving nothing behind, ``accrot eval`` reads a checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accrot.cli import CONFIG_DIR, main
+
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--extrapolation.budget_tokens=2048"]
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_fast_dev_run_of_every_shipped_config(config, tmp_path):
+    rc = main(["fit", "--config", config, "--trainer.fast_dev_run=true", f"--root={tmp_path}",
+               "--extrapolation.multipliers=[1,2]", "--trainer.limit_val_batches=1",
+               "--data.init_args.batch_size=2", *QUICK])
+    assert rc == 0
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A real (tiny, short) run shared by the tests below."""
+    root = tmp_path_factory.mktemp("runs")
+    rc = main(["fit", "--config", "tiny", f"--root={root}", "--trainer.max_steps=6",
+               "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
+               "--model.scheme.rotation=rope", "--extrapolation.multipliers=[1,2,4]",
+               "--extrapolation.every_n_steps=3", *QUICK])
+    assert rc == 0
+    (run_dir,) = list(root.glob("rope-none/version_*"))
+    return run_dir
+
+
+def test_run_directory_records_what_produced_it(trained_run):
+    for name in ("config.yaml", "run.json", "metrics.csv", "extrapolation.json", "extrapolation.png",
+                 "checkpoints/last.ckpt"):
+        assert (trained_run / name).is_file(), name
+    record = json.loads((trained_run / "run.json").read_text())
+    assert len(record["data"]["fingerprint"]) == 64
+    assert record["revision"] and record["versions"]["torch"].startswith("2.13")
+    assert record["hparams"]["scheme"]["rotation"] == "rope"
+    assert "model" in (trained_run / "config.yaml").read_text()
+
+
+def test_extrapolation_json_schema(trained_run):
+    doc = json.loads((trained_run / "extrapolation.json").read_text())
+    assert doc["schema"] == "accrot.extrapolation/1"
+    assert doc["train_length"] == 128 and doc["budget_tokens"] == 2048
+    assert [h["step"] for h in doc["history"]] == [3, 6]  # every 3 steps, and the end (no duplicate)
+    final = doc["final"]["lengths"]
+    assert [r["length"] for r in final] == [128, 256, 512]
+    assert [r["multiplier"] for r in final] == [1.0, 2.0, 4.0]
+    for r in final:
+        assert r["tokens"] == r["blocks"] * r["length"] and r["blocks"] == max(1, 2048 // r["length"])
+        assert 0 < r["nll"] < 6 and abs(r["ppl"] - 2.718281828 ** r["nll"]) < 1e-6 * r["ppl"]
+        assert len(r["bucket_nll"]) == -(-r["length"] // r["bucket_width"])
+    metrics = (trained_run / "metrics.csv").read_text().splitlines()[0]
+    assert "extrap/nll@2x" in metrics and "train/loss" in metrics and "val/ppl" in metrics
+
+
+def test_eval_command_on_checkpoint(trained_run, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc = main(["eval", "--ckpt", str(trained_run / "checkpoints/last.ckpt"), "--multipliers=[1,8]",
+               "--budget_tokens=2048", f"--out={out}"])
+    assert rc == 0
+    doc = json.loads((out / "extrapolation.json").read_text())
+    assert [r["length"] for r in doc["final"]["lengths"]] == [128, 1024]
+    assert doc["final"]["step"] == 6 and (out / "extrapolation.png").is_file()
+    # same blocks, same weights: the 1× number equals the callback's final one
+    trained = json.loads((trained_run / "extrapolation.json").read_text())["final"]["lengths"][0]
+    assert doc["final"]["lengths"][0]["nll"] == pytest.approx(trained["nll"], rel=1e-6)
+
+
+BAD_INPUTS = {
+    "unknown-key": (["--model.d_modle=3"], "unknown key 'model.d_modle'; did you mean model.d_model"),
+    "unknown-scheme-value": (["--model.scheme.rotation=bogus"], "model.scheme.rotation='bogus' is not valid; choose one of"),
+    "impossible-combination": (["--model.scheme.increments=learned"], "increments='learned' needs rotation='accum'"),
+    "eval-length-too-long": (["--extrapolation.multipliers=[100000]"], "evaluation length 12800000 needs"),
+    "missing-data-root": (["--data.init_args.root=/nonexistent/accrot"], "data root '/nonexistent/accrot' does not exist"),
+    "wrong-type": (["--data.init_args.seq_len=abc"], "data.seq_len='abc' is not valid; expected int"),
+    "missing-config": (["--config=/nonexistent/x.yaml"], "/nonexistent/x.yaml"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsys):
+    extra, expected = BAD_INPUTS[case]
+    root = tmp_path / "runs"
+    rc = main(["fit", "--config", "tiny", f"--root={root}", "--trainer.max_steps=1", *QUICK, *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1].startswith("accrot: error: ") and expected in err[-1], err
+    assert not any("Traceback" in line for line in err)
+    assert not root.exists() or not any(root.rglob("*")), list(root.rglob("*"))
+
+
+def test_bad_input_from_the_shell(tmp_path):
+    """The installed console script: exit status 2, one line on stderr, no traceback."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    res = subprocess.run([sys.executable, "-m", "accrot.cli", "fit", "--config", "tiny", "--model.scheme.rotation=x",
+                          f"--root={tmp_path}"], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1] == ("accrot: error: model.scheme.rotation='x' is not valid; choose one of "
+                         "'none', 'rope', 'accum', 'path'")
+    assert "Traceback" not in res.stderr
+
+
+def test_eval_rejects_missing_and_corrupt_checkpoints(tmp_path, capsys):
+    assert main(["eval", "--ckpt", str(tmp_path / "none.ckpt")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    run = tmp_path / "r" / "checkpoints"
+    run.mkdir(parents=True)
+    (run / "bad.ckpt").write_bytes(b"not a checkpoint")
+    (run.parent / "config.yaml").write_text((CONFIG_DIR / "tiny.yaml").read_text())
+    assert main(["eval", "--ckpt", str(run / "bad.ckpt")]) == 2
+    assert "is not a readable accrot checkpoint" in capsys.readouterr().err
+
+
+def test_help_lists_scheme_keys(capsys):
+    assert main(["fit", "--help"]) == 0
+    assert "--model.scheme.rotation" in capsys.readouterr().out
+
+
+def test_shipped_configs_exist():
+    assert {"tiny", "small"} <= set(SHIPPED)
+    assert Path(CONFIG_DIR / "tiny.yaml").read_text().count("seq_len: 128") == 1
