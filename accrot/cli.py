@@ -148,6 +148,9 @@ def _make_cli_class():
             trainer_cfg = cfg["trainer"]
             if trainer_cfg.get("logger") in (None, True):
                 kwargs["logger"] = self._loggers(cfg)
+                if trainer_cfg.get("default_root_dir") is None:
+                    # fast_dev_run swaps the loggers for a dummy: files still land in the run directory
+                    kwargs["default_root_dir"] = str(self.run_dir)
             callbacks = list(trainer_cfg.get("callbacks") or [])
             callbacks.append(RunRecord())
             if trainer_cfg.get("enable_progress_bar") is not False:
