@@ -1,8 +1,20 @@
-"""SO(2) rotations in the half-split layout: coordinate i pairs with i + D/2 (DESIGN §2)."""
+"""SO(2) rotations in the half-split layout: coordinate i pairs with i + D/2 (DESIGN §2).
+
+RoPE (Su et al., 2021) rotates pair i of q_t and k_t by θ_t,i = t·ω_i; accumulated rotations use
+θ_t = Σ_{j≤t} δ_j instead. Either way the logit is (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ R(θ_s − θ_t) k_s, and with
+value transport out_t = Σ_s a_ts R(θ_t − θ_s) v_s.
+
+:func:`naive_so2_attention` is the test twin of the whole SO(2) path: it never sees absolute angles, only
+the increments δ_j, and builds every M_{t,s} = R(δ_t) ⋯ R(δ_{s+1}) as a product of 2×2 matrices.
+"""
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+TWO_PI = 2.0 * math.pi
 
 
 def rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
@@ -12,10 +24,94 @@ def rotate_pairs(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
         x: ``[B, H, T, D]`` any float dtype.
         theta: ``[B|1, H|1, T, D/2]`` angles (float32 or wider; broadcast over batch / heads).
     Returns:
-        ``[B, H, T, D]`` in x's dtype; the rotation itself runs in float32 or wider.
+        ``[B, H, T, D]`` in x's dtype; the rotation itself runs in float32 or wider (float64 for float64 x).
     """
-    dtype = x.dtype
-    work = torch.promote_types(theta.dtype, torch.float32)
+    cos, sin = cos_sin(theta, x.dtype)
+    return rotate_pairs_cs(x, cos, sin)
+
+
+def cos_sin(theta: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos θ, sin θ)`` in float32 or wider (float64 when θ or ``dtype``, the rotated tensors' dtype, is), to
+    share one evaluation across q, k, v and the output."""
+    theta = theta.to(torch.promote_types(torch.promote_types(theta.dtype, dtype), torch.float32))
+    return theta.cos(), theta.sin()
+
+
+def wrap_angle(theta: torch.Tensor) -> torch.Tensor:
+    """θ reduced to [−π, π) (differentiable, gradient 1). Centred so that small angles stay exactly small."""
+    return torch.remainder(theta + math.pi, TWO_PI) - math.pi
+
+
+def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate_pairs` from precomputed ``cos, sin`` (``[B|1, H|1, T, D/2]``); pass ``-sin`` to rotate by −θ."""
+    work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     a, b = x.to(work).chunk(2, dim=-1)  # [B, H, T, D/2] each
-    cos, sin = theta.to(work).cos(), theta.to(work).sin()
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(dtype)
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)  # [B, H, T, D]
+
+
+def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """θ_t = offset + Σ_{j≤t} δ_j (inclusive), accumulated in float64 and wrapped to [−π, π), as float32.
+
+    Args:
+        delta: ``[..., T, P]`` increments (any float dtype).
+        offset: ``[..., 1, P]`` angle carried in from earlier positions (float64 keeps chunked sums exact).
+    Returns:
+        ``[..., T, P]`` float32; differentiable w.r.t. delta (the wrap has gradient 1).
+    """
+    theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P]
+    if offset is not None:
+        theta = theta + offset.to(torch.float64)
+    return wrap_angle(theta).to(torch.float32)
+
+
+def naive_so2_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    increments: torch.Tensor | None = None,
+    log_decay: torch.Tensor | None = None,
+    rotate_values: bool = False,
+) -> torch.Tensor:
+    """Test twin of SO(2) attention, from the increments alone, by explicit 2×2 path products. O(T²) steps.
+
+    For each query t it walks s = t, t−1, ..., 0 keeping M_{t,s} = R(δ_t) ⋯ R(δ_{s+1}) (per pair, as 2×2 matrices)
+    and b_ts = Σ_{j=s+1..t} log f_j, then
+
+        ℓ_ts = D^−1/2 q_tᵀ M_{t,s}ᵀ k_s + b_ts      ( = (R(θ_t) q_t)·(R(θ_s) k_s) )
+        out_t = Σ_s softmax_s(ℓ_ts) · (M_{t,s} v_s if rotate_values else v_s).
+
+    Args:
+        q, k, v: ``[B, H, T, D]`` with pair i = (i, i + D/2).
+        increments: ``[B|1, H, T, D/2]`` δ_j (δ_0 never enters a path), or None (no rotation).
+        log_decay: ``[B|1, H, T]`` log f_j, or None.
+        rotate_values: transport values along the path too.
+    Returns:
+        ``[B, H, T, D]`` in float64.
+    """
+    B, H, T, D = q.shape
+    P = D // 2
+    q2, k2, v2 = (z.to(torch.float64).unflatten(-1, (2, P)).transpose(-1, -2) for z in (q, k, v))  # [B, H, T, P, 2]
+    if increments is not None:
+        d = increments.to(torch.float64)
+        c, s_ = d.cos(), d.sin()
+        G = torch.stack((torch.stack((c, -s_), -1), torch.stack((s_, c), -1)), -2)  # [B|1, H, T, P, 2, 2] R(δ_j)
+    eye = torch.eye(2, dtype=torch.float64, device=q.device)
+    outs = []
+    for t in range(T):
+        M = eye.expand(B, H, P, 2, 2)  # M_{t,t} = I
+        bias = q.new_zeros(B, H, dtype=torch.float64)
+        logits, values = [], []
+        for s in range(t, -1, -1):
+            if s < t:
+                if increments is not None:
+                    M = M @ G[:, :, s + 1]  # M_{t,s} = M_{t,s+1} R(δ_{s+1})
+                if log_decay is not None:
+                    bias = bias + log_decay[:, :, s + 1].to(torch.float64)
+            k_ts = (M.transpose(-1, -2) @ k2[:, :, s].unsqueeze(-1)).squeeze(-1)  # [B, H, P, 2]  M_{t,s}ᵀ k_s
+            logits.append((q2[:, :, t] * k_ts).sum((-1, -2)) * D**-0.5 + bias)  # [B, H]
+            v_ts = (M @ v2[:, :, s].unsqueeze(-1)).squeeze(-1) if rotate_values else v2[:, :, s]  # [B, H, P, 2]
+            values.append(v_ts)
+        a = torch.stack(logits, -1).softmax(-1)  # [B, H, t+1]
+        out = (a[..., None, None] * torch.stack(values, 2)).sum(2)  # [B, H, P, 2]
+        outs.append(out.transpose(-1, -2).flatten(-2))  # [B, H, D]
+    return torch.stack(outs, 2)  # [B, H, T, D]

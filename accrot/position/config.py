@@ -48,6 +48,7 @@ class SchemeConfig:
         window_eps: the ε of the mixing window.
         resample: redraw ``random_position`` increments every training batch.
         seed: seed of the frozen random increments (eval draws and the ``random_token`` table).
+        vocab_size: rows of the ``random_token`` table; token ids must lie in [0, vocab_size).
         max_increment: bound of learned increments, δ = max_increment · tanh(·).
         increment_rank: low-rank bottleneck of learned projections (None = full rank).
         conv_size: width of the short causal convolution before learned projections (0 = none).
@@ -76,6 +77,7 @@ class SchemeConfig:
     window_eps: float = 0.05
     resample: bool = True
     seed: int = 0
+    vocab_size: int = 256
     max_increment: float = 1.0
     increment_rank: int | None = None
     conv_size: int = 0
@@ -118,6 +120,7 @@ class SchemeConfig:
             "max_increment": self.max_increment,
             "chunk_size": self.chunk_size,
             "block_size": self.block_size,
+            "vocab_size": self.vocab_size,
         }
         for name in ("window", "sigma", "increment_rank", "path_rank"):
             if getattr(self, name) is not None:
@@ -125,7 +128,7 @@ class SchemeConfig:
         for name, value in positive.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or math.isinf(value):
                 raise ConfigError(f"{name}={value!r} is not valid; it must be a positive number")
-        for name in ("chunk_size", "block_size", "increment_rank", "path_rank", "conv_size", "seed"):
+        for name in ("chunk_size", "block_size", "increment_rank", "path_rank", "conv_size", "seed", "vocab_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"{name}={value!r} is not valid; it must be an integer")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from accrot.ops.attention import causal_attention
-from accrot.ops.rotary import rotate_pairs
+from accrot.ops.rotary import cos_sin, rotate_pairs_cs
 from accrot.position.base import FarMassPart, RotationPart
 from accrot.position.config import ConfigError, SchemeConfig
 
@@ -93,16 +93,17 @@ class PositionScheme(nn.Module):
             return path_attention(
                 q, k, v, w, beta, log_f, chunk_size=self.cfg.chunk_size, kernel=self.cfg.path_kernel
             )
-        theta = None
+        cs = None
         if self.rotation.kind == "so2":
             # one draw per forward: random increments redrawn in training must rotate q, k, v alike
             theta = self.rotation.angles(x, tokens)  # [B|1, H, T, D/2] float32
-            q, k = rotate_pairs(q, theta), rotate_pairs(k, theta)
+            cos, sin = cs = cos_sin(theta, q.dtype)  # one evaluation shared by q, k, v and the output
+            q, k = rotate_pairs_cs(q, cos, sin), rotate_pairs_cs(k, cos, sin)
             if self.cfg.rotate_values:
-                v = rotate_pairs(v, -theta)  # value of s leaves at −θ_s ...
+                v = rotate_pairs_cs(v, cos, -sin)  # value of s leaves at −θ_s ...
         out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]
-        if theta is not None and self.cfg.rotate_values:
-            out = rotate_pairs(out, theta)  # ... and arrives at t rotated by +θ_t
+        if cs is not None and self.cfg.rotate_values:
+            out = rotate_pairs_cs(out, *cs)  # ... and arrives at t rotated by +θ_t
         return out
 
 

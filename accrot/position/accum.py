@@ -1,0 +1,333 @@
+"""Accumulated SO(2) rotations: RoPE at "positions" θ_t = Σ_{j≤t} δ_j (PAPER.md; cf. Selective RoPE).
+
+Each token j adds an angle δ_j (per head and frequency pair) and pair i of q_t, k_t is rotated by θ_t,i, the
+inclusive running sum. Rotations in a plane commute, so the pairing of t and s ≤ t is
+q_tᵀ R(θ_s − θ_t) k_s: only the increments on the path s+1..t enter. With value transport the value of s
+arrives at t as R(θ_t − θ_s) v_s.
+
+Increments (``cfg.increments``):
+
+* ``random_position``: i.i.d. per position, head and pair, δ = μ_i + σ_i·z. μ_i is 0 or RoPE's ω_i
+  (``increment_mean``); σ_i is one σ for every pair (``constant``) or the ladder σ_i = σ·ω_i/ω_0 (``ladder``);
+  z is standard gaussian or uniform (``increment_family``). ``sigma`` is the standard deviation of δ for both
+  families (uniform: δ ∈ [μ − a, μ + a] with a = √3·σ). Alternatively ``window`` W sets σ so that
+  |E[e^{iδ}]|^W = ε (``window_eps``): gaussian |φ| = exp(−σ²/2), so σ² = 2 ln(1/ε)/W; uniform
+  |φ| = |sin a / a|, solved for a ∈ (0, π) by bisection. With ``ladder`` the window sets pair 0 (σ_0 = σ); the
+  others mix more slowly. When neither is set the window is :data:`DEFAULT_WINDOW` = 96 tokens.
+  In training with ``resample`` a fresh draw is taken from torch's global RNG every forward; in ``eval()``
+  (or with ``resample=False``) δ is a fixed function of position and ``seed``: chunks of
+  :data:`POSITION_CHUNK` positions, each from its own generator seeded by (seed, chunk index), with the angles
+  cached per device, so appending tokens never changes earlier angles and ``angles()`` is what forward used.
+* ``random_token``: a frozen table ``[vocab_size, H, D/2]`` (a buffer) drawn from ``seed`` with the same
+  distribution options; δ_j = table[token_j].
+* ``learned``: δ_j = μ_i + max_increment · ℓ_i · tanh(proj(x_j)), proj = [causal depthwise conv] → [low-rank
+  down-projection] → linear to H·D/2 (zero bias, weight std ``learned_init_std``), ℓ_i = ω_i/ω_0 with
+  ``learned_ladder`` else 1. Computed in float32 whatever the autocast dtype.
+
+Theory (PAPER.md): pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing window W_i = log ε / log ρ_i; the
+mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to [0, 2π) before the float32 cast,
+which keeps them within 1e-3 rad at position 10⁶.
+
+Note: every layer built from the same config draws the same fixed increments (the seed is per config); in
+training with ``resample`` the layers draw independently.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accrot.ops.rotary import accumulate_angles, wrap_angle
+from accrot.position.base import RotationPart
+from accrot.position.config import ConfigError, IncrementFamily, SchemeConfig
+from accrot.position.rope import rope_frequencies
+from accrot.position.scheme import register_rotation
+
+DEFAULT_WINDOW = 96.0  # tokens; the mixing window of random increments when neither window nor sigma is set
+POSITION_CHUNK = 256  # positions per independently seeded chunk of fixed random_position increments
+_MASK64 = (1 << 64) - 1
+_TOKEN_STREAM = 1 << 40  # generator index of the random_token table, disjoint from position chunk indices
+
+
+# -- distribution helpers (used by diagnostics and tests too) -----------------------------------------------
+def char_fn_abs(sigma: float | torch.Tensor, family: IncrementFamily = "gaussian") -> torch.Tensor:
+    """|E[e^{iδ}]| of an increment with standard deviation σ (any mean): gaussian exp(−σ²/2), uniform |sin a / a|,
+    a = √3·σ. Returns float64 with σ's shape."""
+    return log_char_fn_abs(sigma, family).exp()
+
+
+def log_char_fn_abs(sigma: float | torch.Tensor, family: IncrementFamily = "gaussian") -> torch.Tensor:
+    """log |E[e^{iδ}]|, exact for tiny σ too (where |φ| rounds to 1): gaussian −σ²/2, uniform log|sin a / a|."""
+    s = torch.as_tensor(sigma, dtype=torch.float64)
+    if family == "gaussian":
+        return -0.5 * s**2
+    if family == "uniform":
+        a = math.sqrt(3.0) * s.abs()
+        series = -(a**2) / 6 - a**4 / 180  # log(sin a / a) near 0, where the direct form loses digits
+        safe = torch.where(a > 1e-3, a, torch.ones_like(a))
+        direct = torch.log(torch.abs(torch.sin(safe) / safe))
+        return torch.where(a > 1e-3, direct, series)
+    raise ConfigError(f"increment_family={family!r} is not valid; choose one of 'gaussian', 'uniform'")
+
+
+def mixing_window(
+    sigma: float | torch.Tensor, eps: float = 0.05, family: IncrementFamily = "gaussian"
+) -> torch.Tensor:
+    """Predicted mixing window W = log ε / log |E[e^{iδ}]| in tokens (inf when |φ| = 1, 0 when φ = 0), float64."""
+    log_phi = log_char_fn_abs(sigma, family)
+    return torch.where(log_phi < 0, math.log(eps) / log_phi, torch.full_like(log_phi, math.inf))
+
+
+def sigma_for_window(window: float, eps: float = 0.05, family: IncrementFamily = "gaussian") -> float:
+    """Standard deviation σ whose increments satisfy |E[e^{iδ}]|^window = ε."""
+    target = eps ** (1.0 / window)  # |φ| per step
+    if family == "gaussian":
+        return math.sqrt(2.0 * math.log(1.0 / eps) / window)
+    if family == "uniform":  # sin a / a falls monotonically from 1 to 0 on (0, π): bisect for the half-width a
+        lo, hi = 0.0, math.pi
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if math.sin(mid) / mid > target else (lo, mid)
+        return 0.5 * (lo + hi) / math.sqrt(3.0)
+    raise ConfigError(f"increment_family={family!r} is not valid; choose one of 'gaussian', 'uniform'")
+
+
+def increment_distribution(cfg: SchemeConfig, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair mean μ_i and standard deviation σ_i of random increments, each ``[D/2]`` float64."""
+    omega = rope_frequencies(head_dim, cfg.rope_base)  # [P]
+    if cfg.sigma is not None:
+        sigma = float(cfg.sigma)
+    else:
+        window = DEFAULT_WINDOW if cfg.window is None else float(cfg.window)
+        sigma = sigma_for_window(window, cfg.window_eps, cfg.increment_family)
+    sigmas = sigma * (omega / omega[0] if cfg.increment_spread == "ladder" else torch.ones_like(omega))
+    mean = omega.clone() if cfg.increment_mean == "rope" else torch.zeros_like(omega)
+    return mean, sigmas
+
+
+def _chunk_seed(seed: int, index: int) -> int:
+    """SplitMix64 of (seed, index): well-separated generator seeds for neighbouring chunks and seeds."""
+    z = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+class _DeviceConstants:
+    """Small float tensors kept on the CPU in full precision (never cast by ``Module.to``) and copied once per
+    device, so a forward pass on an accelerator does no host-to-device copy."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        self._by_device: dict[torch.device, dict[str, torch.Tensor]] = {torch.device("cpu"): tensors}
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        if device not in self._by_device:
+            self._by_device[device] = {k: t.to(device) for k, t in self._by_device[torch.device("cpu")].items()}
+        return self._by_device[device]
+
+
+def _standard_noise(
+    shape: tuple[int, ...],
+    family: IncrementFamily,
+    generator: torch.Generator | None = None,
+    device: torch.device | None = None,
+) -> torch.Tensor:
+    """Zero-mean, unit-variance float32 noise: gaussian, or uniform on [−√3, √3]."""
+    if family == "gaussian":
+        return torch.randn(shape, generator=generator, device=device)
+    return (2.0 * torch.rand(shape, generator=generator, device=device) - 1.0) * math.sqrt(3.0)
+
+
+# -- increment sources ---------------------------------------------------------------------------------------
+class RandomPositionIncrements(nn.Module):
+    """δ i.i.d. per position: fresh in training (with resample), a fixed function of position otherwise."""
+
+    def __init__(self, cfg: SchemeConfig, n_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.cfg, self.n_heads, self.P = cfg, n_heads, head_dim // 2
+        mean, sigma = increment_distribution(cfg, head_dim)  # [P] float64 each
+        self.consts = _DeviceConstants(mean=mean, sigma=sigma)
+        # per device: fixed angles [1, H, Tc, P] float32 and the float64 carry [H, 1, P] after Tc positions
+        self._fixed: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def fresh(self) -> bool:
+        """True when forward draws new increments (training with resample)."""
+        return self.training and self.cfg.resample
+
+    def draw(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+        z = _standard_noise(shape, self.cfg.increment_family, generator, device)  # [..., P] float32
+        c = self.consts.on(z.device)
+        return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32
+
+    def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
+        """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
+        chunks = []
+        for index in range(first, stop):
+            gen = torch.Generator().manual_seed(_chunk_seed(self.cfg.seed, index))
+            chunks.append(self.draw((self.n_heads, POSITION_CHUNK, self.P), generator=gen))
+        return torch.stack(chunks) if chunks else torch.empty(0, self.n_heads, POSITION_CHUNK, self.P)
+
+    def fixed_angles(self, T: int, device: torch.device) -> torch.Tensor:
+        """θ of the fixed increments, ``[1, H, T, P]`` float32; grown chunk by chunk, so any prefix is exact."""
+        if T == 0:
+            return torch.zeros(1, self.n_heads, 0, self.P, device=device)
+        theta, carry = self._fixed.get(device, (None, torch.zeros(self.n_heads, 1, self.P, dtype=torch.float64)))
+        have = 0 if theta is None else theta.shape[-2] // POSITION_CHUNK
+        need = -(-T // POSITION_CHUNK)
+        if need > have:
+            delta = self.fixed_chunks(have, need).to(torch.float64)  # [n, H, C, P]
+            local = delta.cumsum(dim=-2)  # [n, H, C, P] sums within each chunk
+            carry = carry.cpu()
+            starts = []
+            for total in local[:, :, -1:]:  # chunk by chunk, so the carry never depends on how many are built
+                starts.append(carry)
+                carry = wrap_angle(carry + total)  # [H, 1, P]
+            new = wrap_angle(torch.stack(starts) + local).to(torch.float32)  # [n, H, C, P]
+            new = new.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P).to(device)  # [1, H, n·C, P]
+            theta = new if theta is None else torch.cat((theta, new), dim=-2)
+            self._fixed[device] = (theta, carry)
+        return theta[:, :, :T]
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        B, T = tokens.shape
+        if self.fresh:
+            return self.draw((B, self.n_heads, T, self.P), device=x.device)  # [B, H, T, P]
+        delta = self.fixed_chunks(0, -(-T // POSITION_CHUNK))  # [n, H, C, P]
+        return delta.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P)[:, :, :T].to(x.device)  # [1, H, T, P]
+
+
+class RandomTokenIncrements(nn.Module):
+    """δ_j = table[token_j] from a frozen random table ``[vocab_size, H, P]`` (a buffer, saved with the model)."""
+
+    def __init__(self, cfg: SchemeConfig, n_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.vocab_size = cfg.vocab_size
+        mean, sigma = increment_distribution(cfg, head_dim)  # [P] float64 each
+        gen = torch.Generator().manual_seed(_chunk_seed(cfg.seed, _TOKEN_STREAM))
+        z = _standard_noise((cfg.vocab_size, n_heads, head_dim // 2), cfg.increment_family, gen)  # [V, H, P]
+        self.register_buffer("table", (mean + sigma * z).to(torch.float32))
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.numel():
+            lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one device sync
+            if lo < 0 or hi >= self.vocab_size:
+                raise ValueError(
+                    f"token ids span [{lo}, {hi}] but the random_token table has vocab_size={self.vocab_size}; "
+                    "set vocab_size to the tokenizer's vocabulary size"
+                )
+        return self.table[tokens].to(torch.float32).permute(0, 2, 1, 3)  # [B, T, H, P] -> [B, H, T, P]
+
+
+class LearnedIncrements(nn.Module):
+    """δ_j = μ + max_increment · ladder · tanh(proj(x_j)), float32 whatever the autocast or parameter dtype."""
+
+    def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.n_heads, self.P = n_heads, head_dim // 2
+        self.conv_size = cfg.conv_size
+        # PaTH-style short causal depthwise convolution over time (default Conv1d init, no activation)
+        self.conv = nn.Conv1d(d_model, d_model, cfg.conv_size, groups=d_model) if cfg.conv_size > 0 else None
+        rank = cfg.increment_rank
+        self.down = nn.Linear(d_model, rank, bias=False) if rank is not None else None
+        self.up = nn.Linear(d_model if rank is None else rank, n_heads * self.P)
+        nn.init.normal_(self.up.weight, std=cfg.learned_init_std)
+        nn.init.zeros_(self.up.bias)
+        omega = rope_frequencies(head_dim, cfg.rope_base)  # [P] float64
+        ladder = omega / omega[0] if cfg.learned_ladder else torch.ones_like(omega)
+        mean = omega if cfg.increment_mean == "rope" else torch.zeros_like(omega)
+        self.consts = _DeviceConstants(
+            scale=(cfg.max_increment * ladder).to(torch.float32), mean=mean.to(torch.float32)  # [P] each
+        )
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            h = x.float()  # [B, T, d_model]
+            if self.conv is not None:
+                w, b = self.conv.weight.float(), self.conv.bias.float()  # [d_model, 1, K], [d_model]
+                h = F.conv1d(F.pad(h.transpose(1, 2), (self.conv_size - 1, 0)), w, b, groups=h.shape[-1])
+                h = h.transpose(1, 2)  # [B, T, d_model], causal: position t sees t−K+1..t
+            if self.down is not None:
+                h = F.linear(h, self.down.weight.float())  # [B, T, r]
+            u = F.linear(h, self.up.weight.float(), self.up.bias.float())  # [B, T, H·P]
+            u = u.view(B, T, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, T, P]
+            c = self.consts.on(x.device)
+            return c["mean"] + c["scale"] * torch.tanh(u)  # [B, H, T, P]
+
+
+def _check_options(cfg: SchemeConfig) -> None:
+    """Reject options that do nothing for the chosen increment kind (a silent no-op would mislabel a run)."""
+    if cfg.increments == "learned":
+        for name in ("window", "sigma"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(
+                    f"{name}={getattr(cfg, name)!r} sets the spread of random increments; learned increments "
+                    "are bounded by max_increment (use increments=random_position or random_token)"
+                )
+        if cfg.increment_spread != "constant":
+            raise ConfigError("increment_spread='ladder' is for random increments; use learned_ladder=true instead")
+        if cfg.increment_family != "gaussian":
+            raise ConfigError(
+                f"increment_family={cfg.increment_family!r} is for random increments, not increments='learned'"
+            )
+    else:
+        learned_only = {
+            "increment_rank": (cfg.increment_rank, None),
+            "conv_size": (cfg.conv_size, 0),
+            "learned_ladder": (cfg.learned_ladder, False),
+        }
+        for name, (value, off) in learned_only.items():
+            if value != off:
+                raise ConfigError(f"{name}={value!r} needs increments='learned' (got increments={cfg.increments!r})")
+
+
+@register_rotation("accum")
+class AccumulatedRotation(RotationPart):
+    """Accumulated SO(2) rotation: ``angles(x, tokens) -> [B|1, H, T, D/2]`` float32, θ_t = Σ_{j≤t} δ_j.
+
+    ``increments(x, tokens) -> [B|1, H, T, D/2]`` float32 exposes the δ_j that define it (in ``eval()`` the
+    same ones forward uses), so tests and diagnostics can rebuild the path products independently.
+    """
+
+    kind = "so2"
+
+    def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
+        super().__init__(cfg, d_model, n_heads)
+        _check_options(cfg)
+        if cfg.increments == "random_position":
+            self.source: nn.Module = RandomPositionIncrements(cfg, n_heads, self.head_dim)
+        elif cfg.increments == "random_token":
+            self.source = RandomTokenIncrements(cfg, n_heads, self.head_dim)
+        else:
+            self.source = LearnedIncrements(cfg, d_model, n_heads, self.head_dim)
+
+    def increments(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """δ_j, ``[B|1, H, T, D/2]`` float32 (training with resample: a fresh draw per call)."""
+        return self.source(x, tokens)
+
+    def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.source, RandomPositionIncrements) and not self.source.fresh:
+            return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
+        return accumulate_angles(self.increments(x, tokens))  # [B|1, H, T, P]
+
+    def describe(self) -> dict:
+        cfg = self.cfg
+        info: dict = {"increments": cfg.increments}
+        if cfg.increments == "learned":
+            info["mixing_window"] = "measured by diagnostics"
+            info["max_increment"] = cfg.max_increment
+            return info
+        mean, sigma = increment_distribution(cfg, self.head_dim)
+        info.update(
+            increment_family=cfg.increment_family,
+            increment_mean=cfg.increment_mean,  # the mean does not change |φ| or the window
+            increment_sigma=sigma.tolist(),
+            increment_char_fn=char_fn_abs(sigma, cfg.increment_family).tolist(),
+            mixing_window=mixing_window(sigma, cfg.window_eps, cfg.increment_family).tolist(),
+            window_eps=cfg.window_eps,
+        )
+        return info

@@ -1,0 +1,47 @@
+"""FoX forget gate (Lin et al., 2025, *Forgetting Transformer*, arXiv:2503.02130).
+
+Per head, log f_j = logsigmoid(w_h·x_j + b_h) ≤ 0, so the bias of key s seen from query t is
+Σ_{j=s+1..t} log f_j: a data-dependent ALiBi. The weight starts at zero and the bias at
+b_h = −log(e^{m_h} − 1), where logsigmoid(b_h) = −m_h with ALiBi's slope m_h: at initialisation (and for any
+fixed gate with w = 0) the scheme is exactly ALiBi. ``cfg.forget_bias_init`` overrides b_h for every head.
+The gate is computed in float32 whatever the autocast or parameter dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from accrot.position.alibi import alibi_slopes
+from accrot.position.base import FarMassPart
+from accrot.position.config import SchemeConfig
+from accrot.position.scheme import register_far_mass
+
+
+def alibi_matching_bias(n_heads: int) -> list[float]:
+    """b_h = −log(e^{m_h} − 1), so that logsigmoid(b_h) = −m_h (ALiBi's slope)."""
+    return [-math.log(math.expm1(m)) for m in alibi_slopes(n_heads)]
+
+
+@register_far_mass("forget")
+class ForgetGate(FarMassPart):
+    """``log_decay(x, tokens) -> [B, H, T]`` float32, logsigmoid(w_h·x_j + b_h)."""
+
+    def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
+        super().__init__(cfg, d_model, n_heads)
+        self.proj = nn.Linear(d_model, n_heads)
+        nn.init.zeros_(self.proj.weight)  # a fixed gate at init: exactly ALiBi (or the constant forget_bias_init)
+        bias = alibi_matching_bias(n_heads) if cfg.forget_bias_init is None else [cfg.forget_bias_init] * n_heads
+        with torch.no_grad():
+            self.proj.bias.copy_(torch.tensor(bias))
+
+    def log_decay(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            z = F.linear(x.float(), self.proj.weight.float(), self.proj.bias.float())  # [B, T, H]
+            return F.logsigmoid(z).transpose(1, 2)  # [B, H, T]
+
+    def describe(self) -> dict:
+        return {"forget_bias": self.proj.bias.detach().float().tolist()}

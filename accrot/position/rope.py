@@ -1,0 +1,51 @@
+"""RoPE: rotary position embedding (Su et al., 2021, *RoFormer*, arXiv:2104.09864).
+
+Pair i of q_t and k_t (half-split layout) is rotated by θ_t,i = t·ω_i with ω_i = b^(−i/(D/2)), i = 0..D/2−1,
+so the logit q_tᵀ R((s − t)ω) k_s depends on the offset t − s only. In the path picture every step applies
+the same rotation R(ω): M_{t,s} = R(ω)^{t−s}. Positions start at t = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from accrot.ops.rotary import wrap_angle
+from accrot.position.base import RotationPart
+from accrot.position.config import SchemeConfig
+from accrot.position.scheme import register_rotation
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """ω_i = base^(−i/(D/2)) for i = 0..D/2−1, ``[D/2]`` float64 (ω_0 = 1)."""
+    P = head_dim // 2
+    return float(base) ** (-torch.arange(P, dtype=torch.float64) / P)
+
+
+@register_rotation("rope")
+class RoPE(RotationPart):
+    """``angles(x, tokens) -> [1, H, T, D/2]`` float32: t·ω_i computed in float64, wrapped to [−π, π).
+
+    The table depends only on (T, device); one table per device is cached and grown on demand, and shorter
+    lengths read its prefix (the entries are elementwise, so a prefix equals a fresh table).
+    """
+
+    kind = "so2"
+
+    def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
+        super().__init__(cfg, d_model, n_heads)
+        # a plain tensor, not a buffer: Module.to(bf16) must never round the frequencies
+        self.omega = rope_frequencies(self.head_dim, cfg.rope_base)  # [P] float64
+        self._tables: dict[torch.device, torch.Tensor] = {}
+
+    def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        table = self._tables.get(x.device)
+        if table is None or table.shape[-2] < T:
+            t = torch.arange(T, dtype=torch.float64, device=x.device)  # [T]
+            theta = wrap_angle(t[:, None] * self.omega.to(x.device))  # [T, P] float64
+            table = theta.to(torch.float32)[None, None]  # [1, 1, T, P]
+            self._tables[x.device] = table
+        return table[:, :, :T].expand(1, self.n_heads, T, -1)  # [1, H, T, P]
+
+    def describe(self) -> dict:
+        return {"rope_frequencies": self.omega.tolist()}

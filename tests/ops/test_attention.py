@@ -1,0 +1,177 @@
+"""The causal attention kernels against their naive twins: outputs and gradients (q, k, v, log f)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from accrot.ops.attention import causal_attention, naive_attention, naive_decay_bias
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rel(ref: torch.Tensor, fast: torch.Tensor) -> float:
+    return ((ref.double() - fast.double()).norm() / ref.double().norm().clamp_min(1e-300)).item()
+
+
+def make_inputs(B, T, H, D, dtype=torch.float64, decay_batch=None, max_decay=1.0, device="cpu", seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen, dtype=torch.float64).to(device, dtype) for _ in range(3))
+    Bd = B if decay_batch is None else decay_batch
+    log_f = (-max_decay * torch.rand(Bd, H, T, generator=gen, dtype=torch.float64)).to(device, torch.float32)
+    return q, k, v, log_f
+
+
+CASES = [  # (B, T, H, D, block, batch of log f)
+    (2, 37, 4, 16, 8, 2),  # T not a multiple of the block
+    (1, 64, 2, 8, 16, 1),  # a multiple
+    (2, 5, 2, 8, 16, 1),  # block > T, log f broadcast over the batch
+    (1, 24, 3, 4, 24, 1),  # block == T
+    (2, 9, 1, 8, 1, 2),  # one query per block
+    (1, 1, 2, 4, 4, 1),  # a single token
+]
+
+
+def case_id(c):
+    B, T, H, D, blk, Bd = c
+    return f"B{B}-T{T}-H{H}-D{D}-blk{blk}-decayB{Bd}"
+
+
+def grads(out, inputs, g):
+    return torch.autograd.grad(out, inputs, g)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_blockwise_matches_naive_float64(case):
+    B, T, H, D, blk, Bd = case
+    q, k, v, log_f = make_inputs(B, T, H, D, decay_batch=Bd)
+    inputs = [t.requires_grad_() for t in (q, k, v, log_f)]
+    fast = causal_attention(q, k, v, log_f, block_size=blk)
+    ref = naive_attention(q, k, v, naive_decay_bias(log_f))
+    assert fast.shape == (B, H, T, D) and fast.dtype == torch.float64
+    assert rel(ref, fast) < 1e-10
+    g = torch.randn_like(ref)
+    for name, a, b in zip("q k v log_f".split(), grads(ref, inputs, g), grads(fast, inputs, g)):
+        assert rel(a, b) < 1e-10, name
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], ids=lambda d: d
+)
+@pytest.mark.parametrize("case", [(2, 45, 4, 16, 16, 2), (1, 30, 2, 32, 64, 1)], ids=case_id)
+def test_blockwise_matches_naive_float32(case, device):
+    B, T, H, D, blk, Bd = case
+    q, k, v, log_f = make_inputs(B, T, H, D, dtype=torch.float32, decay_batch=Bd, max_decay=3.0, device=device)
+    inputs = [t.requires_grad_() for t in (q, k, v, log_f)]
+    fast = causal_attention(q, k, v, log_f, block_size=blk)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = naive_attention(q64, k64, v64, naive_decay_bias(log_f))  # float64 reference, grads to log f too
+    assert fast.dtype == torch.float32
+    assert rel(ref, fast) < 1e-5
+    g = torch.randn_like(ref)
+    ref_grads = grads(ref, [q64, k64, v64, log_f], g)
+    for name, a, b in zip("q k v log_f".split(), ref_grads, grads(fast, inputs, g.float())):
+        assert rel(a, b) < 1e-5, name
+
+
+def test_unbiased_path_matches_naive():
+    q, k, v, _ = make_inputs(2, 19, 2, 8)
+    assert rel(naive_attention(q, k, v), causal_attention(q, k, v)) < 1e-12
+
+
+def test_zero_decay_is_plain_attention():
+    q, k, v, _ = make_inputs(1, 21, 2, 8)
+    zero = torch.zeros(1, 2, 21)
+    assert rel(causal_attention(q, k, v), causal_attention(q, k, v, zero, block_size=4)) < 1e-12
+
+
+def test_naive_decay_bias_is_the_path_sum():
+    _, _, _, log_f = make_inputs(2, 7, 3, 4, decay_batch=2)
+    bias = naive_decay_bias(log_f)  # [B, H, T, T]
+    c = log_f.double().cumsum(-1)
+    for t in range(7):
+        for s in range(t + 1):
+            torch.testing.assert_close(bias[..., t, s], c[..., t] - c[..., s], rtol=0, atol=1e-12)
+
+
+def test_bf16_inputs_keep_dtype_and_accuracy():
+    q, k, v, log_f = make_inputs(2, 33, 2, 16, max_decay=0.5)
+    out = causal_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), log_f, block_size=8)
+    assert out.dtype == torch.bfloat16
+    ref = naive_attention(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), naive_decay_bias(log_f))
+    assert rel(ref, out) < 1e-2  # bf16 output rounding only: the bias and softmax ran in float32
+
+
+def test_autocast_bf16_keeps_bias_in_float32():
+    q, k, v, log_f = make_inputs(1, 40, 2, 8, dtype=torch.float32, max_decay=0.3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = causal_attention(q, k, v, log_f, block_size=16)
+    assert out.dtype == torch.float32  # q's dtype: the biased kernel opts out of autocast
+    assert rel(causal_attention(q, k, v, log_f, block_size=16), out) < 1e-6
+
+
+def test_long_sequence_decay_precision():
+    """c = cumsum(log f) in float64: a bias late in a 10⁶-step sequence is as exact as an early one."""
+    T = 1_000_000
+    log_f = torch.full((1, 1, T), -0.1)  # float32 −0.1, summed a million times
+    q = torch.zeros(1, 1, T, 2)
+    v = torch.randn(1, 1, T, 2, generator=torch.Generator().manual_seed(0))
+    # zero queries: the output at t is the softmax of the bias alone over the last few keys
+    fast = causal_attention(q[:, :, -300:], q[:, :, -300:], v[:, :, -300:], log_f[..., -300:], block_size=128)
+    w = torch.softmax(-0.1 * torch.arange(299, -1, -1, dtype=torch.float64), 0)  # [300] exact weights at t = end
+    expect = (w[:, None] * v[0, 0, -300:].double()).sum(0)
+    torch.testing.assert_close(fast[0, 0, -1].double(), expect, rtol=0, atol=1e-5)
+    c = log_f.double().cumsum(-1)
+    assert abs((c[0, 0, -1] - c[0, 0, -2]).item() - (-0.1)) < 1e-7  # the float64 difference keeps the step
+
+
+_MEMORY_PROBE = """
+import resource, torch
+torch.set_num_threads(1)
+from accrot.ops.attention import causal_attention
+T, H, D = 16384, 4, 32
+gen = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, H, T, D, generator=gen) for _ in range(3))
+log_f = -0.05 * torch.rand(1, H, T, generator=gen)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with torch.no_grad():
+    out = causal_attention(q, k, v, log_f, block_size=128)
+assert out.shape == (1, H, T, D) and bool(torch.isfinite(out).all())
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def test_biased_kernel_memory_is_linear_in_T():
+    """At T = 16384 (H = 4) the biased kernel's peak memory stays far below one [T, T] float32 bias (1 GiB).
+
+    Run in a fresh interpreter so the peak resident size is this kernel's alone.
+    """
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grown = int(proc.stdout.split()[-1])  # bytes the peak grew by during the call
+    T = 16384
+    assert grown < T * T * 4 // 4, f"peak memory grew by {grown / 2**20:.0f} MiB"
+
+
+def test_bad_log_decay_shape_raises():
+    q, k, v, log_f = make_inputs(2, 8, 2, 4)
+    with pytest.raises(ValueError, match="log_decay has shape"):
+        causal_attention(q, k, v, log_f[..., :5])
