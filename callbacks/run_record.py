@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 
 from accrot.report import atomic_write_text
 
@@ -57,8 +58,16 @@ class RunRecord(L.Callback):
             "scheme": schemes[0].describe() if schemes else {},
             "parameters": sum(p.numel() for p in pl_module.parameters()),
         }
+        hparams = {"revision": record["revision"], "data_fingerprint": record["data"].get("fingerprint")}
+        window = record["scheme"].get("mixing_window")
+        if isinstance(window, list) and window:  # random increments: predicted from the distribution
+            hparams.update({"scheme/mixing_window_min": min(window), "scheme/mixing_window_max": max(window)})
+            rank_zero_info(
+                f"predicted mixing window per frequency pair (ε={record['scheme'].get('window_eps')}): "
+                f"{min(window):.4g} … {max(window):.4g} tokens"
+            )
         for logger in trainer.loggers:
-            logger.log_hyperparams({"revision": record["revision"], "data_fingerprint": record["data"].get("fingerprint")})
+            logger.log_hyperparams(hparams)
         if trainer.is_global_zero:
             out = Path(trainer.log_dir or trainer.default_root_dir)
             out.mkdir(parents=True, exist_ok=True)

@@ -132,3 +132,28 @@ def test_help_lists_scheme_keys(capsys):
 def test_shipped_configs_exist():
     assert {"tiny", "small"} <= set(SHIPPED)
     assert Path(CONFIG_DIR / "tiny.yaml").read_text().count("seq_len: 128") == 1
+
+
+# validating in a new run directory: Lightning notes that the checkpoint callback's folder changed
+@pytest.mark.filterwarnings("ignore:The dirpath has changed:UserWarning")
+def test_validate_subcommand_on_checkpoint(trained_run, tmp_path):
+    rc = main(["validate", "--config", str(trained_run / "config.yaml"), f"--root={tmp_path}",
+               f"--ckpt_path={trained_run / 'checkpoints/last.ckpt'}", "--trainer.limit_val_batches=1",
+               "--trainer.enable_progress_bar=false", "--wandb=disabled"])
+    assert rc == 0
+    (metrics,) = list(tmp_path.glob("*/version_*/metrics.csv"))
+    assert "val/loss" in metrics.read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_demo_command_compares_schemes(tmp_path, capsys):
+    rc = main(["demo", f"--root={tmp_path}", "--variants=[NoPE,ALiBi]", "--max_steps=4",
+               "--multipliers=[1,4]", "--wandb=disabled",
+               "--extra=[--extrapolation.budget_tokens=1024,--trainer.enable_progress_bar=false]"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "demo.json").read_text())
+    assert set(doc["curves"]) == {"NoPE", "ALiBi"}
+    assert [r["length"] for r in doc["curves"]["ALiBi"]] == [128, 512]
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+    out = capsys.readouterr().out
+    assert "NoPE" in out and "ALiBi" in out and "4×" in out
