@@ -1,0 +1,235 @@
+"""CPU benchmarks of the PaTH kernels (``accrot bench path``).
+
+* :func:`bench_kernels`: wall time of the chunked UT/WY kernel against its recurrence twin, forward (no grad) and
+  forward + backward, timed side by side in one process: the two kernels alternate within every repeat and each
+  keeps the median of its repeats, so slow phases of a shared machine hit both alike. At long lengths the
+  recurrence (T Python steps) is timed from fewer repeats (``long_repeats``).
+* :func:`eval_memory`: peak memory of one evaluation forward (``torch.no_grad``) per length, each in a fresh
+  subprocess, measured two ways. (1) ``peak_mib``: the peak of live tensor bytes, replayed from the profiler's
+  allocation events (``profile_memory=True``): exactly what the algorithm holds, independent of the C allocator.
+  (2) ``rss_peak_mib``: Linux's VmHWM after resetting it (``echo 5 > /proc/self/clear_refs``) minus the resident
+  size just before the call (imports, inputs, warm-up excluded; ``ru_maxrss`` growth where /proc is not
+  writable). RSS also counts glibc's retained and fragmented heap, which does not scale cleanly with T, so the
+  linear-memory check (≤ 4.5× from T = 4096 to 16384, no ``[T, T]`` tensor) is made on (1); (2) is reported.
+
+Both return plain ``list[dict]`` rows (JSON-ready) for the CLI to print or save.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from accrot.ops.path import path_attention
+
+
+def _inputs(B: int, H: int, T: int, D: int, seed: int, requires_grad: bool = False) -> list[torch.Tensor]:
+    """q, k, v, w (unit rows), β ∈ (0, 2): the ranges the model produces."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))  # [B, H, T, D]
+    w = F.normalize(torch.randn(B, H, T, D, generator=g), dim=-1)  # [B, H, T, D]
+    beta = 2 * torch.rand(B, H, T, generator=g)  # [B, H, T]
+    return [x.requires_grad_(requires_grad) for x in (q, k, v, w, beta)]
+
+
+def _timer(fn: Callable[..., object], *args: object) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def bench_kernels(
+    lengths: Sequence[int] = (512, 2048, 8192),
+    B: int = 1,
+    H: int = 4,
+    D: int = 32,
+    chunk: int = 64,
+    backward_lengths: Sequence[int] = (512, 2048),
+    repeats: int = 3,
+    long_repeats: int = 1,
+    long_from: int = 4096,
+    threads: int | None = None,
+    seed: int = 0,
+) -> list[dict]:
+    """Time chunked vs recurrence PaTH attention; one row per (T, mode).
+
+    Args:
+        lengths: T for forward-only timing (``torch.no_grad``, the evaluation path).
+        backward_lengths: T for forward + backward timing (gradients of q, k, v, w, β).
+        repeats: timed repeats per kernel (after one untimed warm-up of each).
+        long_repeats: repeats of the recurrence from ``long_from`` tokens on (it takes T Python steps).
+        threads: torch intra-op threads for the run (None: leave as is); restored afterwards.
+    Returns:
+        rows ``{"T", "mode", "B", "H", "D", "chunk", "threads", "chunked_s", "recurrent_s", "speedup",
+        "repeats_chunked", "repeats_recurrent"}``; ``speedup`` = recurrent_s / chunked_s (medians).
+    """
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        rows = []
+        jobs = [(T, "fwd") for T in lengths] + [(T, "fwd+bwd") for T in backward_lengths]
+        for T, mode in jobs:
+            backward = mode == "fwd+bwd"
+            ins = _inputs(B, H, T, D, seed, requires_grad=backward)
+            grad_out = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(seed + 1))
+
+            def run(
+                kernel: str,
+                ins: list[torch.Tensor] = ins,
+                grad_out: torch.Tensor = grad_out,
+                backward: bool = backward,
+            ) -> None:
+                if backward:
+                    out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
+                    torch.autograd.grad(out, ins, grad_out)
+                else:
+                    with torch.no_grad():
+                        path_attention(*ins, chunk_size=chunk, kernel=kernel)
+
+            n_rec = long_repeats if T >= long_from else repeats
+            run("chunked")  # warm-up (allocator, BLAS and LAPACK initialisation)
+            if T < long_from:
+                run("recurrent")
+            times: dict[str, list[float]] = {"chunked": [], "recurrent": []}
+            for i in range(max(repeats, n_rec)):  # alternate, so load changes hit both kernels
+                if i < repeats:
+                    times["chunked"].append(_timer(run, "chunked"))
+                if i < n_rec:
+                    times["recurrent"].append(_timer(run, "recurrent"))
+            chunked, recurrent = (statistics.median(times[k]) for k in ("chunked", "recurrent"))
+            rows.append(
+                {
+                    "T": T,
+                    "mode": mode,
+                    "B": B,
+                    "H": H,
+                    "D": D,
+                    "chunk": chunk,
+                    "threads": torch.get_num_threads(),
+                    "chunked_s": chunked,
+                    "recurrent_s": recurrent,
+                    "speedup": recurrent / chunked,
+                    "repeats_chunked": repeats,
+                    "repeats_recurrent": n_rec,
+                }
+            )
+        return rows
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _live_tensor_peak(fn: Callable[[], object]) -> int | None:
+    """Peak bytes of live tensors during ``fn()``, from the profiler's allocation events (allocator-independent);
+    None if this torch's profiler does not expose them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        events = prof.profiler.kineto_results.events()
+        allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    except AttributeError:  # pragma: no cover - profiler internals moved
+        return None
+    live = peak = 0
+    for _, nbytes in allocations:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: int) -> None:
+    """Run in a fresh interpreter: print one JSON row with the peak memory of one no-grad forward."""
+    import gc
+    import resource
+
+    ins = _inputs(B, H, T, D, seed)
+    with torch.no_grad():
+        path_attention(*_inputs(B, H, min(T, 4 * chunk), D, seed), chunk_size=chunk, kernel=kernel)  # warm-up
+        gc.collect()
+        before = _status_kib("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset VmHWM to the current RSS
+            rss_method = "VmHWM"
+        except OSError:
+            rss_method, before = "ru_maxrss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
+        if rss_method == "VmHWM":
+            peak = _status_kib("VmHWM")
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        del out
+        tensors = _live_tensor_peak(lambda: path_attention(*ins, chunk_size=chunk, kernel=kernel))
+    print(
+        json.dumps(
+            {
+                "T": T,
+                "kernel": kernel,
+                "peak_mib": None if tensors is None else tensors / 2**20,
+                "rss_peak_mib": (peak - before) / 1024,
+                "rss_method": rss_method,
+                "inputs_mib": sum(x.numel() * x.element_size() for x in ins) / 2**20,
+            }
+        )
+    )
+
+
+def eval_memory(
+    lengths: Sequence[int] = (4096, 16384),
+    B: int = 1,
+    H: int = 4,
+    D: int = 32,
+    chunk: int = 64,
+    kernel: str = "chunked",
+    seed: int = 0,
+) -> list[dict]:
+    """Peak extra memory of one evaluation forward per length, each measured in a fresh subprocess.
+
+    Returns rows ``{"T", "kernel", "peak_mib", "rss_peak_mib", "rss_method", "inputs_mib", "growth",
+    "rss_growth", "length_ratio"}``: ``peak_mib`` is the peak of live tensors allocated by the call (profiler
+    allocation events; what the algorithm holds), ``rss_peak_mib`` the resident-set peak above the pre-call RSS
+    (adds the C allocator's retention and fragmentation). ``growth`` = peak_mib relative to the first length;
+    linear memory means growth ≈ length_ratio.
+    """
+    rows = []
+    for T in lengths:
+        code = (
+            "from accrot.bench_path import _memory_child; "
+            f"_memory_child({int(T)}, {int(B)}, {int(H)}, {int(D)}, {int(chunk)}, {kernel!r}, {int(seed)})"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"memory probe at T={T} failed: {done.stderr.strip().splitlines()[-1:]}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for row in rows:
+        row["growth"] = None if row["peak_mib"] is None else row["peak_mib"] / rows[0]["peak_mib"]
+        row["rss_growth"] = row["rss_peak_mib"] / max(rows[0]["rss_peak_mib"], 1e-9)
+        row["length_ratio"] = row["T"] / rows[0]["T"]
+    return rows
+
+
+if __name__ == "__main__":  # python -m accrot.bench_path [threads]
+    for row in bench_kernels(threads=int(sys.argv[1]) if len(sys.argv) > 1 else None):
+        print(json.dumps(row))
+    for row in eval_memory():
+        print(json.dumps(row))

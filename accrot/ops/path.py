@@ -1,0 +1,427 @@
+"""PaTH attention: accumulated Householder-like transforms along the path s → t.
+
+    ℓ_ts  = D^−1/2 · q_tᵀ H_t H_{t−1} ⋯ H_{s+1} k_s + b_ts       (s ≤ t; the product is I when s = t)
+    H_j   = I − β_j w_j w_jᵀ,  ‖w_j‖ = 1,  β_j ∈ [0, 2]
+    b_ts  = Σ_{j=s+1..t} log f_j                                 (far-mass bias, added unscaled; PaTH-FoX)
+    out_t = Σ_{s≤t} softmax_s(ℓ_ts) v_s
+
+Implementations (compared on outputs and gradients in ``tests/ops/test_path.py``):
+
+* :func:`path_attention` with ``kernel="chunked"``: the UT/WY chunked algorithm. Per chunk of c tokens the UT
+  transform turns the chunk's product into a rank-c update; queries walk earlier key blocks right to left with
+  an online softmax, all query blocks at the same block distance in one batched step. O(T²·D) time, O(T·c)
+  extra memory (no ``[T, T]`` tensor), differentiable by autograd. Derivation: ``accrot/ops/PATH.md``.
+* :func:`naive_path_attention_recurrence`: each query walks back one token per step, u ← H_j u, vector ops only
+  (``kernel="recurrent"``, for debugging).
+* :func:`naive_path_attention_products`: explicit D×D path products and a plain softmax (tiny T only).
+* ``kernel="fla"``: the Triton kernel of ``fla`` (flash-linear-attention), CUDA only.
+
+The Householder math (w, β, transports, UT transform) and the softmax run in float32 or wider whatever the input
+dtype (autocast is disabled inside); the output has q's dtype. Cumulative log-decays are summed in float64.
+
+Reference: Yang, Shen, Wen, Tan, Mishra, Ren, Panda, Kim, "PaTH Attention: Position Encoding via Accumulating
+Householder Transformations" (2025, arXiv:2505.16381); fla-org/flash-linear-attention ``fla/ops/path_attn``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+Kernel = Literal["chunked", "recurrent", "fla"]
+KERNELS: tuple[str, ...] = ("chunked", "recurrent", "fla")
+LOG2E = 1.0 / math.log(2.0)
+
+
+# -- shared helpers ---------------------------------------------------------------------------------
+def _check_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None,
+) -> None:
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, H, T, D], got shape {tuple(q.shape)}")
+    B, H, T, D = q.shape
+    for name, x in (("k", k), ("w", w)):
+        if x.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(x.shape)}")
+    if v.dim() != 4 or v.shape[:3] != (B, H, T):
+        raise ValueError(f"v must be [B, H, T, Dv] = [{B}, {H}, {T}, Dv], got {tuple(v.shape)}")
+    if beta.shape != (B, H, T):
+        raise ValueError(f"beta must be [B, H, T] = [{B}, {H}, {T}], got {tuple(beta.shape)}")
+    if log_decay is not None and (
+        log_decay.dim() != 3 or log_decay.shape[0] not in (1, B) or log_decay.shape[1:] != (H, T)
+    ):
+        raise ValueError(f"log_decay must be [B|1, H, T] = [{B}|1, {H}, {T}], got {tuple(log_decay.shape)}")
+
+
+def _work_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float32, or wider when any input is wider (float64 tests run entirely in float64)."""
+    dtype = torch.float32
+    for x in tensors:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return dtype
+
+
+def _cumulative_log_decay(log_decay: torch.Tensor, B: int, T_pad: int) -> torch.Tensor:
+    """G_t = Σ_{j≤t} log f_j in float64, ``[B, H, T_pad]`` (zero steps past T), so b_ts = G_t − G_s."""
+    G = log_decay.to(torch.float64).expand(B, -1, -1)  # [B, H, T]
+    return F.pad(G, (0, T_pad - G.shape[-1])).cumsum(-1)  # [B, H, T_pad]
+
+
+def _online_update(
+    state: tuple[torch.Tensor, torch.Tensor],
+    s: torch.Tensor,
+    vk: torch.Tensor,
+    shift: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One online-softmax step over a block of keys, in log2 units.
+
+    ``state = (m, acc)``: running row max ``[..., c]`` (kept out of autograd: the result does not depend on it) and
+    unnormalised ``[Σ p v, Σ p]`` ``[..., c, Dv + 1]``; the new logits are ``s + shift`` (``s`` ``[..., c, c']``,
+    ``shift`` ``[..., c]`` per row or None) for keys with values ``vk = [v, 1]`` ``[..., c', Dv + 1]``.
+    """
+    m, acc = state
+    row_max = s.amax(-1) if shift is None else s.amax(-1) + shift  # [..., c]
+    m_new = torch.maximum(m, row_max).detach()  # [..., c]
+    alpha = (m - m_new).exp2()[..., None]  # [..., c, 1]
+    sub = (m_new if shift is None else m_new - shift)[..., None]  # [..., c, 1]
+    # in place when nothing needs the logits for backward: s is a fresh matmul output (saves two tile passes)
+    p = (s - sub).exp2() if s.requires_grad else s.sub_(sub).exp2_()  # [..., c, c']
+    acc = acc * alpha if acc.requires_grad else acc.mul_(alpha)  # [..., c, Dv + 1]
+    acc = torch.baddbmm(acc.flatten(0, -3), p.flatten(0, -3), vk.flatten(0, -3)).view(acc.shape)
+    return m_new, acc
+
+
+# -- the chunked UT/WY kernel -----------------------------------------------------------------------
+def _path_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None,
+    chunk_size: int,
+    scale: float,
+) -> torch.Tensor:
+    B, H, T, D = q.shape
+    dt = _work_dtype(q, k, v, w, beta)
+    c = min(chunk_size, T)
+    N = -(-T // c)  # chunks; a ragged tail is padded with H = I and zero keys, which causality hides
+
+    # Logits are kept in log2 units (scale·log2 e folded into q and the bias) so the softmax runs on exp2,
+    # several times cheaper than exp on CPU.
+    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D]
+    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
+
+    # Far-mass bias b_ts = G_t − G_s split as (a_t − a_s) + (R_n − R_m): R_n = G just before chunk n (float64,
+    # may be huge), a = G − R within the chunk (small), so nothing large cancels in the work dtype.
+    a = R = None
+    if log_decay is not None:
+        G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [B·H, N·c] float64
+        R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] float64
+        a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
+
+    vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)  # [N, BH, c, Dv + 1]: the value matmul also sums p
+    state, r, KX, U_walk = _chunk_prologue(qb, kb, vb, wb, bb, a)
+    del qb, kb, wb, bb
+    explicit = U_walk is None
+
+    # Off-diagonal walk: at block distance d, query block n (n = d..N−1) meets key block m = n − d. Running queries
+    # r_n = q_start_n P_{n−1} ⋯ P_{n−d+1} score against k_end_m, then cross chunk m. Block d is done after step d,
+    # so the active set shrinks from the front and every step is one batched op over N − d blocks.
+    outs = [_normalise(state[1][:1])]  # block 0 only sees itself
+    state = tuple(x[1:] for x in state)
+    r = r[1:]  # [N−1, BH, c, D(+1)] blocks 1..N−1: nothing lies between chunk n−1's end and chunk n's start
+    for d in range(1, N):
+        n_act = N - d  # active query blocks d..N−1, key blocks 0..N−1−d
+        out = r @ KX[:n_act]  # [N−d, BH, c, c + D(+1)|c] scores and transport in one matmul
+        shift = None  # [N−d, BH, c] a_t + R_n − R_m, constant along each row
+        if a is not None:
+            shift = a[d:] + (R[d:] - R[:n_act]).to(dt)[..., None]
+        state = _online_update(state, out[..., :c], vb[:n_act], shift)
+        outs.append(_normalise(state[1][:1]))  # block d has met key block 0
+        if d < N - 1:
+            state = tuple(x[1:] for x in state)
+            x = out[1:, ..., c:]  # [N−d−1, BH, c, D(+1)|c] blocks d+1..N−1 cross chunks 1..N−1−d
+            r = x if explicit else r[1:] - x @ U_walk[1:n_act]
+    return _unblock(torch.cat(outs, 0), B, H, T).to(q.dtype)
+
+
+def _chunk_prologue(
+    qb: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    wb: torch.Tensor,
+    bb: torch.Tensor,
+    a: torch.Tensor | None,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Everything that stays inside a chunk, for all chunks at once (PATH.md §1–2).
+
+    Args:
+        qb, kb, wb: ``[N, BH, c, D]`` (qb scaled); vb: ``[N, BH, c, Dv + 1]``; bb: ``[N, BH, c]``;
+        a: ``[N, BH, c]`` within-chunk cumulative log2-decay or None.
+    Returns:
+        ``state`` (row max ``[N, BH, c]``, unnormalised ``[N, BH, c, Dv + 1]``) after the diagonal blocks;
+        ``r`` the queries carried to their chunk start ``[N, BH, c, D(+1)]``; ``KX = [k̃ᵀ | X]`` the walk's right
+        operand ``[N, BH, D(+1), c + D(+1)|2c]``; ``U_walk`` for the rank-c transport, None when X = P is explicit.
+    """
+    N, BH, c, D = qb.shape
+    dt, dev = qb.dtype, qb.device
+    lower = torch.ones(c, c, dtype=torch.bool, device=dev).tril()  # [c, c] i ≤ t
+    strict = lower.logical_xor(torch.eye(c, dtype=torch.bool, device=dev))  # [c, c] j > s
+
+    # UT transform: L = I + strict_lower(diag(β) W Wᵀ); chunk product P = H_last ⋯ H_first = I − Wᵀ U, U = L⁻¹ diag(β) W.
+    wbeta = wb * bb[..., None]  # [N, BH, c, D] rows β_j w_j
+    L = torch.eye(c, dtype=dt, device=dev) + (wbeta @ wb.mT) * strict  # [N, BH, c, c]
+    WK = (wbeta @ kb.mT) * strict  # [N, BH, c, c] β_j w_j·k_s, kept for j > s
+    U, TWK = torch.linalg.solve_triangular(
+        L, torch.cat((wbeta, WK), -1), upper=False, unitriangular=True
+    ).split((D, c), -1)  # [N, BH, c, D], [N, BH, c, c]
+    QW = (qb @ wb.mT) * lower  # [N, BH, c, c] q_t·w_i, kept for i ≤ t
+    q_start = qb - QW @ U  # [N, BH, c, D] q_tᵀ H_t ⋯ H_first: queries carried to their chunk start
+    k_end = kb - TWK.mT @ wb  # [N, BH, c, D] H_last ⋯ H_{s+1} k_s: keys carried to their chunk end
+
+    # diagonal blocks: exact intra-chunk products q_tᵀ H_t ⋯ H_{s+1} k_s = q_t·k_s − (QW T WK)_ts
+    s = torch.baddbmm((qb @ kb.mT).flatten(0, 1), QW.flatten(0, 1), TWK.flatten(0, 1), alpha=-1)
+    s = s.view(N, BH, c, c)  # [N, BH, c, c]
+    if a is not None:
+        s = s + (a[..., :, None] - a[..., None, :])
+    s = s.masked_fill(~lower, float("-inf"))  # [N, BH, c, c]
+    m = s.amax(-1).detach()  # [N, BH, c]
+    state = (m, (s - m[..., None]).exp2() @ vb)  # [N, BH, c], [N, BH, c, Dv + 1]
+
+    # One matmul per walk step scores a key block and carries the queries across its chunk: r @ [k̃ᵀ | X], with
+    # X = P (D×D, when D ≤ 2c) or Wᵀ (rank-c form r − (r Wᵀ) U). With a bias, queries carry a constant 1 and keys
+    # −a_s; the per-row part a_t + R_n − R_m only shifts the row maximum (never touches the tiles).
+    explicit = D <= 2 * c
+    X = torch.eye(D, dtype=dt, device=dev) - wb.mT @ U if explicit else wb.mT  # [N, BH, D, D|c]
+    r, K_walk, U_walk = q_start, k_end.mT, U  # [N, BH, c, D], [N, BH, D, c], [N, BH, c, D]
+    if a is not None:
+        r = torch.cat((r, torch.ones_like(a)[..., None]), -1)  # [N, BH, c, D + 1]
+        K_walk = torch.cat((K_walk, -a[..., None, :]), -2)  # [N, BH, D + 1, c]
+        X = F.pad(X, (0, int(explicit), 0, 1))  # [N, BH, D + 1, D + 1|c]
+        if explicit:  # blockdiag(P, 1) keeps the constant column
+            X = X + F.one_hot(torch.tensor(D, device=dev), D + 1).to(dt).diag()
+        U_walk = F.pad(U, (0, 1))  # [N, BH, c, D + 1]
+    return state, r, torch.cat((K_walk, X), -1), None if explicit else U_walk
+
+
+def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype) -> torch.Tensor:
+    """``[B, H, T, *]`` -> chunk-major ``[N, B·H, c, *]`` in the work dtype, zero-padded to N·c tokens.
+
+    Chunk-major because the walk slices leading chunks: every batched matmul then sees a contiguous batch."""
+    x = x.to(dt).flatten(0, 1)  # [B·H, T, *]
+    pad = N * c - x.shape[1]
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
+    return x.unflatten(1, (N, c)).transpose(0, 1).contiguous()
+
+
+def _normalise(acc: torch.Tensor) -> torch.Tensor:
+    """``[..., Dv + 1]`` unnormalised ``[Σ p v, Σ p]`` -> ``[..., Dv]`` softmax output."""
+    return acc[..., :-1] / acc[..., -1:]
+
+
+def _unblock(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
+    """``[N, B·H, c, Dv]`` -> ``[B, H, T, Dv]`` (drops the padded tail)."""
+    N, _, c, Dv = x.shape
+    return x.transpose(0, 1).reshape(B, H, N * c, Dv)[:, :, :T]
+
+
+# -- naive twins ------------------------------------------------------------------------------------
+def naive_path_attention_recurrence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """PaTH attention by the per-query backward recurrence u ← H_j u (vector ops only, O(T²·D), T steps).
+
+    Every query t starts at u = q_t; at step d it scores key t − d (ℓ = u·k_{t−d} + G_t − G_{t−d}), folds it into
+    its own streaming softmax, then applies H_{t−d} to walk one token further back. All queries step together,
+    so the state is ``[B, H, T, D]`` and nothing ``[T, T]`` is ever formed.
+
+    Args:
+        q, k, w: ``[B, H, T, D]`` (w unit rows); v: ``[B, H, T, Dv]``; beta: ``[B, H, T]``;
+        log_decay: ``[B|1, H, T]`` per-step log f_j or None; scale: default D^−1/2.
+    Returns:
+        ``[B, H, T, Dv]`` in q's dtype.
+    """
+    _check_inputs(q, k, v, w, beta, log_decay)
+    B, H, T, D = q.shape
+    scale = D**-0.5 if scale is None else scale
+    if T == 0:
+        return v.new_zeros(B, H, 0, v.shape[-1]).to(q.dtype)
+    out_dtype, dt = q.dtype, _work_dtype(q, k, v, w, beta)
+    q, k, v, w, beta = q.to(dt) * scale, k.to(dt), v.to(dt), w.to(dt), beta.to(dt)
+    G = None if log_decay is None else _cumulative_log_decay(log_decay, B, T)  # [B, H, T] float64
+    u = q  # [B, H, T − d, D]: row i is query t = i + d, already carried across H_t ⋯ H_{t−d+1}
+    s = (u * k).sum(-1)  # [B, H, T] ℓ(t, t)
+    m = s.detach()  # [B, H, T] running max
+    l = (s - m).exp()  # [B, H, T] running sum (ones, but carrying the logit's gradient)
+    acc = l[..., None] * v  # [B, H, T, Dv] unnormalised output
+    outs = [acc[:, :, :1] / l[:, :, :1, None]]  # query 0 has only itself
+    for d in range(1, T):
+        wj, bj = w[:, :, 1 : T - d + 1], beta[:, :, 1 : T - d + 1]  # H_{t−d+1} for t = d..T−1
+        u = u[:, :, 1:]
+        u = u - (bj * (u * wj).sum(-1))[..., None] * wj  # [B, H, T−d, D]
+        s = (u * k[:, :, : T - d]).sum(-1)  # [B, H, T−d] ℓ(t, t − d)
+        if G is not None:
+            s = s + (G[..., d:] - G[..., : T - d]).to(dt)
+        m, l, acc = m[:, :, 1:], l[:, :, 1:], acc[:, :, 1:]  # query d − 1 is done
+        m_new = torch.maximum(m, s).detach()  # streaming softmax, one key per query
+        alpha, p = (m - m_new).exp(), (s - m_new).exp()  # [B, H, T−d]
+        m, l, acc = m_new, l * alpha + p, acc * alpha[..., None] + p[..., None] * v[:, :, : T - d]
+        outs.append(acc[:, :, :1] / l[:, :, :1, None])  # query t = d has reached key 0
+    return torch.cat(outs, 2).to(out_dtype)  # [B, H, T, Dv]
+
+
+def naive_path_attention_products(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """PaTH attention from explicit D×D path products and a full softmax: the dumbest correct version.
+
+    M_ts = H_t H_{t−1} ⋯ H_{s+1} is multiplied out for every pair and b_ts summed term by term: O(T³·D³), tiny T only.
+    Arguments and result as :func:`naive_path_attention_recurrence`.
+    """
+    _check_inputs(q, k, v, w, beta, log_decay)
+    B, H, T, D = q.shape
+    scale = D**-0.5 if scale is None else scale
+    out_dtype, dt = q.dtype, _work_dtype(q, k, v, w, beta)
+    q, k, v, w, beta = q.to(dt), k.to(dt), v.to(dt), w.to(dt), beta.to(dt)
+    eye = torch.eye(D, dtype=dt, device=q.device)
+    Hj = eye - beta[..., None, None] * w[..., :, None] * w[..., None, :]  # [B, H, T, D, D]
+    ld = None if log_decay is None else log_decay.to(torch.float64).expand(B, -1, -1)  # [B, H, T]
+    rows = []
+    for t in range(T):
+        row = []
+        for s in range(T):
+            if s > t:
+                row.append(q.new_full((B, H), float("-inf")))
+                continue
+            M = eye.expand(B, H, D, D)
+            for j in range(t, s, -1):
+                M = M @ Hj[:, :, j]  # [B, H, D, D] H_t ⋯ H_j
+            logit = scale * torch.einsum("bhd,bhde,bhe->bh", q[:, :, t], M, k[:, :, s])  # [B, H]
+            if ld is not None:
+                logit = logit + ld[..., s + 1 : t + 1].sum(-1).to(dt)
+            row.append(logit)
+        rows.append(torch.stack(row, -1))  # [B, H, T]
+    if not rows:
+        return v.new_zeros(B, H, 0, v.shape[-1]).to(out_dtype)
+    logits = torch.stack(rows, -2)  # [B, H, T, T]
+    return (logits.softmax(-1) @ v).to(out_dtype)  # [B, H, T, Dv]
+
+
+def householder_product(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """The explicit product H_T ⋯ H_2 H_1 over the sequence axis by one UT transform (rank-T update of I).
+
+    Args:
+        w: ``[..., T, D]`` unit rows; beta: ``[..., T]``.
+    Returns:
+        ``[..., D, D]`` in float32 or wider: I − Wᵀ (I + strict_lower(diag(β) W Wᵀ))⁻¹ diag(β) W.
+    """
+    dt = _work_dtype(w, beta)
+    w, beta = w.to(dt), beta.to(dt)
+    T, D = w.shape[-2:]
+    wbeta = w * beta[..., None]  # [..., T, D]
+    L = torch.eye(T, dtype=dt, device=w.device) + (wbeta @ w.mT).tril(-1)  # [..., T, T]
+    U = torch.linalg.solve_triangular(L, wbeta, upper=False, unitriangular=True)  # [..., T, D]
+    return torch.eye(D, dtype=dt, device=w.device) - w.mT @ U  # [..., D, D]
+
+
+# -- optional CUDA kernel ---------------------------------------------------------------------------
+def _path_fla(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    if not q.is_cuda:
+        raise RuntimeError(
+            f"kernel='fla' needs CUDA tensors (got device {q.device.type!r}); use kernel='chunked' on CPU"
+        )
+    try:
+        from fla.ops.path_attn.parallel import parallel_path_attention
+    except ImportError as err:
+        raise RuntimeError(
+            "kernel='fla' needs the optional flash-linear-attention package (import fla failed: "
+            f"{err}); install it or use kernel='chunked'"
+        ) from err
+    B, H, T, D = q.shape
+    g = None
+    if log_decay is not None:
+        # fla adds its gate before multiplying by the softmax scale; ours is added after, so pre-divide.
+        g = (log_decay.float().expand(B, -1, -1) / scale).transpose(1, 2).contiguous()  # [B, T, H]
+    o, _ = parallel_path_attention(
+        q=q.transpose(1, 2),  # fla is [B, T, H, D]
+        k=k.transpose(1, 2),
+        v=v.transpose(1, 2),
+        w=w.to(q.dtype).transpose(1, 2),
+        beta=beta.to(q.dtype).transpose(1, 2),
+        g=g,
+        scale=scale,
+    )
+    return o.transpose(1, 2).to(q.dtype)  # [B, H, T, Dv]
+
+
+# -- public entry point -----------------------------------------------------------------------------
+def path_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    kernel: Kernel = "chunked",
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal PaTH attention (optionally PaTH-FoX), ``[B, H, T, Dv]`` in q's dtype.
+
+    Args:
+        q, k: ``[B, H, T, D]``; v: ``[B, H, T, Dv]``.
+        w: ``[B, H, T, D]`` unit rows; beta: ``[B, H, T]`` in [0, 2] (H_j = I − β_j w_j w_jᵀ).
+        log_decay: ``[B|1, H, T]`` per-step log f_j ≤ 0 or None; b_ts = Σ_{j=s+1..t} log f_j is added to the
+            logit after the D^−1/2 scaling.
+        chunk_size: chunk length c of the chunked kernel (any positive int; c ≥ T means one chunk).
+        kernel: ``"chunked"`` (default), ``"recurrent"`` (the naive recurrence, for debugging) or ``"fla"``
+            (fla's Triton kernel; CUDA tensors and the ``fla`` package needed).
+        scale: logit scale, default D^−1/2.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r} is not valid; choose one of {', '.join(map(repr, KERNELS))}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} is not valid; it must be a positive integer")
+    _check_inputs(q, k, v, w, beta, log_decay)
+    B, H, T, D = q.shape
+    scale = D**-0.5 if scale is None else float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r} is not valid; it must be finite")
+    if T == 0:
+        return q.new_zeros(B, H, 0, v.shape[-1])
+    with torch.autocast(device_type=q.device.type, enabled=False):  # Householder math stays ≥ float32
+        if kernel == "fla":
+            return _path_fla(q, k, v, w, beta, log_decay, scale)
+        if kernel == "recurrent":
+            return naive_path_attention_recurrence(q, k, v, w, beta, log_decay, scale=scale)
+        return _path_chunked(q, k, v, w, beta, log_decay, chunk_size, scale)

@@ -1,0 +1,336 @@
+"""PaTH attention (accrot/ops/path.py): the chunked UT/WY kernel against its naive twins on outputs and on every
+gradient (q, k, v, w, β, log_decay), plus properties that follow from the math."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from accrot.ops.path import (
+    householder_product,
+    naive_path_attention_products,
+    naive_path_attention_recurrence,
+    path_attention,
+)
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Single intra-op thread: these are many tiny ops, and the CI box is shared (no OpenMP spin contention)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def rel_err(ref: torch.Tensor, fast: torch.Tensor) -> float:
+    """‖ref − fast‖ / ‖ref‖ in float64 (absolute where ref is exactly zero, e.g. dq, dk at T = 1)."""
+    ref, fast = ref.double(), fast.double()
+    norm = ref.norm().item()
+    return (ref - fast).norm().item() / (norm if norm > 0 else 1.0)
+
+
+def make_inputs(
+    B: int,
+    H: int,
+    T: int,
+    D: int,
+    dtype: torch.dtype = torch.float64,
+    beta: str = "mixed",
+    fox: bool = False,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Inputs in the ranges the model produces: unit w; β near 0 ("low"), near 2 ("high"), a per-token mix of both
+    ("mixed") or uniform on (0, 2); log f_j = logsigmoid(·) < 0, shared over the batch ([1, H, T])."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=dtype) for _ in range(3))
+    w = F.normalize(torch.randn(B, H, T, D, generator=g, dtype=dtype), dim=-1)
+    u = torch.rand(B, H, T, generator=g, dtype=dtype)
+    low, high = 0.05 * u, 2 - 0.05 * u
+    beta_t = {
+        "low": low,
+        "high": high,
+        "mixed": torch.where(torch.rand(B, H, T, generator=g) < 0.5, low, high).to(dtype),
+        "uniform": 2 * u,
+    }[beta]
+    out = {"q": q, "k": k, "v": v, "w": w, "beta": beta_t}
+    if fox:
+        out["log_decay"] = F.logsigmoid(torch.randn(1, H, T, generator=g, dtype=dtype) + 1.0)
+    return out
+
+
+def outputs_and_grads(fn, inputs: dict[str, torch.Tensor], **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    leaves = {name: x.detach().clone().requires_grad_(True) for name, x in inputs.items()}
+    out = fn(**leaves, **kwargs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=out.dtype).to(out.device)
+    grads = torch.autograd.grad(out, list(leaves.values()), g, materialize_grads=True)  # T = 1 leaves w unused
+    return out.detach(), dict(zip(leaves, grads))
+
+
+def assert_match(ref, fast, tol: float) -> None:
+    (out_ref, grads_ref), (out_fast, grads_fast) = ref, fast
+    errors = {"out": rel_err(out_ref, out_fast)}
+    errors.update({f"d{name}": rel_err(grads_ref[name], grads_fast[name]) for name in grads_ref})
+    bad = {name: err for name, err in errors.items() if not err <= tol}
+    assert not bad, f"relative errors above {tol:g}: {bad} (all: {errors})"
+
+
+# -- chunked vs the recurrence twin -----------------------------------------------------------------
+# (B, T, H, D, c, beta, fox): T in {1, 7, 64, 257}; c = 1, c ∤ T, c = T, c > T; D > 2c takes the rank-c transport.
+CASES = [
+    (1, 1, 1, 8, 1, "mixed", True),
+    (2, 7, 2, 8, 1, "high", False),
+    (2, 7, 2, 8, 3, "mixed", True),
+    (2, 7, 2, 8, 16, "low", True),
+    (1, 64, 2, 16, 16, "high", True),
+    (2, 64, 2, 16, 64, "mixed", False),
+    (1, 64, 1, 40, 8, "uniform", True),
+    (2, 257, 2, 16, 16, "mixed", True),
+    (1, 257, 1, 16, 64, "high", False),
+    (1, 257, 1, 8, 1, "low", True),
+    (1, 257, 2, 16, 300, "mixed", True),
+]
+
+
+def case_id(B, T, H, D, c, beta, fox, dtype) -> str:
+    return f"B{B}-T{T}-H{H}-D{D}-c{c}-{beta}{'-fox' if fox else ''}-{DTYPE_ID[dtype]}"
+
+
+@pytest.mark.parametrize(
+    "B, T, H, D, c, beta, fox, dtype",
+    [
+        pytest.param(*case, dtype, id=case_id(*case, dtype))
+        for dtype in (torch.float64, torch.float32)
+        for case in CASES
+    ],
+)
+def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
+    inputs = make_inputs(B, H, T, D, dtype, beta=beta, fox=fox)
+    ref = outputs_and_grads(naive_path_attention_recurrence, inputs)
+    fast = outputs_and_grads(path_attention, inputs, chunk_size=c)
+    assert fast[0].dtype == dtype and fast[0].shape == (B, H, T, D)
+    assert_match(ref, fast, TOL[dtype])
+
+
+# -- both fast forms vs the explicit products twin (tiny T) -------------------------------------------
+@pytest.mark.parametrize(
+    "T, c, fox",
+    [
+        pytest.param(T, c, fox, id=f"B2-T{T}-H2-D6-c{c}{'-fox' if fox else ''}")
+        for T, c in ((1, 1), (7, 1), (7, 3), (7, 7), (7, 16))
+        for fox in (False, True)
+    ],
+)
+def test_chunked_and_recurrence_match_products(T, c, fox):
+    inputs = make_inputs(2, 2, T, 6, torch.float64, beta="uniform", fox=fox, seed=1)
+    ref = outputs_and_grads(naive_path_attention_products, inputs)
+    assert_match(ref, outputs_and_grads(path_attention, inputs, chunk_size=c), 1e-10)
+    assert_match(ref, outputs_and_grads(naive_path_attention_recurrence, inputs), 1e-10)
+
+
+@pytest.mark.parametrize("name", ["q", "v", "w", "log_decay"])
+def test_gradient_of_one_input_alone(name):
+    """The forward takes in-place shortcuts where nothing needs the logits; one input requiring grad must still
+    get exactly the gradient it gets when all do."""
+    inputs = make_inputs(1, 2, 50, 8, beta="uniform", fox=True, seed=14)
+    _, all_grads = outputs_and_grads(path_attention, inputs, chunk_size=8)
+    leaf = inputs[name].clone().requires_grad_(True)
+    out = path_attention(**dict(inputs, **{name: leaf}), chunk_size=8)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=out.dtype)
+    (grad,) = torch.autograd.grad(out, leaf, g)
+    assert rel_err(all_grads[name], grad) < 1e-12
+
+
+def test_householder_product_matches_explicit_product():
+    inputs = make_inputs(2, 3, 9, 5, beta="uniform", seed=2)
+    w, beta = inputs["w"], inputs["beta"]
+    eye = torch.eye(5, dtype=torch.float64)
+    explicit = eye.expand(2, 3, 5, 5)
+    for j in range(9):  # H_9 ⋯ H_1: later factors on the left
+        H_j = eye - beta[..., j, None, None] * w[..., j, :, None] * w[..., j, None, :]  # [B, H, D, D]
+        explicit = H_j @ explicit
+    assert rel_err(explicit, householder_product(w, beta)) < 1e-12
+
+
+# -- properties from the math ---------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", ["chunked", "recurrent"])
+def test_beta_zero_is_nope(kernel):
+    """β = 0 makes every H_j the identity: plain causal softmax attention, whatever w is."""
+    inputs = make_inputs(2, 2, 100, 16, seed=3)
+    inputs["beta"] = torch.zeros_like(inputs["beta"])
+    out = path_attention(**inputs, chunk_size=16, kernel=kernel)
+    nope = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], is_causal=True)
+    assert rel_err(nope, out) < 1e-12
+
+
+def test_reflection_has_period_two():
+    """A fixed w with β = 2 is a reflection: H² = I, so the path product depends only on the parity of t − s."""
+    w = F.normalize(torch.randn(3, 8, dtype=torch.float64), dim=-1)  # [H, D]
+    H = torch.eye(8, dtype=torch.float64) - 2 * w[:, :, None] * w[:, None, :]  # [H, D, D]
+    for length in (2, 4, 6):
+        P = householder_product(w[:, None].expand(3, length, 8), torch.full((3, length), 2.0, dtype=torch.float64))
+        assert torch.allclose(P, torch.eye(8, dtype=torch.float64).expand(3, 8, 8), atol=1e-12)
+    for length in (1, 3, 5):
+        P = householder_product(w[:, None].expand(3, length, 8), torch.full((3, length), 2.0, dtype=torch.float64))
+        assert torch.allclose(P, H, atol=1e-12)
+
+    # logits through the recurrence: q_tᵀ H^{t−s} k_s = (H^{t mod 2} q_t)ᵀ (H^{s mod 2} k_s), so PaTH equals plain
+    # causal attention on parity-reflected queries and keys, for every chunking
+    B, T, D = 2, 50, 8
+    inputs = make_inputs(B, 3, T, D, seed=4)
+    inputs["w"] = w[None, :, None].expand(B, 3, T, D)
+    inputs["beta"] = torch.full((B, 3, T), 2.0, dtype=torch.float64)
+    odd = (torch.arange(T) % 2 == 1)[:, None]  # [T, 1]
+    reflect = lambda x: torch.where(odd, torch.einsum("hde,bhte->bhtd", H, x), x)  # noqa: E731
+    expected = F.scaled_dot_product_attention(reflect(inputs["q"]), reflect(inputs["k"]), inputs["v"], is_causal=True)
+    assert rel_err(expected, naive_path_attention_recurrence(**inputs)) < 1e-12
+    for c in (1, 4, 7, 64):
+        assert rel_err(expected, path_attention(**inputs, chunk_size=c)) < 1e-12
+
+
+def test_pathfox_is_path_plus_forget_bias():
+    """PaTH-FoX adds b_ts = Σ_{j=s+1..t} log f_j to PaTH's logit, unscaled (after the D^−1/2 scaling)."""
+    inputs = make_inputs(2, 2, 40, 8, beta="uniform", fox=True, seed=5)
+    log_f = inputs["log_decay"]  # [1, H, T]
+    # with β = 0 the PaTH logits are plain q·k/√D, so FoX must equal SDPA with the explicit additive bias
+    nope_in = dict(inputs, beta=torch.zeros_like(inputs["beta"]))
+    T = 40
+    bias = torch.full((1, 2, T, T), float("-inf"), dtype=torch.float64)
+    for t in range(T):
+        for s in range(t + 1):
+            bias[..., t, s] = log_f[..., s + 1 : t + 1].sum(-1)
+    expected = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=bias)
+    for c in (1, 6, 64):
+        assert rel_err(expected, path_attention(**nope_in, chunk_size=c)) < 1e-12
+    # with β > 0: FoX − PaTH is exactly the bias, seen on the twin built from explicit products and sums
+    small = {k: (v[:, :, :9] if v.dim() == 4 else v[..., :9]) for k, v in inputs.items()}
+    ref = naive_path_attention_products(**small)
+    assert rel_err(ref, path_attention(**small, chunk_size=4)) < 1e-12
+    assert rel_err(ref, path_attention(**dict(small, log_decay=None), chunk_size=4)) > 1e-3
+
+
+def test_forget_bias_broadcasts_over_batch():
+    inputs = make_inputs(3, 2, 30, 8, fox=True, seed=6)
+    per_batch = dict(inputs, log_decay=inputs["log_decay"].expand(3, -1, -1).clone())
+    assert rel_err(path_attention(**per_batch, chunk_size=8), path_attention(**inputs, chunk_size=8)) == 0.0
+
+
+def test_long_bias_keeps_float32_precision():
+    """Cumulative log-decays far from zero (|G| ≫ 1) must not cost float32 accuracy: b_ts is formed in float64."""
+    inputs = make_inputs(1, 2, 600, 16, beta="uniform", fox=True, seed=7)
+    inputs["log_decay"] = inputs["log_decay"] * 0.02 - 0.5  # G reaches ≈ −300 while neighbours stay correlated
+    ref = path_attention(**inputs, chunk_size=32)
+    fast = path_attention(**{k: v.float() for k, v in inputs.items()}, chunk_size=32)
+    assert rel_err(ref, fast) < 1e-5
+
+
+def test_appending_tokens_never_changes_earlier_outputs():
+    inputs = make_inputs(2, 2, 100, 8, beta="mixed", fox=True, seed=8)
+    full = path_attention(**inputs, chunk_size=16)
+    for T in (1, 37, 64, 99):
+        prefix = {k: (v[:, :, :T] if v.dim() == 4 else v[..., :T]) for k, v in inputs.items()}
+        assert rel_err(full[:, :, :T], path_attention(**prefix, chunk_size=16)) < 1e-12
+
+
+def test_any_chunk_size_gives_the_same_answer():
+    inputs = make_inputs(1, 2, 90, 8, beta="uniform", fox=True, seed=9)
+    ref = path_attention(**inputs, chunk_size=1)
+    for c in (2, 5, 8, 32, 89, 90, 91, 1000):
+        assert rel_err(ref, path_attention(**inputs, chunk_size=c)) < 1e-12
+
+
+def test_bf16_inputs_run_in_float32_and_return_bf16():
+    inputs = make_inputs(2, 2, 70, 16, dtype=torch.float32, fox=True, seed=10)
+    low = dict(inputs, q=inputs["q"].bfloat16(), k=inputs["k"].bfloat16(), v=inputs["v"].bfloat16())
+    out = path_attention(**low, chunk_size=16)
+    assert out.dtype == torch.bfloat16
+    expected = path_attention(**{k: v.float() for k, v in low.items()}, chunk_size=16).bfloat16()
+    assert torch.equal(out, expected)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast must not leak into the Householder math
+        assert torch.equal(path_attention(**low, chunk_size=16), expected)
+        out32 = path_attention(**inputs, chunk_size=16)
+    assert out32.dtype == torch.float32
+    assert rel_err(path_attention(**inputs, chunk_size=16), out32) == 0.0
+
+
+def test_kernel_recurrent_is_the_twin():
+    inputs = make_inputs(1, 2, 20, 8, fox=True, seed=11)
+    assert torch.equal(path_attention(**inputs, kernel="recurrent"), naive_path_attention_recurrence(**inputs))
+
+
+def test_scale_argument():
+    inputs = make_inputs(1, 1, 12, 8, beta="uniform", seed=12)
+    ref = naive_path_attention_products(**inputs, scale=0.1)
+    assert rel_err(ref, path_attention(**inputs, chunk_size=5, scale=0.1)) < 1e-12
+    assert rel_err(ref, naive_path_attention_recurrence(**inputs, scale=0.1)) < 1e-12
+
+
+def test_empty_sequence():
+    inputs = make_inputs(2, 2, 0, 8)
+    assert path_attention(**inputs).shape == (2, 2, 0, 8)
+
+
+@pytest.mark.parametrize("chunk_size", [0, -3, 2.5, True, None])
+def test_bad_chunk_size(chunk_size):
+    with pytest.raises(ValueError, match="chunk_size"):
+        path_attention(**make_inputs(1, 1, 4, 4), chunk_size=chunk_size)
+
+
+def test_bad_arguments():
+    inputs = make_inputs(2, 2, 6, 4, fox=True)
+    with pytest.raises(ValueError, match="kernel='triton'"):
+        path_attention(**inputs, kernel="triton")
+    with pytest.raises(ValueError, match="beta must be"):
+        path_attention(**dict(inputs, beta=inputs["beta"][..., :5]))
+    with pytest.raises(ValueError, match="w must have"):
+        path_attention(**dict(inputs, w=inputs["w"][..., :3]))
+    with pytest.raises(ValueError, match="log_decay must be"):
+        path_attention(**dict(inputs, log_decay=inputs["log_decay"][0]))
+    with pytest.raises(ValueError, match="q must be"):
+        path_attention(**dict(inputs, q=inputs["q"][0]))
+
+
+def test_fla_kernel_on_cpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="kernel='fla' needs CUDA"):
+        path_attention(**make_inputs(1, 1, 8, 16), kernel="fla")
+
+
+# -- the CUDA kernel of fla, where there is one ---------------------------------------------------------
+HAVE_FLA = importlib.util.find_spec("fla") is not None
+
+
+@pytest.mark.parametrize(
+    "fox",
+    [
+        pytest.param(
+            fox,
+            id=f"B2-T300-H2-D32-fla{'-fox' if fox else ''}",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+                pytest.mark.skipif(not HAVE_FLA, reason="needs flash-linear-attention (fla)"),
+            ],
+        )
+        for fox in (False, True)
+    ],
+)
+def test_fla_matches_chunked(fox):
+    inputs = {k: v.float().cuda() for k, v in make_inputs(2, 2, 300, 32, beta="uniform", fox=fox, seed=13).items()}
+    ref = outputs_and_grads(path_attention, inputs, chunk_size=64)
+    low = {k: (v.bfloat16() if k in ("q", "k", "v", "w") else v) for k, v in inputs.items()}
+    fast = outputs_and_grads(path_attention, low, kernel="fla")
+    assert_match(ref, fast, 2e-2)
+
+
+def test_bench_smoke():
+    from accrot.bench_path import bench_kernels
+
+    rows = bench_kernels(lengths=(48,), backward_lengths=(48,), B=1, H=1, D=8, chunk=16, repeats=1)
+    assert [(r["T"], r["mode"]) for r in rows] == [(48, "fwd"), (48, "fwd+bwd")]
+    assert all(r["chunked_s"] > 0 and r["recurrent_s"] > 0 and r["speedup"] > 0 for r in rows)

@@ -1,0 +1,165 @@
+"""The PaTH scheme module (accrot/position/path.py): what it exposes (w, β), its precision under autocast, its
+causality, its attention and the configurations it rejects."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from accrot.ops.path import path_attention
+from accrot.position import FAR_MASS, ROTATIONS, ConfigError, SchemeConfig, build
+from accrot.position.base import RotationPart
+
+B, T, D_MODEL, N_HEADS = 2, 23, 32, 2
+HEAD_DIM = D_MODEL // N_HEADS
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    yield
+    torch.set_num_threads(threads)
+
+
+def layer_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, N_HEADS, T, HEAD_DIM, generator=g) for _ in range(3))  # [B, H, T, D]
+    x = torch.randn(B, T, D_MODEL, generator=g)  # [B, T, d_model]
+    tokens = torch.randint(0, 256, (B, T), generator=g)  # [B, T]
+    return q, k, v, x, tokens
+
+
+VARIANTS = {
+    "full-rank": {},
+    "rank4-conv3": {"path_rank": 4, "conv_size": 3},
+    "conv1-beta0.5": {"conv_size": 1, "beta_max": 0.5},
+}
+
+
+@pytest.mark.parametrize("options", list(VARIANTS.values()), ids=list(VARIANTS))
+def test_householder_shapes_unit_rows_and_beta_range(options):
+    scheme = build(SchemeConfig(rotation="path", **options), D_MODEL, N_HEADS).eval()
+    _, _, _, x, tokens = layer_inputs()
+    w, beta = scheme.householder(x, tokens)
+    assert w.shape == (B, N_HEADS, T, HEAD_DIM) and beta.shape == (B, N_HEADS, T)
+    assert w.dtype == beta.dtype == torch.float32
+    assert torch.allclose(w.norm(dim=-1), torch.ones(()), atol=1e-6)
+    beta_max = options.get("beta_max", 2.0)
+    assert beta.min() > 0 and beta.max() <= beta_max
+    w2, beta2 = scheme.householder(x, tokens)  # deterministic: what the forward used is what is exposed
+    assert torch.equal(w, w2) and torch.equal(beta, beta2)
+
+
+def test_registered_as_path_rotation():
+    scheme = build(SchemeConfig(rotation="path"), D_MODEL, N_HEADS)
+    assert ROTATIONS["path"] is type(scheme.rotation)
+    assert isinstance(scheme.rotation, RotationPart) and scheme.rotation.kind == "path"
+    info = scheme.describe()
+    assert info["rotation"] == "path" and info["beta_max"] == 2.0 and info["chunk_size"] == 64
+
+
+def test_low_rank_has_a_bottleneck():
+    full = build(SchemeConfig(rotation="path"), D_MODEL, N_HEADS)
+    low = build(SchemeConfig(rotation="path", path_rank=4), D_MODEL, N_HEADS)
+    count = lambda m: sum(p.numel() for p in m.rotation.w_proj.parameters())  # noqa: E731
+    assert count(full) == D_MODEL * D_MODEL and count(low) == 4 * D_MODEL * 2
+
+
+def test_householder_stays_float32_under_bf16_autocast():
+    scheme = build(SchemeConfig(rotation="path", path_rank=4, conv_size=3), D_MODEL, N_HEADS).eval()
+    _, _, _, x, tokens = layer_inputs()
+    w, beta = scheme.householder(x, tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        w_ac, beta_ac = scheme.householder(x, tokens)
+        w_bf, beta_bf = scheme.householder(x.bfloat16(), tokens)  # a bf16 residual stream
+    assert w_ac.dtype == beta_ac.dtype == w_bf.dtype == beta_bf.dtype == torch.float32
+    assert torch.equal(w_ac, w) and torch.equal(beta_ac, beta)
+    assert torch.allclose(w_bf.norm(dim=-1), torch.ones(()), atol=1e-6)
+
+
+def test_float64_model_stays_float64():
+    scheme = build(SchemeConfig(rotation="path", conv_size=2), D_MODEL, N_HEADS).double()
+    _, _, _, x, tokens = layer_inputs()
+    w, beta = scheme.householder(x.double(), tokens)
+    assert w.dtype == beta.dtype == torch.float64
+
+
+def test_householder_is_causal():
+    """The short convolution only looks back: changing x_t leaves w_j, β_j for j < t untouched."""
+    scheme = build(SchemeConfig(rotation="path", path_rank=4, conv_size=4), D_MODEL, N_HEADS).eval()
+    _, _, _, x, tokens = layer_inputs()
+    w, beta = scheme.householder(x, tokens)
+    x2 = x.clone()
+    x2[:, 10] += 1.0
+    w2, beta2 = scheme.householder(x2, tokens)
+    assert torch.equal(w2[:, :, :10], w[:, :, :10]) and torch.equal(beta2[:, :, :10], beta[:, :, :10])
+    assert not torch.allclose(w2[:, :, 10:14], w[:, :, 10:14])
+
+
+@pytest.mark.parametrize("far_mass", ["none", "forget"])
+def test_forward_is_path_attention_of_the_exposed_quantities(far_mass):
+    if far_mass != "none" and far_mass not in FAR_MASS:
+        pytest.skip(f"far_mass={far_mass!r} is not built yet")
+    cfg = SchemeConfig(rotation="path", far_mass=far_mass, path_rank=4, conv_size=3, chunk_size=8)
+    scheme = build(cfg, D_MODEL, N_HEADS).eval()
+    q, k, v, x, tokens = layer_inputs()
+    out = scheme(q, k, v, x, tokens)
+    w, beta = scheme.householder(x, tokens)
+    log_f = None if far_mass == "none" else scheme.log_decay(x, tokens)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert torch.equal(out, path_attention(q, k, v, w, beta, log_f, chunk_size=8))
+    recurrent = build(dataclasses.replace(cfg, path_kernel="recurrent"), D_MODEL, N_HEADS)
+    recurrent.load_state_dict(scheme.state_dict())
+    ref = recurrent(q, k, v, x, tokens)
+    assert ((ref - out).norm() / ref.norm()).item() < 1e-5
+
+
+def test_gradients_reach_every_parameter():
+    cfg = SchemeConfig(rotation="path", path_rank=4, conv_size=3, chunk_size=8)
+    scheme = build(cfg, D_MODEL, N_HEADS)
+    q, k, v, x, tokens = layer_inputs()
+    q.requires_grad_(True)
+    scheme(q, k, v, x, tokens).square().sum().backward()
+    for name, p in scheme.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_bf16_autocast_forward():
+    scheme = build(SchemeConfig(rotation="path", chunk_size=8), D_MODEL, N_HEADS).eval()
+    q, k, v, x, tokens = layer_inputs()
+    ref = scheme(q, k, v, x, tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = scheme(q.bfloat16(), k.bfloat16(), v.bfloat16(), x, tokens)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_angles_is_not_defined_for_path():
+    scheme = build(SchemeConfig(rotation="path"), D_MODEL, N_HEADS)
+    _, _, _, x, tokens = layer_inputs()
+    with pytest.raises(ConfigError, match="angles"):
+        scheme.angles(x, tokens)
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        pytest.param({"rotate_values": True}, "rotate_values", id="rotate_values"),
+        pytest.param({"chunk_size": 0}, "chunk_size", id="chunk_size-0"),
+        pytest.param({"chunk_size": -4}, "chunk_size", id="chunk_size-neg"),
+        pytest.param({"chunk_size": 2.5}, "chunk_size", id="chunk_size-float"),
+        pytest.param({"beta_max": 0.0}, "beta_max", id="beta_max-0"),
+        pytest.param({"beta_max": 2.5}, "beta_max", id="beta_max-2.5"),
+        pytest.param({"path_rank": 0}, "path_rank", id="path_rank-0"),
+        pytest.param({"path_kernel": "triton"}, "path_kernel", id="path_kernel"),
+        pytest.param({"conv_size": -1}, "conv_size", id="conv_size-neg"),
+    ],
+)
+def test_bad_configs_fail_at_construction(options, field):
+    with pytest.raises(ConfigError, match=field):
+        SchemeConfig(rotation="path", **options)
