@@ -22,7 +22,11 @@ Increments (``cfg.increments``):
   distribution options; δ_j = table[token_j].
 * ``learned``: δ_j = μ_i + max_increment · ℓ_i · tanh(proj(x_j)), proj = [causal depthwise conv] → [low-rank
   down-projection] → linear to H·D/2 (zero bias, weight std ``learned_init_std``), ℓ_i = ω_i/ω_0 with
-  ``learned_ladder`` else 1. Computed in float32 whatever the autocast dtype.
+  ``learned_ladder`` else 1. Computed in float32 whatever the autocast dtype. With ``window`` (or ``sigma``)
+  set, a zero-mean ``random_position`` draw of that spread is added (a *mixing floor*): independent noise
+  multiplies the characteristic function, |E[e^{i(δ_learned + ξ)}]| ≤ |E[e^{iξ}]|, so every pair provably
+  mixes within the window whatever the projection learns — the theory's regularity condition by
+  construction. Without it a learned pair may drift coherently far past the training length.
 
 Theory (PAPER.md): pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing window W_i = log ε / log ρ_i; the
 mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to [0, 2π) before the float32 cast,
@@ -34,6 +38,7 @@ training with ``resample`` the layers draw independently.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -262,12 +267,6 @@ class LearnedIncrements(nn.Module):
 def _check_options(cfg: SchemeConfig) -> None:
     """Reject options that do nothing for the chosen increment kind (a silent no-op would mislabel a run)."""
     if cfg.increments == "learned":
-        for name in ("window", "sigma"):
-            if getattr(cfg, name) is not None:
-                raise ConfigError(
-                    f"{name}={getattr(cfg, name)!r} sets the spread of random increments; learned increments "
-                    "are bounded by max_increment (use increments=random_position or random_token)"
-                )
         if cfg.increment_spread != "constant":
             raise ConfigError("increment_spread='ladder' is for random increments; use learned_ladder=true instead")
         if cfg.increment_family != "gaussian":
@@ -304,10 +303,15 @@ class AccumulatedRotation(RotationPart):
             self.source = RandomTokenIncrements(cfg, n_heads, self.head_dim)
         else:
             self.source = LearnedIncrements(cfg, d_model, n_heads, self.head_dim)
+        self.floor: RandomPositionIncrements | None = None
+        if cfg.increments == "learned" and (cfg.window is not None or cfg.sigma is not None):
+            noise = dataclasses.replace(cfg, increments="random_position", increment_mean="zero")
+            self.floor = RandomPositionIncrements(noise, n_heads, self.head_dim)
 
     def increments(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """δ_j, ``[B|1, H, T, D/2]`` float32 (training with resample: a fresh draw per call)."""
-        return self.source(x, tokens)
+        delta = self.source(x, tokens)
+        return delta if self.floor is None else delta + self.floor(x, tokens)  # [B, H, T, P]
 
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(self.source, RandomPositionIncrements) and not self.source.fresh:
@@ -318,8 +322,15 @@ class AccumulatedRotation(RotationPart):
         cfg = self.cfg
         info: dict = {"increments": cfg.increments}
         if cfg.increments == "learned":
-            info["mixing_window"] = "measured by diagnostics"
             info["max_increment"] = cfg.max_increment
+            if self.floor is None:
+                info["mixing_window"] = "measured by diagnostics"
+                return info
+            floor = self.floor.consts.on(torch.device("cpu"))["sigma"].double()
+            # an upper bound: the learned part can only shorten the window
+            info["mixing_window"] = mixing_window(floor, cfg.window_eps, cfg.increment_family).tolist()
+            info["mixing_floor_sigma"] = floor.tolist()
+            info["window_eps"] = cfg.window_eps
             return info
         mean, sigma = increment_distribution(cfg, self.head_dim)
         info.update(

@@ -411,8 +411,6 @@ def test_bad_config_names_the_option(kwargs, field):
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(rotation="accum", increments="learned", sigma=0.3), "sigma"),
-        (dict(rotation="accum", increments="learned", window=30.0), "window"),
         (dict(rotation="accum", increments="learned", increment_spread="ladder"), "learned_ladder"),
         (dict(rotation="accum", increments="random_position", conv_size=4), "conv_size"),
         (dict(rotation="accum", increments="random_token", increment_rank=4), "increment_rank"),
@@ -429,3 +427,23 @@ def test_options_that_do_nothing_are_rejected_at_build(kwargs, field):
 def test_odd_head_dim_is_rejected(rotation):
     with pytest.raises(ConfigError, match="odd"):
         build(SchemeConfig(rotation=rotation), d_model=12, n_heads=4)  # head dim 3
+
+
+def test_learned_mixing_floor_adds_the_random_position_draw():
+    """learned + window: with the learned part switched off the angles are random_position's exactly, and the
+    reported window is the floor's (an upper bound whatever the projection learns)."""
+    torch.manual_seed(0)
+    x, tokens = torch.randn(2, 300, DM), torch.randint(0, 256, (2, 300))
+    floor = build(SchemeConfig(rotation="accum", increments="learned", window=40.0, learned_init_std=0.0), DM, H)
+    plain = build(SchemeConfig(rotation="accum", increments="random_position", window=40.0), DM, H)
+    floor.eval(), plain.eval()
+    torch.testing.assert_close(floor.angles(x, tokens), plain.angles(x, tokens).expand(2, -1, -1, -1),
+                               rtol=0, atol=1e-5)
+    assert floor.describe()["mixing_window"] == pytest.approx([40.0] * (DM // H // 2))
+    learned = build(SchemeConfig(rotation="accum", increments="learned", window=40.0, learned_init_std=0.5), DM, H)
+    learned.eval()
+    delta = learned.rotation.increments(x, tokens).double()  # [B, H, T, P]
+    noise_only = plain.rotation.increments(x, tokens).double()
+    assert not torch.allclose(delta, noise_only.expand_as(delta))  # the learned part is there too
+    train = learned.train()
+    assert not torch.equal(train.angles(x, tokens), train.angles(x, tokens))  # the floor is redrawn in training
