@@ -186,9 +186,7 @@ def _make_cli_class():
             # cut the evaluation blocks before any training, so a length the stream cannot fill fails fast
             for cb in self.trainer.callbacks:
                 if isinstance(cb, ExtrapolationCallback):
-                    dm = self.datamodule
-                    for length in cb.lengths_for(dm.seq_len):
-                        dm.eval_blocks(length, cb.budget_tokens)
+                    cb.prepare(self.datamodule)
 
     return AccrotCLI, LitLM, TokenStreamDataModule
 
@@ -283,7 +281,7 @@ def eval_main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
-    from accrot.evaluation import SCHEMA, evaluate_lengths
+    from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths
     from accrot.lit import LitLM
     from accrot.report import atomic_write_text, nll_table, plot_curves
 
@@ -315,11 +313,12 @@ def eval_main(argv: list[str]) -> int:
     dm = _load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
-    blocks = {ln: dm.eval_blocks(ln, args.budget_tokens) for ln in lengths}  # fails before any work
+    blocks, masks = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
     model.eval().to(args.device)
     console = Console(stderr=True)
     with console.status("evaluating"):
-        results = evaluate_lengths(model, blocks, train_length, args.max_batch_tokens, device=args.device)
+        results = evaluate_lengths(model, blocks, train_length, args.max_batch_tokens, device=args.device,
+                                   masks=masks)
     rows = [r.to_dict() for r in results]
     out = Path(args.out) if args.out else run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)

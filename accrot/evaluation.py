@@ -27,7 +27,11 @@ SCHEMA = "accrot.extrapolation/1"
 
 @dataclass
 class LengthResult:
-    """Evaluation at one length. ``bucket_nll[i]`` covers positions ``[i·bucket_width, (i+1)·bucket_width)``."""
+    """Evaluation at one length. ``bucket_nll[i]`` covers positions ``[i·bucket_width, (i+1)·bucket_width)``.
+
+    ``tokens`` counts scored tokens (every position for a corpus; only answers for a synthetic task, whose
+    data module supplies ``eval_mask``). ``nll_ci`` is a 95 % bootstrap interval over blocks.
+    """
 
     length: int
     multiplier: float
@@ -35,7 +39,9 @@ class LengthResult:
     tokens: int
     nll: float
     ppl: float
+    accuracy: float
     last_window_nll: float
+    nll_ci: list[float]
     bucket_width: int
     bucket_nll: list[float] = field(default_factory=list)
 
@@ -44,9 +50,10 @@ class LengthResult:
 
 
 class PositionNLL(Metric):
-    """Summed NLL overall, over the last window, and per position bucket, with token counts.
+    """Summed NLL (overall, last window, per position bucket, per block), top-1 hits and scored-token counts.
 
-    ``update(nll [b, ℓ])``; ``compute()`` gives the three means. States reduce by sum across ranks.
+    ``update(nll [b, ℓ], hits [b, ℓ], mask [b, ℓ])``; states reduce by sum (per-block ones by concatenation)
+    across ranks, so a sharded evaluation gives the single-process numbers.
     """
 
     full_state_update = False
@@ -56,27 +63,48 @@ class PositionNLL(Metric):
         self.window = window
         n_buckets = math.ceil(length / bucket_width)
         self.register_buffer("bucket_of", torch.arange(length) // bucket_width, persistent=False)  # [ℓ]
-        for name, size in (("total", ()), ("last", ()), ("blocks", ()), ("buckets", (n_buckets,))):
+        for name, size in (("total", ()), ("count", ()), ("hits", ()), ("last", ()), ("last_count", ()),
+                           ("buckets", (n_buckets,)), ("bucket_count", (n_buckets,))):
             self.add_state(name, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("bucket_tokens", default=torch.bincount(self.bucket_of).double(), dist_reduce_fx="sum")
-        self.bucket_tokens.zero_()
+        self.add_state("block_nll", default=[], dist_reduce_fx="cat")
+        self.add_state("block_count", default=[], dist_reduce_fx="cat")
 
-    def update(self, nll: torch.Tensor) -> None:
-        nll = nll.double()  # [b, ℓ]
+    def update(self, nll: torch.Tensor, hits: torch.Tensor, mask: torch.Tensor) -> None:
+        m = mask.double()  # [b, ℓ]
+        nll = nll.double() * m  # [b, ℓ] zero where unscored
         self.total += nll.sum()
+        self.count += m.sum()
+        self.hits += (hits.double() * m).sum()
         self.last += nll[:, -self.window :].sum()
-        self.blocks += nll.shape[0]
+        self.last_count += m[:, -self.window :].sum()
         self.buckets.index_add_(0, self.bucket_of, nll.sum(0))
-        self.bucket_tokens.index_add_(0, self.bucket_of, torch.full_like(nll[0], nll.shape[0]))
+        self.bucket_count.index_add_(0, self.bucket_of, m.sum(0))
+        self.block_nll.append(nll.sum(1))
+        self.block_count.append(m.sum(1))
 
     def compute(self) -> dict[str, torch.Tensor]:
-        length = self.bucket_of.numel()
+        cat = (lambda x: torch.cat(x) if isinstance(x, list) else x)  # noqa: E731 - list before sync, tensor after
         return {
-            "nll": self.total / (self.blocks * length),
-            "last_window_nll": self.last / (self.blocks * self.window),
-            "bucket_nll": self.buckets / self.bucket_tokens,
-            "blocks": self.blocks,
+            "nll": self.total / self.count,
+            "count": self.count,
+            "accuracy": self.hits / self.count,
+            "last_window_nll": self.last / self.last_count.clamp_min(1),
+            "bucket_nll": self.buckets / self.bucket_count.clamp_min(1),
+            "block_nll": cat(self.block_nll),
+            "block_count": cat(self.block_count),
         }
+
+
+def bootstrap_ci(block_nll: torch.Tensor, block_count: torch.Tensor, n: int = 1000, seed: int = 0) -> list[float]:
+    """95 % percentile interval of the token-weighted mean NLL, resampling whole blocks with replacement."""
+    if block_nll.numel() < 2:
+        mean = float(block_nll.sum() / block_count.sum().clamp_min(1))
+        return [mean, mean]
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, block_nll.numel(), (n, block_nll.numel()), generator=gen)  # [n, N]
+    means = block_nll.cpu()[idx].sum(1) / block_count.cpu()[idx].sum(1).clamp_min(1)  # [n]
+    lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=means.dtype)).tolist()
+    return [lo, hi]
 
 
 def bucket_width_for(length: int, train_length: int, max_buckets: int = 64) -> int:
@@ -94,11 +122,17 @@ def evaluate_length(
     max_batch_tokens: int = 16384,
     device: torch.device | str | None = None,
     sync: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> LengthResult:
-    """Score ``blocks [N, ℓ+1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``) with ``model: [b, ℓ] → [b, ℓ, V]``."""
+    """Score ``blocks [N, ℓ+1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``) with ``model: [b, ℓ] → [b, ℓ, V]``.
+
+    ``mask [N, ℓ]`` (bool) restricts scoring to some target positions (a synthetic task's answers).
+    """
     if blocks.dim() != 2 or blocks.shape[1] < 2:
         raise ValueError(f"blocks must be [N, length+1] with length >= 1, got shape {tuple(blocks.shape)}")
     n, length = blocks.shape[0], blocks.shape[1] - 1
+    if mask is not None and mask.shape != (n, length):
+        raise ValueError(f"mask must be [N, length] = {(n, length)}, got {tuple(mask.shape)}")
     device = torch.device(device) if device is not None else blocks.device
     width = bucket_width_for(length, train_length)
     window = min(train_length, length)
@@ -106,21 +140,28 @@ def evaluate_length(
     per_batch = max(1, max_batch_tokens // length)
     for start in range(0, n, per_batch):
         chunk = blocks[start : start + per_batch].to(device=device, dtype=torch.long)  # [b, ℓ+1]
-        logits = model(chunk[:, :-1])  # [b, ℓ, V]
-        nll = F.cross_entropy(logits.float().transpose(1, 2), chunk[:, 1:], reduction="none")  # [b, ℓ]
-        if not torch.isfinite(nll).all():
+        logits = model(chunk[:, :-1]).float()  # [b, ℓ, V]
+        targets = chunk[:, 1:]  # [b, ℓ]
+        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [b, ℓ]
+        scored = (torch.ones_like(targets, dtype=torch.bool) if mask is None
+                  else mask[start : start + per_batch].to(device))  # [b, ℓ]
+        if not torch.isfinite(nll[scored]).all():
             raise FloatingPointError(f"evaluation at length {length} produced a non-finite NLL (blocks {start}..)")
-        metric.update(nll)
+        metric.update(nll, logits.argmax(-1) == targets, scored)
     out = metric.compute()
-    mean, blocks_seen = float(out["nll"]), int(out["blocks"])
+    if not float(out["count"]) > 0:
+        raise ValueError(f"evaluation at length {length} scored no token; the mask selects nothing")
+    mean = float(out["nll"])
     return LengthResult(
         length=length,
         multiplier=multiplier,
-        blocks=blocks_seen,
-        tokens=blocks_seen * length,
+        blocks=int(out["block_nll"].numel()),
+        tokens=int(out["count"]),
         nll=mean,
         ppl=math.exp(mean),
+        accuracy=float(out["accuracy"]),
         last_window_nll=float(out["last_window_nll"]),
+        nll_ci=bootstrap_ci(out["block_nll"], out["block_count"]),
         bucket_width=width,
         bucket_nll=out["bucket_nll"].cpu().tolist(),
     )
@@ -133,6 +174,7 @@ def evaluate_lengths(
     max_batch_tokens: int = 16384,
     device: torch.device | str | None = None,
     progress: Callable[[Iterable], Iterable] | None = None,
+    masks: dict[int, torch.Tensor] | None = None,
 ) -> list[LengthResult]:
     """Evaluate every length in ``blocks_by_length`` (ascending); ``progress`` may wrap the iteration."""
     lengths = sorted(blocks_by_length)
@@ -140,7 +182,14 @@ def evaluate_lengths(
     return [
         evaluate_length(
             model, blocks_by_length[ln], train_length, ln / train_length, max_batch_tokens=max_batch_tokens,
-            device=device,
+            device=device, mask=None if masks is None else masks.get(ln),
         )
         for ln in items
     ]
+
+
+def eval_sets(dm, lengths: list[int], budget_tokens: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
+    """The data module's fixed blocks per length, and its scoring masks when it has them (synthetic tasks)."""
+    blocks = {ln: dm.eval_blocks(ln, budget_tokens) for ln in lengths}
+    masks = {ln: dm.eval_mask(ln, budget_tokens) for ln in lengths} if hasattr(dm, "eval_mask") else None
+    return blocks, masks

@@ -17,6 +17,8 @@ from torchmetrics.text import Perplexity
 from accrot.model import ModelConfig, Transformer
 from accrot.position import SchemeConfig
 
+IGNORE_INDEX = -100
+
 
 class LitLM(L.LightningModule):
     """A causal LM whose attention differs only by ``scheme``.
@@ -62,8 +64,8 @@ class LitLM(L.LightningModule):
         self.save_hyperparameters(ignore=["scheme"])
         self.hparams["scheme"] = asdict(scheme)
         self.model = Transformer(self.model_config)
-        self.train_ppl = Perplexity()
-        self.val_ppl = Perplexity()
+        self.train_ppl = Perplexity(ignore_index=IGNORE_INDEX)
+        self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)
 
     @property
     def scheme_config(self) -> SchemeConfig:
@@ -75,7 +77,8 @@ class LitLM(L.LightningModule):
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], ppl: Perplexity, stage: str) -> torch.Tensor:
         inputs, targets = batch  # [B, T] each
         logits = self.model(inputs)  # [B, T, V]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        # targets of -100 are unscored (a synthetic task scores only its answers)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         ppl(logits.float(), targets)
         on_step = stage == "train"
         self.log(f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, sync_dist=not on_step)

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from accrot.evaluation import SCHEMA, LengthResult, evaluate_lengths
+from accrot.evaluation import SCHEMA, LengthResult, eval_sets, evaluate_lengths
 from accrot.report import atomic_write_text, plot_curves
 
 
@@ -46,18 +46,26 @@ class ExtrapolationCallback(L.Callback):
         self.filename = filename
         self.history: list[dict] = []
         self._blocks: dict[int, torch.Tensor] | None = None
+        self._masks: dict[int, torch.Tensor] | None = None
+        self._prepared_for: object | None = None
         self._last_step = -1
 
     # -- set-up: cut the evaluation blocks once, failing before any training if the stream is too short --
     def lengths_for(self, train_length: int) -> list[int]:
         return sorted({max(1, int(round(m * train_length))) for m in self.multipliers})
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        dm = trainer.datamodule
+    def prepare(self, dm) -> None:
+        """Cut (once per data module) the blocks of every length; raises DataError if one cannot be filled."""
         if dm is None or not hasattr(dm, "eval_blocks"):
             raise ValueError("ExtrapolationCallback needs a data module with eval_blocks(length, budget_tokens)")
+        if self._prepared_for is dm:
+            return
         self.train_length = int(dm.seq_len)
-        self._blocks = {ln: dm.eval_blocks(ln, self.budget_tokens) for ln in self.lengths_for(self.train_length)}
+        self._blocks, self._masks = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens)
+        self._prepared_for = dm
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.prepare(trainer.datamodule)
 
     # -- triggers -------------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -78,7 +86,8 @@ class ExtrapolationCallback(L.Callback):
         try:
             with trainer.strategy.precision_plugin.forward_context():
                 results = evaluate_lengths(
-                    pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device
+                    pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
+                    masks=self._masks,
                 )
         finally:
             pl_module.train(was_training)
@@ -93,6 +102,7 @@ class ExtrapolationCallback(L.Callback):
             m = f"{r.multiplier:g}x"
             metrics[f"extrap/nll@{m}"] = r.nll
             metrics[f"extrap/last_window_nll@{m}"] = r.last_window_nll
+            metrics[f"extrap/accuracy@{m}"] = r.accuracy
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         if trainer.is_global_zero:

@@ -52,3 +52,31 @@ def test_non_finite_is_an_error():
 
     with pytest.raises(FloatingPointError, match="non-finite"):
         evaluate_length(broken, torch.randint(0, 256, (2, 9)), train_length=8)
+
+
+def test_mask_scores_only_selected_positions_and_accuracy(model):
+    blocks = torch.randint(0, 256, (4, 33))
+    mask = torch.zeros(4, 32, dtype=torch.bool)
+    mask[:, 5] = mask[:, 20] = True
+    res = evaluate_length(model, blocks, train_length=16, mask=mask)
+    with torch.no_grad():
+        logits = model(blocks[:, :-1])
+    nll = F.cross_entropy(logits.transpose(1, 2), blocks[:, 1:], reduction="none")
+    assert res.tokens == 8
+    assert res.nll == pytest.approx(nll[mask].mean().item(), rel=1e-5)
+    hits = (logits.argmax(-1) == blocks[:, 1:])[mask].double().mean().item()
+    assert res.accuracy == pytest.approx(hits)
+    assert res.last_window_nll == pytest.approx(nll[:, 20].mean().item(), rel=1e-5)  # only 20 is in the last 16
+
+
+def test_bootstrap_interval_brackets_the_mean_and_narrows_with_blocks(model):
+    few = evaluate_length(model, torch.randint(0, 256, (4, 17)), train_length=16)
+    many = evaluate_length(model, torch.randint(0, 256, (64, 17)), train_length=16)
+    for r in (few, many):
+        assert r.nll_ci[0] <= r.nll <= r.nll_ci[1]
+    assert many.nll_ci[1] - many.nll_ci[0] < few.nll_ci[1] - few.nll_ci[0]
+
+
+def test_empty_mask_is_an_error(model):
+    with pytest.raises(ValueError, match="scored no token"):
+        evaluate_length(model, torch.randint(0, 256, (2, 9)), 8, mask=torch.zeros(2, 8, dtype=torch.bool))
