@@ -68,8 +68,10 @@ class PositionNLL(Metric):
             self.add_state(name, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("block_nll", default=[], dist_reduce_fx="cat")
         self.add_state("block_count", default=[], dist_reduce_fx="cat")
+        self.add_state("block_index", default=[], dist_reduce_fx="cat")
 
-    def update(self, nll: torch.Tensor, hits: torch.Tensor, mask: torch.Tensor) -> None:
+    def update(self, nll: torch.Tensor, hits: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> None:
+        """``index [b]``: the blocks' positions in the full evaluation set (restores order after a gather)."""
         m = mask.double()  # [b, ℓ]
         nll = nll.double() * m  # [b, ℓ] zero where unscored
         self.total += nll.sum()
@@ -81,17 +83,19 @@ class PositionNLL(Metric):
         self.bucket_count.index_add_(0, self.bucket_of, m.sum(0))
         self.block_nll.append(nll.sum(1))
         self.block_count.append(m.sum(1))
+        self.block_index.append(index.to(self.total.device, torch.float64))
 
     def compute(self) -> dict[str, torch.Tensor]:
         cat = (lambda x: torch.cat(x) if isinstance(x, list) else x)  # noqa: E731 - list before sync, tensor after
+        order = cat(self.block_index).argsort()  # the single-process order, however the blocks were sharded
         return {
             "nll": self.total / self.count,
             "count": self.count,
             "accuracy": self.hits / self.count,
             "last_window_nll": self.last / self.last_count.clamp_min(1),
             "bucket_nll": self.buckets / self.bucket_count.clamp_min(1),
-            "block_nll": cat(self.block_nll),
-            "block_count": cat(self.block_count),
+            "block_nll": cat(self.block_nll)[order],
+            "block_count": cat(self.block_count)[order],
         }
 
 
@@ -123,10 +127,13 @@ def evaluate_length(
     device: torch.device | str | None = None,
     sync: bool = False,
     mask: torch.Tensor | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> LengthResult:
     """Score ``blocks [N, ℓ+1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``) with ``model: [b, ℓ] → [b, ℓ, V]``.
 
     ``mask [N, ℓ]`` (bool) restricts scoring to some target positions (a synthetic task's answers).
+    ``shard = (rank, world)``: this process scores blocks ``rank::world``; with ``sync`` the metric then
+    reduces over the process group, so every rank returns the numbers of the whole set.
     """
     if blocks.dim() != 2 or blocks.shape[1] < 2:
         raise ValueError(f"blocks must be [N, length+1] with length >= 1, got shape {tuple(blocks.shape)}")
@@ -138,16 +145,20 @@ def evaluate_length(
     window = min(train_length, length)
     metric = PositionNLL(length, window, width, sync_on_compute=sync).to(device)
     per_batch = max(1, max_batch_tokens // length)
-    for start in range(0, n, per_batch):
-        chunk = blocks[start : start + per_batch].to(device=device, dtype=torch.long)  # [b, ℓ+1]
+    rank, world = shard
+    mine = torch.arange(rank, n, world)  # [n / world] this rank's block indices
+    for start in range(0, mine.numel(), per_batch):
+        index = mine[start : start + per_batch]  # [b]
+        chunk = blocks[index].to(device=device, dtype=torch.long)  # [b, ℓ+1]
         logits = model(chunk[:, :-1]).float()  # [b, ℓ, V]
         targets = chunk[:, 1:]  # [b, ℓ]
         nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [b, ℓ]
-        scored = (torch.ones_like(targets, dtype=torch.bool) if mask is None
-                  else mask[start : start + per_batch].to(device))  # [b, ℓ]
+        scored = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask[index].to(device)  # [b, ℓ]
         if not torch.isfinite(nll[scored]).all():
-            raise FloatingPointError(f"evaluation at length {length} produced a non-finite NLL (blocks {start}..)")
-        metric.update(nll, logits.argmax(-1) == targets, scored)
+            raise FloatingPointError(
+                f"evaluation at length {length} produced a non-finite NLL (blocks {index.tolist()[:4]}...)"
+            )
+        metric.update(nll, logits.argmax(-1) == targets, scored, index)
     out = metric.compute()
     if not float(out["count"]) > 0:
         raise ValueError(f"evaluation at length {length} scored no token; the mask selects nothing")
@@ -175,14 +186,22 @@ def evaluate_lengths(
     device: torch.device | str | None = None,
     progress: Callable[[Iterable], Iterable] | None = None,
     masks: dict[int, torch.Tensor] | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> list[LengthResult]:
-    """Evaluate every length in ``blocks_by_length`` (ascending); ``progress`` may wrap the iteration."""
+    """Evaluate every length in ``blocks_by_length`` (ascending); ``progress`` may wrap the iteration.
+
+    With ``shard = (rank, world)``, world > 1, each rank scores its share of every length's blocks and the
+    results are reduced over the default process group (a length with fewer blocks than ranks is scored
+    whole on every rank instead).
+    """
     lengths = sorted(blocks_by_length)
     items = progress(lengths) if progress is not None else lengths
     return [
         evaluate_length(
             model, blocks_by_length[ln], train_length, ln / train_length, max_batch_tokens=max_batch_tokens,
             device=device, mask=None if masks is None else masks.get(ln),
+            shard=shard if blocks_by_length[ln].shape[0] >= shard[1] else (0, 1),
+            sync=shard[1] > 1 and blocks_by_length[ln].shape[0] >= shard[1],
         )
         for ln in items
     ]

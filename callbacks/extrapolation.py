@@ -87,7 +87,7 @@ class ExtrapolationCallback(L.Callback):
             with trainer.strategy.precision_plugin.forward_context():
                 results = evaluate_lengths(
                     pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
-                    masks=self._masks,
+                    masks=self._masks, shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
                 )
         finally:
             pl_module.train(was_training)
