@@ -212,3 +212,43 @@ def eval_sets(dm, lengths: list[int], budget_tokens: int) -> tuple[dict[int, tor
     blocks = {ln: dm.eval_blocks(ln, budget_tokens) for ln in lengths}
     masks = {ln: dm.eval_mask(ln, budget_tokens) for ln in lengths} if hasattr(dm, "eval_mask") else None
     return blocks, masks
+
+
+@torch.no_grad()
+def evaluate_sliding(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    stream: torch.Tensor,
+    context: int,
+    stride: int,
+    budget_tokens: int,
+    max_batch_tokens: int = 16384,
+    device: torch.device | str | None = None,
+) -> dict:
+    """Sliding-window NLL (analysis protocol): windows of ``context`` tokens every ``stride`` tokens.
+
+    The first window scores all its positions, every later one only its last ``stride`` positions, so each
+    of the first ``budget_tokens`` targets of ``stream`` is scored once with up to ``context`` tokens of
+    history — the best a model can do with that much context, not what it does on a fresh block.
+    """
+    if not 0 < stride <= context:
+        raise ValueError(f"stride={stride} must lie in [1, context={context}]")
+    budget = min(budget_tokens, stream.numel() - 1)
+    if budget < context:
+        raise ValueError(f"sliding window of {context} tokens needs {context + 1} tokens; the stream has {stream.numel()}")
+    device = torch.device(device) if device is not None else stream.device
+    starts = list(range(0, budget - context + 1, stride))  # window w covers targets [start, start + context)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    per_batch = max(1, max_batch_tokens // context)
+    for i in range(0, len(starts), per_batch):
+        batch = starts[i : i + per_batch]
+        chunk = torch.stack([stream[s : s + context + 1] for s in batch]).to(device=device, dtype=torch.long)
+        logits = model(chunk[:, :-1]).float()  # [b, context, V]
+        nll = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")  # [b, context]
+        keep = torch.full((len(batch), context), False, device=device)
+        keep[:, context - stride :] = True
+        if batch[0] == 0:
+            keep[0] = True  # the first window scores everything it sees
+        total += nll[keep].double().sum().cpu()
+        count += int(keep.sum())
+    mean = float(total / count)
+    return {"context": context, "stride": stride, "tokens": count, "nll": mean, "ppl": math.exp(mean)}

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from accrot.evaluation import SCHEMA, LengthResult, eval_sets, evaluate_lengths
+from accrot.evaluation import SCHEMA, LengthResult, eval_sets, evaluate_lengths, evaluate_sliding
 from accrot.report import atomic_write_text, plot_curves
 
 
@@ -26,6 +26,8 @@ class ExtrapolationCallback(L.Callback):
         every_n_steps: evaluate every N optimiser steps (0: only at the end of training).
         max_batch_tokens: tokens per forward pass during evaluation (memory knob, not a result knob).
         filename: JSON written into the run directory (the PNG takes the same stem).
+        sliding_multipliers: lengths (multiples of L) at which to add sliding-window NLL (analysis; [] = none).
+        sliding_stride: stride of the sliding windows (default: L / 2).
     """
 
     def __init__(
@@ -35,6 +37,8 @@ class ExtrapolationCallback(L.Callback):
         every_n_steps: int = 0,
         max_batch_tokens: int = 16384,
         filename: str = "extrapolation.json",
+        sliding_multipliers: list[float] = [],  # noqa: B006
+        sliding_stride: int | None = None,
     ) -> None:
         super().__init__()
         if not multipliers or any(m <= 0 for m in multipliers):
@@ -44,6 +48,8 @@ class ExtrapolationCallback(L.Callback):
         self.every_n_steps = every_n_steps
         self.max_batch_tokens = max_batch_tokens
         self.filename = filename
+        self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)
+        self.sliding_stride = sliding_stride
         self.history: list[dict] = []
         self._blocks: dict[int, torch.Tensor] | None = None
         self._masks: dict[int, torch.Tensor] | None = None
@@ -89,6 +95,7 @@ class ExtrapolationCallback(L.Callback):
                     pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
                     masks=self._masks, shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
                 )
+                sliding = self._sliding(trainer.datamodule, pl_module)
         finally:
             pl_module.train(was_training)
         entry = {
@@ -96,6 +103,8 @@ class ExtrapolationCallback(L.Callback):
             "seconds": round(time.perf_counter() - t0, 3),
             "lengths": [r.to_dict() for r in results],
         }
+        if sliding:
+            entry["sliding"] = sliding
         self.history.append(entry)
         metrics = {}
         for r in results:
@@ -108,6 +117,18 @@ class ExtrapolationCallback(L.Callback):
         if trainer.is_global_zero:
             self.write(trainer, pl_module)
         return results
+
+    def _sliding(self, dm, pl_module) -> list[dict]:
+        if not self.sliding_multipliers or not hasattr(dm, "val_stream"):
+            return []
+        stride = self.sliding_stride or max(1, self.train_length // 2)
+        out = []
+        for m in self.sliding_multipliers:
+            context = max(1, int(round(m * self.train_length)))
+            row = evaluate_sliding(pl_module, dm.val_stream, context, min(stride, context), self.budget_tokens,
+                                   self.max_batch_tokens, device=pl_module.device)
+            out.append({"multiplier": m, **row})
+        return out
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return Path(trainer.log_dir or trainer.default_root_dir)

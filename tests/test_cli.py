@@ -32,7 +32,7 @@ def trained_run(tmp_path_factory):
     rc = main(["fit", "--config", "tiny", f"--root={root}", "--trainer.max_steps=6",
                "--trainer.val_check_interval=3", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=2",
                "--model.scheme.rotation=rope", "--extrapolation.multipliers=[1,2,4]",
-               "--extrapolation.every_n_steps=3", *QUICK])
+               "--extrapolation.every_n_steps=3", "--extrapolation.sliding_multipliers=[2]", *QUICK])
     assert rc == 0
     (run_dir,) = list(root.glob("rope-none/version_*"))
     return run_dir
@@ -61,6 +61,8 @@ def test_extrapolation_json_schema(trained_run):
         assert r["tokens"] == r["blocks"] * r["length"] and r["blocks"] == max(1, 2048 // r["length"])
         assert 0 < r["nll"] < 6 and abs(r["ppl"] - 2.718281828 ** r["nll"]) < 1e-6 * r["ppl"]
         assert len(r["bucket_nll"]) == -(-r["length"] // r["bucket_width"])
+    (sliding,) = doc["final"]["sliding"]
+    assert sliding["context"] == 256 and sliding["stride"] == 64 and sliding["tokens"] > 0
     metrics = (trained_run / "metrics.csv").read_text().splitlines()[0]
     assert "extrap/nll@2x" in metrics and "train/loss" in metrics and "val/ppl" in metrics
 

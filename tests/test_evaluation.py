@@ -80,3 +80,24 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_blocks(model):
 def test_empty_mask_is_an_error(model):
     with pytest.raises(ValueError, match="scored no token"):
         evaluate_length(model, torch.randint(0, 256, (2, 9)), 8, mask=torch.zeros(2, 8, dtype=torch.bool))
+
+
+def test_sliding_window_scores_each_target_once_with_its_context(model):
+    from accrot.evaluation import evaluate_sliding
+
+    stream = torch.randint(0, 256, (200,))
+    res = evaluate_sliding(model, stream, context=32, stride=8, budget_tokens=120)
+    # reference: target j (predicting stream[j+1]) scored with history stream[max(0, e - 32) : j + 1]
+    starts = list(range(0, 120 - 32 + 1, 8))
+    ref = []
+    with torch.no_grad():
+        for w, s in enumerate(starts):
+            logits = model(stream[s : s + 32][None])[0]
+            nll = F.cross_entropy(logits, stream[s + 1 : s + 33], reduction="none")
+            ref.append(nll if w == 0 else nll[-8:])
+    ref = torch.cat(ref)
+    assert res["tokens"] == ref.numel() == 32 + 8 * (len(starts) - 1)
+    assert res["nll"] == pytest.approx(ref.mean().item(), rel=1e-5)
+    stride_eq_context = evaluate_sliding(model, stream, context=32, stride=32, budget_tokens=96)
+    blocks = stream[:97].unfold(0, 33, 32)  # non-overlapping blocks: the same thing
+    assert stride_eq_context["nll"] == pytest.approx(evaluate_length(model, blocks, 32).nll, rel=1e-5)
