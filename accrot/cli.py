@@ -107,6 +107,8 @@ def _make_cli_class():
             parser.add_argument("--wandb", type=str, default="auto",
                                 help="auto (online if logged in, else offline), online, offline or disabled")
             parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
+            # the vocabulary is the data's (bytes: 256; a synthetic task or HF tokenizer: its own size)
+            parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
 
         def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
             from jsonargparse import ArgumentError
@@ -254,7 +256,8 @@ def _remove_if_incomplete(run_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------------
-COMMANDS = {"eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main"}
+COMMANDS = {"eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main",
+            "sweep": "accrot.sweep:main", "report": "accrot.report:main"}
 
 
 def _load_data_module(config_file: Path, overrides: dict | None = None):

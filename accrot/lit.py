@@ -6,6 +6,7 @@ logged and applied the same way under every precision and strategy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict
 
@@ -51,6 +52,8 @@ class LitLM(L.LightningModule):
         super().__init__()
         if isinstance(scheme, dict):
             scheme = SchemeConfig(**scheme)
+        if scheme.vocab_size != vocab_size:  # random_token tables index the model's vocabulary
+            scheme = dataclasses.replace(scheme, vocab_size=vocab_size)
         self.model_config = ModelConfig(
             vocab_size=vocab_size,
             d_model=d_model,

@@ -256,11 +256,13 @@ def test_local_too_short_evaluation_length():
 @pytest.mark.parametrize("task, vocab", [("LocalDependencyDataModule", 72), ("PasskeyDataModule", 256)],
                          ids=["local", "passkey"])
 def test_fit_through_the_cli(task, vocab, tmp_path):
-    rc = main(["fit", "--config", "tiny", f"--data=data_modules.{task}", f"--model.vocab_size={vocab}",
+    rc = main(["fit", "--config", "tiny", f"--data=data_modules.{task}",  # vocab_size follows the data
                "--trainer.fast_dev_run=true", "--wandb=disabled", "--trainer.enable_progress_bar=false",
                "--extrapolation.multipliers=[1,2]", "--extrapolation.budget_tokens=512", f"--root={tmp_path}"])
     assert rc == 0
     (path,) = tmp_path.glob("*/*/extrapolation.json")
+    (record,) = tmp_path.glob("*/*/run.json")
+    assert json.loads(record.read_text())["hparams"]["vocab_size"] == vocab
     doc = json.loads(path.read_text())
     assert doc["data"]["task"] == {"LocalDependencyDataModule": "local_dependency", "PasskeyDataModule": "passkey"}[task]
     first = doc["final"]["lengths"][0]
