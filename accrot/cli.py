@@ -276,16 +276,37 @@ def _load_data_module(config_file: Path, overrides: dict | None = None):
     return getattr(importlib.import_module(module), cls)(**kwargs)
 
 
+def load_checkpoint(path: str | Path):
+    """``(LitLM, checkpoint dict)`` from an accrot checkpoint, or a one-line UsageError (corrupt, not accrot's,
+    or weights that do not fit the scheme it names)."""
+    import torch
+
+    from accrot.lit import LitLM
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any failure to read is the same bad input
+        raise UsageError(f"checkpoint {str(path)!r} is not a readable accrot checkpoint ({type(err).__name__})") from err
+    if not isinstance(state, dict) or "state_dict" not in state or "hyper_parameters" not in state:
+        raise UsageError(f"checkpoint {str(path)!r} is not a readable accrot checkpoint (no weights or hyperparameters)")
+    try:
+        # LightningCLI adds bookkeeping keys (``_instantiator``, ``_class_path``) beside the init arguments
+        hparams = {k: v for k, v in state["hyper_parameters"].items() if not k.startswith("_")}
+        model = LitLM(**hparams)
+        model.load_state_dict(state["state_dict"], strict=True)
+    except (TypeError, RuntimeError, ValueError) as err:
+        raise UsageError(f"checkpoint {str(path)!r} does not match the model it describes: {one_line(str(err))[:200]}") from err
+    return model, state
+
+
 def eval_main(argv: list[str]) -> int:
     """``accrot eval --ckpt PATH``: evaluate a checkpoint at many lengths; writes JSON + PNG."""
     import json
 
-    import torch
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
     from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths
-    from accrot.lit import LitLM
     from accrot.report import atomic_write_text, nll_table, plot_curves
 
     parser = ArgumentParser(prog="accrot eval", exit_on_error=False, description=eval_main.__doc__)
@@ -309,10 +330,7 @@ def eval_main(argv: list[str]) -> int:
         raise UsageError(f"config {str(config)!r} does not exist; pass --config with the run's config.yaml")
     if any(m <= 0 for m in args.multipliers) or any(ln <= 0 for ln in args.lengths or []):
         raise UsageError("evaluation lengths and multipliers must be positive")
-    try:
-        model = LitLM.load_from_checkpoint(ckpt, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - any failure to load is the same bad input
-        raise UsageError(f"checkpoint {str(ckpt)!r} is not a readable accrot checkpoint ({type(err).__name__})") from err
+    model, state = load_checkpoint(ckpt)
     dm = _load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
@@ -327,8 +345,7 @@ def eval_main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
            "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
-           "final": {"step": torch.load(ckpt, map_location="cpu", weights_only=False).get("global_step"),
-                     "lengths": rows}}
+           "final": {"step": state.get("global_step"), "lengths": rows}}
     atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
     label = f"{doc['scheme']['rotation']}/{doc['scheme']['far_mass']}"
     plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))

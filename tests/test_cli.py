@@ -159,3 +159,17 @@ def test_demo_command_compares_schemes(tmp_path, capsys):
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "NoPE" in out and "ALiBi" in out and "4×" in out
+
+
+def test_eval_rejects_a_checkpoint_whose_weights_do_not_fit(trained_run, tmp_path, capsys):
+    """A checkpoint edited to claim another scheme (PaTH needs w/β projections the weights lack)."""
+    import torch
+
+    state = torch.load(trained_run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    state["hyper_parameters"]["scheme"]["rotation"] = "path"
+    run = tmp_path / "r" / "checkpoints"
+    run.mkdir(parents=True)
+    torch.save(state, run / "other.ckpt")
+    (run.parent / "config.yaml").write_text((trained_run / "config.yaml").read_text())
+    assert main(["eval", "--ckpt", str(run / "other.ckpt")]) == 2
+    assert "does not match the model it describes" in capsys.readouterr().err
