@@ -173,3 +173,22 @@ def test_eval_rejects_a_checkpoint_whose_weights_do_not_fit(trained_run, tmp_pat
     (run.parent / "config.yaml").write_text((trained_run / "config.yaml").read_text())
     assert main(["eval", "--ckpt", str(run / "other.ckpt")]) == 2
     assert "does not match the model it describes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "scheme",
+    [["--model.scheme.rotation=rope", "--model.scheme.far_mass=alibi"],
+     ["--model.scheme.rotation=accum", "--model.scheme.increments=learned", "--model.scheme.rotate_values=true",
+      "--model.scheme.far_mass=forget"],
+     ["--model.scheme.rotation=path", "--model.scheme.far_mass=forget"]],
+    ids=["rope-alibi", "accum-learned-values-forget", "path-forget"],
+)
+@pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
+def test_bf16_mixed_precision_runs_every_kernel(scheme, tmp_path):
+    """The GPU recipe's precision on the CPU: every op must be dtype-agnostic under bf16 autocast."""
+    rc = main(["fit", "--config", "tiny", "--trainer.fast_dev_run=true", "--trainer.precision=bf16-mixed",
+               f"--root={tmp_path}", "--extrapolation.multipliers=[1,2]", "--data.init_args.batch_size=2",
+               "--trainer.limit_val_batches=1", *QUICK, *scheme])
+    assert rc == 0
+    (path,) = tmp_path.glob("*/*/extrapolation.json")
+    assert all(0 < r["nll"] < 10 for r in json.loads(path.read_text())["final"]["lengths"])
