@@ -256,7 +256,7 @@ def _remove_if_incomplete(run_dir: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------------
-COMMANDS = {"eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main",
+COMMANDS = {"diagnose": "accrot.diagnostics:diagnose_main", "eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main",
             "sweep": "accrot.sweep:main", "report": "accrot.report:main"}
 
 

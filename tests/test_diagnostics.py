@@ -1,0 +1,269 @@
+"""Theory diagnostics (PAPER.md T1–T4) against what the math predicts: coherence = |E[e^{iδ}]|^Δ for i.i.d.
+increments and ≡ 1 for NoPE, far mass (t − W)/(t + 1) for flat NoPE logits and ALiBi's closed form, value
+transport shrinking coherent far contributions; ``accrot diagnose`` end to end on a real checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from accrot import cli
+from accrot.cli import UsageError, main
+from accrot.diagnostics import (
+    attention_rows,
+    coherence_curve,
+    diagnose,
+    diagnose_main,
+    far_mass,
+    layer_inputs,
+    mixing_window_measured,
+    predicted_coherence,
+    scheme_coherence,
+    value_far_norm,
+)
+from accrot.model import ModelConfig, Transformer
+from accrot.ops.rotary import rotate_pairs
+from accrot.position import SchemeConfig, build
+from accrot.position.alibi import alibi_slopes
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small tensor ops: one intra-op thread is fastest, and steady when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny(**scheme) -> Transformer:
+    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(**scheme))).eval()
+
+
+def random_inputs(H: int, D: int, T: int, B: int = 1, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, T, D, generator=gen) for _ in range(2))
+    return q, k, torch.zeros(B, T, H * D), torch.zeros(B, T, dtype=torch.long)
+
+
+# -- coherence (T1, T2) ------------------------------------------------------------------------------------------
+def test_coherence_follows_iid_prediction_for_random_position_increments():
+    """c(Δ) = |E[e^{iδ}]|^Δ, within 10 % at every Δ of the window, per head. ε = 0.25 keeps the Monte-Carlo error
+    (one fixed draw of increments per position) well under 10 % of the smallest predicted value, 0.25."""
+    W, eps, H, D, T = 16, 0.25, 4, 16, 1 << 16
+    scheme = build(SchemeConfig(rotation="accum", increments="random_position", window=W, window_eps=eps), H * D, H)
+    scheme.eval()
+    dist = list(range(W + 1))
+    measured = scheme_coherence(scheme, *random_inputs(H, D, T), dist, max_queries=None)  # [H, W+1]
+    predicted = predicted_coherence(scheme, dist)
+    phi = scheme.describe()["increment_char_fn"][0]
+    assert predicted[0, -1].item() == pytest.approx(eps) and predicted[0, 1].item() == pytest.approx(phi)
+    rel = (measured - predicted).abs() / predicted
+    assert rel.max() < 0.1, rel
+    long = list(range(3 * W))
+    m_long = scheme_coherence(scheme, *random_inputs(H, D, T, seed=1), long, max_queries=None)
+    w_meas = mixing_window_measured(m_long, long, eps)
+    w_pred = mixing_window_measured(predicted_coherence(scheme, long), long, eps)
+    assert (w_meas - w_pred).abs().max() <= 2, (w_meas, w_pred)
+
+
+@pytest.mark.parametrize("mean,spread", [("rope", "constant"), ("zero", "ladder"), ("rope", "ladder")],
+                         ids=["rope-mean", "ladder", "rope-mean-ladder"])
+def test_coherence_with_drift_or_ladder_follows_isotropic_prediction(mean, spread):
+    """mean_i |φ_i|^Δ cos(Δ μ_i) for isotropic q, k."""
+    H, D, T = 4, 16, 1 << 15
+    cfg = SchemeConfig(rotation="accum", window=16, window_eps=0.25, increment_mean=mean, increment_spread=spread)
+    scheme = build(cfg, H * D, H).eval()
+    dist = list(range(0, 33, 2))
+    measured = scheme_coherence(scheme, *random_inputs(H, D, T), dist, max_queries=None)
+    assert (measured - predicted_coherence(scheme, dist)).abs().max() < 0.04
+
+
+@pytest.mark.parametrize("scheme", [dict(rotation="none"), dict(rotation="none", far_mass="alibi")],
+                         ids=["nope", "alibi"])
+def test_coherence_without_rotation_is_exactly_one(scheme):
+    model = tiny(**scheme)
+    dist = [0, 1, 5, 20, 47]
+    curves = coherence_curve(model, torch.randint(0, 256, (3, 48)), dist, max_queries=None)
+    assert sorted(curves) == [0, 1]
+    for curve in curves.values():
+        assert curve.shape == (4, len(dist))
+        torch.testing.assert_close(curve, torch.ones_like(curve), rtol=1e-12, atol=1e-12)
+    assert torch.equal(predicted_coherence(model.schemes()[0], dist), torch.ones(4, len(dist), dtype=torch.float64))
+    assert mixing_window_measured(curves[0], dist).isinf().all()
+
+
+def test_path_with_vanishing_beta_is_coherent_and_model_level_matches_scheme_level():
+    """β → 0 makes every H_j = I (PaTH = NoPE): c ≡ 1; and coherence_curve is the per-layer scheme_coherence."""
+    model = tiny(rotation="path", chunk_size=8)
+    tokens = torch.randint(0, 256, (2, 40))
+    dist = [0, 1, 3, 17, 39]
+    curves = coherence_curve(model, tokens, dist, max_queries=None)
+    with torch.no_grad():
+        for i, li in enumerate(layer_inputs(model, tokens)):
+            torch.testing.assert_close(curves[i], scheme_coherence(li.scheme, li.q, li.k, li.x, li.tokens, dist, None))
+        assert curves[0][:, 1:].lt(0.999).all()  # β ≈ 1 at initialisation: the transport contracts
+        for scheme in model.schemes():
+            scheme.rotation.beta_proj.bias.fill_(-60.0)  # β = 2·sigmoid(−60) ≈ 1e−26
+    curves = coherence_curve(model, tokens, dist, max_queries=None)
+    for curve in curves.values():
+        torch.testing.assert_close(curve, torch.ones_like(curve), rtol=1e-6, atol=1e-6)
+
+
+def test_mixing_window_measured_first_and_sustained():
+    dist = [0, 1, 2, 3, 4, 5]
+    curve = torch.tensor([[1.0, 0.5, 0.01, 0.2, 0.01, 0.0], [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]])
+    assert mixing_window_measured(curve, dist, 0.05).tolist() == [2.0, math.inf]
+    assert mixing_window_measured(curve, dist, 0.05, sustained=True).tolist() == [4.0, math.inf]
+    with pytest.raises(ValueError, match="distances"):
+        mixing_window_measured(curve, dist[:3])
+
+
+# -- attention rows, far mass (T3), values (T4) ---------------------------------------------------------------------
+SCHEMES = {
+    "nope": dict(rotation="none"),
+    "rope": dict(rotation="rope"),
+    "accum-values": dict(rotation="accum", rotate_values=True),
+    "learned-forget": dict(rotation="accum", increments="learned", learned_init_std=0.5, far_mass="forget"),
+    "token-alibi-values": dict(rotation="accum", increments="random_token", far_mass="alibi", rotate_values=True),
+    "path": dict(rotation="path", chunk_size=16),
+    "path-fox": dict(rotation="path", far_mass="forget", beta_max=1.5, chunk_size=16),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_attention_rows_reproduce_the_scheme_forward(name):
+    """The probabilities the diagnostics use, applied to (transported) values, give the kernel's output."""
+    H, D, T, B = 2, 8, 37, 2
+    scheme = build(SchemeConfig(**SCHEMES[name], block_size=8), H * D, H).eval()
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
+    x, tokens = torch.randn(B, T, H * D, generator=gen), torch.randint(0, 256, (B, T), generator=gen)
+    with torch.no_grad():
+        ref = scheme(q, k, v, x, tokens)
+        a = attention_rows(scheme, q, k, x, tokens, torch.arange(T))  # [B, H, T, T]
+        if scheme.cfg.rotate_values:
+            theta = scheme.angles(x, tokens)
+            out = rotate_pairs(a @ rotate_pairs(v, -theta), theta)
+        else:
+            out = a @ v
+    assert torch.allclose(a.sum(-1), torch.ones(B, H, T), atol=1e-5)
+    assert ((ref - out).norm() / ref.norm()).item() < 1e-5
+
+
+def test_far_mass_grows_for_nope_and_stays_bounded_for_alibi():
+    """Random init gives near-flat logits: NoPE's far mass is (t − W)/(t + 1), ALiBi's is Σ_{d>W} e^{−md}/Σ_d e^{−md}."""
+    W, nq, lengths = 16, 32, (64, 256, 1024)
+    torch.manual_seed(0)
+    blocks = {n: torch.randint(0, 256, (2, n)) for n in lengths}
+    nope = far_mass(tiny(rotation="none"), blocks, W, n_queries=nq)
+    alibi = far_mass(tiny(rotation="none", far_mass="alibi"), blocks, W, n_queries=nq)
+    slopes = torch.tensor(alibi_slopes(4), dtype=torch.float64)
+    for n in lengths:
+        t = torch.arange(n - nq, n, dtype=torch.float64)
+        flat = ((t - W) / (t + 1)).mean()
+        d = torch.arange(n, dtype=torch.float64)
+        w = torch.exp(-slopes[:, None, None] * d)  # [H, 1, n]
+        visible = (d <= t[:, None]).double()  # [nq, n]
+        closed = ((w * visible * (d > W)).sum(-1) / (w * visible).sum(-1)).mean(-1)  # [H]
+        for layer in (0, 1):
+            assert nope[layer][n].shape == (4,)
+            assert (nope[layer][n] - flat).abs().max() < 0.02
+            assert (alibi[layer][n] - closed).abs().max() < 0.02
+    for layer in (0, 1):
+        assert (nope[layer][256] > nope[layer][64] + 0.1).all() and (nope[layer][1024] > nope[layer][256] + 0.02).all()
+        bound = torch.exp(-slopes * W)  # the far mass of an infinitely long context
+        assert (alibi[layer][1024] < bound + 0.02).all()
+        assert (alibi[layer][1024] - alibi[layer][256])[:2].abs().max() < 1e-3  # steep heads: already saturated
+        assert alibi[layer][1024][0] < 0.05 < nope[layer][64].min()
+
+
+def test_value_rotation_makes_coherent_far_values_incoherent():
+    """Values with a shared component (two tokens): unrotated far sums add up linearly, rotated ones like a random
+    walk (≈ √(Σ a²‖v‖²))."""
+    torch.manual_seed(0)
+    model = tiny(rotation="accum", increments="random_position", window=8, rotate_values=True)
+    tokens = torch.tensor([3, 7])[torch.randint(0, 2, (2, 512))]
+    norms = value_far_norm(model, tokens, window=16)
+    assert sorted(norms) == [0, 1]
+    for layer in norms.values():
+        assert (layer["rotated"] < 0.5 * layer["unrotated"]).all(), layer
+        assert (layer["rotated"] < 3 * layer["incoherent"]).all() and (layer["incoherent"] > 0).all()
+    assert value_far_norm(tiny(rotation="path", chunk_size=16), tokens[:, :64], window=16) == {}
+
+
+def test_diagnose_bundle_is_json_and_consistent():
+    model = tiny(rotation="accum", rotate_values=True)
+    blocks = {n: torch.randint(0, 256, (2, n + 1)) for n in (64, 256)}
+    result = diagnose(model, blocks, train_length=64, eps=0.05)
+    doc = json.loads(json.dumps(result, allow_nan=False))  # strict JSON: no NaN / Infinity
+    assert doc["lengths"] == [64, 256] and doc["far_window"] == 16 and doc["prediction"] == "exact"
+    assert doc["scheme"]["rotation"] == "accum" and "mixing_window" in doc["scheme"]
+    for layer in doc["layers"]:
+        assert [c["length"] for c in layer["coherence"]] == [64, 256]
+        for c in layer["coherence"]:
+            assert len(c["curve"]) == 4 and len(c["curve"][0]) == len(c["distances"]) and len(c["window"]) == 4
+            assert c["curve"][0][0] == pytest.approx(1.0) and c["stderr"][0][0] == pytest.approx(0.0, abs=1e-6)
+            assert max(c["distances"]) <= 7 * c["length"] // 8
+        assert layer["predicted"]["window"] == pytest.approx([97.0] * 4, abs=1)  # DEFAULT_WINDOW = 96 at ε
+        assert [f["length"] for f in layer["far_mass"]] == [64, 256]
+        assert [len(v["rotated"]) for v in layer["value_far_norm"]] == [4, 4]
+    assert not model.training
+
+
+# -- the command ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fitted_run(tmp_path_factory):
+    """A 2-step tiny accum fit, with the diagnostics callback attached."""
+    root = tmp_path_factory.mktemp("runs")
+    rc = main(["fit", "--config", "tiny", "--trainer.max_steps=2", "--model.scheme.rotation=accum", "--wandb=disabled",
+               "--trainer.enable_progress_bar=false", "--extrapolation.multipliers=[1]",
+               "--extrapolation.budget_tokens=512", f"--root={root}",
+               "--trainer.callbacks+=callbacks.diagnostics.DiagnosticsCallback",
+               "--trainer.callbacks.multipliers=[1,2]", "--trainer.callbacks.blocks=1"])
+    assert rc == 0
+    (run_dir,) = list(root.glob("accum-none/version_*"))
+    return run_dir
+
+
+def test_callback_writes_and_logs(fitted_run):
+    doc = json.loads((fitted_run / "diagnostics" / "diagnostics.json").read_text())
+    assert doc["step"] == 2 and doc["lengths"] == [128, 256]
+    assert (fitted_run / "diagnostics" / "coherence.png").is_file()
+    header = (fitted_run / "metrics.csv").read_text().splitlines()[0]
+    assert "diag/window@layer0" in header and "diag/far_mass@2x@layer1" in header
+
+
+def test_diagnose_main_writes_json_and_pngs(fitted_run, tmp_path, capsys):
+    out = tmp_path / "diag"
+    rc = diagnose_main(["--ckpt", str(fitted_run / "checkpoints" / "last.ckpt"), "--multipliers", "1", "4",
+                        "--blocks", "1", f"--out={out}"])
+    assert rc == 0
+    doc = json.loads((out / "diagnostics.json").read_text())
+    assert doc["schema"] == "accrot.diagnostics/1" and doc["train_length"] == 128 and doc["lengths"] == [128, 512]
+    assert doc["blocks"] == {"128": 1, "512": 1} and doc["checkpoint"].endswith("last.ckpt")
+    assert len(doc["layers"]) == 2 and doc["layers"][0]["predicted"] is not None
+    for name in ("coherence.png", "far_mass.png", "value_far_norm.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert not list(out.glob(".*tmp*"))
+    printed = capsys.readouterr().out
+    assert "far mass @4×" in printed and "window @1×" in printed
+
+
+def test_diagnose_main_rejects_bad_input(fitted_run, tmp_path, monkeypatch, capsys):
+    with pytest.raises(UsageError, match="does not exist"):
+        diagnose_main(["--ckpt", str(tmp_path / "missing.ckpt")])
+    # through the accrot command: one line, exit status 2
+    monkeypatch.setitem(cli.COMMANDS, "diagnose", "accrot.diagnostics:diagnose_main")
+    assert main(["diagnose", "--ckpt", str(tmp_path / "missing.ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accrot: error: checkpoint") and "does not exist" in err[0]
+    assert main(["diagnose", "--ckpt", str(tmp_path / "missing.ckpt"), "--blocks", "two"]) == 2
+    ckpt = str(fitted_run / "checkpoints" / "last.ckpt")
+    with pytest.raises(UsageError, match="--eps"):
+        diagnose_main(["--ckpt", ckpt, "--eps", "1.5"])
+    with pytest.raises(UsageError, match="--multipliers"):
+        diagnose_main(["--ckpt", ckpt, "--multipliers", "0"])
