@@ -10,8 +10,14 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 PYTEST_ARGS ?=
+# sweeps: make sweep SWEEP=smoke WORKERS=2 [STORAGE=url]; make dashboard STUDY=smoke [STORAGE=url] [PORT=8080]
+SWEEP ?= smoke
+WORKERS ?= 1
+STUDY ?= $(SWEEP)
+STORAGE ?=
+PORT ?= 8080
 
-.PHONY: help install test test-fast demo lint bench clean
+.PHONY: help install test test-fast demo lint bench sweep dashboard clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -35,6 +41,12 @@ demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH)
 	$(BIN)/accrot bench all
+
+sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
+	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)')
+
+dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [PORT=8080])
+	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --host 127.0.0.1 --port $(PORT)
 
 lint: $(STAMP) ## ruff over the code and tests
 	$(BIN)/ruff check accrot data_modules callbacks tests

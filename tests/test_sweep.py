@@ -1,0 +1,508 @@
+"""Optuna sweeps end to end: shipped specs build valid configs, parallel workers on SQLite / PostgreSQL /
+journal storages spend the budget exactly, a SIGKILLed worker's trial is failed with its reason and
+retried, a diverged run fails with a message, a pruned run stops cleanly, the dashboard serves the
+study, ``accrot report`` writes its table, figures and CSV, and bad input stops before any trial."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from accrot.cli import main
+from accrot.sweep import (
+    SPEC_DIR,
+    BudgetLock,
+    HeartbeatSpec,
+    RetryTrial,
+    StorageRef,
+    budget_state,
+    check_stratum,
+    fail_stale_journal,
+    load_spec,
+    open_storage,
+    redact,
+    sample_space,
+    trial_args,
+)
+
+SHIPPED = sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+SMOKE = SPEC_DIR / "smoke.yaml"
+
+
+def write_spec(folder: Path, name: str, **changes) -> Path:
+    """smoke.yaml with some keys replaced (``None`` removes a key)."""
+    doc = yaml.safe_load(SMOKE.read_text())
+    doc["name"] = name
+    for key, value in changes.items():
+        if value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def load(url: str, name: str):
+    return optuna.load_study(study_name=name, storage=open_storage(StorageRef.parse(url, name, ".")))
+
+
+def sweep(spec: Path | str, root: Path, *extra: str) -> int:
+    return main(["sweep", str(spec), f"--root={root}", *extra])
+
+
+def check_complete(study, budget: int) -> list:
+    """Every trial complete, exactly ``budget`` of them, no duplicates, each with its run directory."""
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * budget, [
+        (t.number, t.state.name, t.user_attrs.get("fail_reason")) for t in trials]
+    assert sorted(t.number for t in trials) == list(range(budget))
+    keys = {(json.dumps(t.params, sort_keys=True), t.user_attrs["seed"]) for t in trials}
+    assert len(keys) == budget, "a configuration ran twice with the same seed"
+    run_dirs = {t.user_attrs["run_dir"] for t in trials}
+    assert len(run_dirs) == budget
+    for t in trials:
+        run = Path(t.user_attrs["run_dir"])
+        assert run.name == "version_0" and run.parent.name == f"trial_{t.number:04d}"
+        for name in ("config.yaml", "extrapolation.json", "checkpoints/last.ckpt"):
+            assert (run / name).is_file(), (run, name)
+        assert set(t.user_attrs["metrics"]) >= {"nll@1x", "nll@2x"}
+        assert t.values[0] == t.user_attrs["metrics"]["nll@2x"]
+    return trials
+
+
+def no_locked_database(root: Path, name: str) -> None:
+    for log in (root / name / "workers").glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert "database is locked" not in text, log
+        assert "Traceback" not in text, text[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# specs
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_samples_valid_configs(name):
+    """Every stratum's config builds through the real CLI parser (no training), and sampled trial configs
+    (RandomSampler, in memory) do too: three samples in the first stratum (the others share its space)."""
+    spec = load_spec(name)
+    assert spec.budget >= 1 and spec.objectives
+    for i, stratum in enumerate(spec.strata()):
+        info = check_stratum(spec, stratum, n_samples=3 if i == 0 else 0)
+        assert info.train_length == 128
+        assert all(any(abs(o.multiplier - m) < 1e-9 for m in info.multipliers) for o in spec.objectives)
+
+
+def test_shipped_specs_cover_the_issue():
+    smoke, window, ablation, lr = (load_spec(n) for n in ("smoke", "window", "ablation", "lr"))
+    assert smoke.space["model.scheme.increments"].when == {"model.scheme.rotation": ["accum"]}
+    assert window.sampler.type == "nsga2" and [o.metric for o in window.objectives] == ["nll@1x", "nll@16x"]
+    assert ablation.sampler.type == "grid" and len(ablation.strata()) >= 8
+    assert {s.study_name for s in ablation.strata()} >= {"ablation/RoPE", "ablation/PaTH-FoX", "ablation/NoPE"}
+    assert len(lr.strata()) >= 8 and set(lr.space) >= {"model.lr"} and lr.space["model.lr"].log
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_spec_sampler_and_pruner_run(name):
+    """Each spec's own sampler (TPE, grid, NSGA-II) and pruner drive an in-memory study over its space."""
+    spec = load_spec(name)
+    study = optuna.create_study(sampler=spec.sampler.build(spec.space), pruner=spec.pruner.build(),
+                                directions=spec.directions)
+
+    def objective(trial):  # as the worker drives it: optimize, one trial at a time
+        values = sample_space(trial, spec.space, {})
+        assert set(values) <= set(spec.space) and values
+        return [float(trial.number % 3)] * len(spec.objectives)
+
+    for _ in range(min(spec.trials, 6)):
+        study.optimize(objective, n_trials=1)
+    assert len(study.trials) == min(spec.trials, 6)
+    if spec.sampler.type == "grid":  # the grid hands out distinct points
+        assert len({json.dumps(t.params, sort_keys=True) for t in study.trials}) == len(study.trials)
+
+
+def test_conditional_parameter_and_trial_args():
+    spec = load_spec("smoke")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        values = sample_space(trial, spec.space, {})
+        assert ("model.scheme.increments" in values) == (values["model.scheme.rotation"] == "accum")
+        assert 1e-3 <= values["model.lr"] <= 1e-2
+        seen.add(values["model.scheme.rotation"])
+        study.tell(trial, 1.0)
+    assert seen == {"none", "rope", "accum"}
+    args = trial_args(spec, spec.strata()[0], Path("/r"), 7, 3, {"model.lr": 0.002})
+    assert args[:3] == ["fit", "--config", str(spec.base_path())]
+    assert "--root=/r/smoke/runs" in args and "--name=trial_0007" in args and "--seed_everything=3" in args
+    assert "--model.lr=0.002" in args and "--extrapolation.multipliers=[1, 2]" in args
+    assert any(a.startswith("--trainer.callbacks+=") and "OptunaPruning" in a for a in args)
+
+
+def test_retried_trial_does_not_count_twice():
+    study = optuna.create_study()
+    retry = RetryTrial(max_retry=1)
+    trial = study.ask()
+    trial.suggest_float("x", 0, 1)
+    study._storage.set_trial_user_attr(trial._trial_id, "seed", 1)
+    study._storage.set_trial_user_attr(trial._trial_id, "worker", "h:1")
+    study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    retry(study, study._storage.get_trial(trial._trial_id))
+    assert budget_state(study, 2) == (1, 1, 0)  # the failed one is replaced by its WAITING retry
+    (waiting,) = study.get_trials(states=(TrialState.WAITING,))
+    assert waiting.params == trial.params and waiting.user_attrs == {"seed": 1, "retry_of": 0}
+    assert waiting.system_attrs["retry_history"] == [0]
+    again = study.ask()  # the retry is what the next worker gets
+    assert again.number == waiting.number
+    study._storage.set_trial_state_values(again._trial_id, TrialState.FAIL)
+    retry(study, study._storage.get_trial(again._trial_id))  # max_retry=1: not again
+    assert not study.get_trials(states=(TrialState.WAITING,))
+
+
+def test_journal_heartbeat_fails_and_retries_a_stale_trial(tmp_path):
+    """Optuna 5's JournalStorage has no heartbeat: ours fails a trial whose heartbeat is too old."""
+    ref = StorageRef.parse(f"journal://{tmp_path}/j.log", "j", tmp_path)
+    storage = open_storage(ref, create=True)
+    study = optuna.create_study(study_name="j", storage=storage)
+    stale, fresh = study.ask(), study.ask()
+    stale.suggest_float("x", 0, 1)
+    storage.set_trial_user_attr(stale._trial_id, "heartbeat", time.time() - 1000)
+    storage.set_trial_user_attr(fresh._trial_id, "heartbeat", time.time())
+    assert fail_stale_journal(study, storage, HeartbeatSpec(interval=5, grace=60), RetryTrial(1)) == 1
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
+    assert "no heartbeat from worker" in trials[0].user_attrs["fail_reason"]
+    assert trials[2].params == trials[0].params and trials[2].user_attrs["retry_of"] == 0
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_budget_lock_is_exclusive(tmp_path, kind):
+    url = f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else f"journal://{tmp_path}/s.log"
+    ref = StorageRef.parse(url, "s", tmp_path)
+    first, second = BudgetLock(ref, "s"), BudgetLock(ref, "s")
+    first.acquire()
+    order = []
+    waiter = threading.Thread(target=lambda: (second.acquire(), order.append("second"), second.release()))
+    waiter.start()
+    time.sleep(0.3)
+    order.append("first")
+    first.release()
+    first.release()  # idempotent
+    waiter.join(10)
+    assert order == ["first", "second"]
+
+
+def test_storage_urls():
+    assert StorageRef.parse(None, "s", "/r").url == "sqlite:////r/s/study.db"
+    j = StorageRef.parse("journal:///tmp/x/s.log", "s", "/r")
+    assert j.kind == "journal" and j.dashboard == "/tmp/x/s.log"
+    assert StorageRef.parse("postgres://u:pw@h/db", "s", "/r").url == "postgresql://u:pw@h/db"
+    assert redact("postgresql://u:secret@h:5432/db") == "postgresql://u:***@h:5432/db"
+
+
+@pytest.mark.parametrize("doc, expect", [
+    ({"samplr": {"type": "tpe"}}, "unknown key 'samplr'; did you mean 'sampler'?"),
+    ({"sampler": {"type": "cmaes"}}, "sampler: type='cmaes' is not valid; choose one of tpe, random, grid, nsga2"),
+    ({"pruner": {"type": "median", "upper": 1}}, "upper is not an option of the median pruner"),
+    ({"space": {"model.lr": {"type": "float", "low": 0, "high": 1, "log": True}}}, "low=0 is not valid with log: true"),
+    ({"space": {"model.lr": {"type": "float", "lo": 0, "high": 1}}}, "unknown key 'lo'; did you mean 'low'?"),
+    ({"objectives": ["loss"]}, "metric 'loss' is not valid"),
+    ({"objectives": ["nll@1x", "nll@2x"]}, "pruner 'median' needs a single objective"),
+    ({"seeds": [0, 0]}, "seeds=[0, 0] is not valid"),
+    ({"overrides": {"seed_everything": 3}}, "is set by the sweep itself"),
+    ({"space": {"model.scheme.increments": {"choices": ["learned"], "when": {"model.scheme.window": 1}},
+                "model.scheme.window": [1, 2]}}, "not an earlier search-space key"),
+    ({"variants": {"fast": {"model.lr": 0.1}}}, "variants.fast sets 'model.lr', which the space searches"),
+], ids=["unknown-key", "sampler", "pruner-option", "log-low", "param-key", "metric", "multi-objective-pruner",
+        "seeds", "reserved", "condition-order", "searched-and-fixed"])
+def test_spec_errors_name_the_key(tmp_path, doc, expect):
+    path = write_spec(tmp_path, "bad", **doc)
+    with pytest.raises(ValueError) as err:
+        load_spec(path)
+    assert expect in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["spec-key", "space-key", "storage", "metric", "devices"])
+def test_bad_input_stops_before_any_trial(case, tmp_path, capsys):
+    changes, extra = {}, []
+    if case == "spec-key":
+        changes = {"trails": 3}
+        expect = "unknown key 'trails'; did you mean 'trials'?"
+    elif case == "space-key":
+        changes = {"space": {"model.lrr": {"type": "float", "low": 1e-3, "high": 1e-2}}}
+        expect = "search-space key 'model.lrr' is not a key of the accrot fit config; did you mean model.lr"
+    elif case == "storage":
+        extra = [f"--storage=postgresql://accrot:pw@127.0.0.1:{free_port()}/accrot"]
+        expect = "is unreachable"
+    elif case == "metric":
+        changes = {"objectives": [{"metric": "nll@16x"}]}
+        expect = "objective 'nll@16x' is never produced: the runs evaluate at multipliers 1, 2"
+    else:  # Lightning would re-launch the worker per rank: refuse before it does
+        changes = {"overrides": {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.devices": 2}}
+        expect = "trainer.devices=2, trainer.num_nodes=1: a sweep trial runs on one device"
+    spec = write_spec(tmp_path, "bad", **changes)
+    root = tmp_path / "root"
+    assert sweep(spec, root, *extra, "--workers=2") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accrot: error: ") and expect in err[0], err
+    assert "pw" not in err[0]  # the password never reaches a message
+    assert not root.exists()  # nothing created: no storage, no run directory
+
+
+# ---------------------------------------------------------------------------------------------------
+# storages: smoke.yaml with 2 workers
+# ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sqlite_study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweeps")
+    assert sweep(SMOKE, root, "--workers=2") == 0
+    return root, f"sqlite:///{root}/smoke/study.db"
+
+
+def test_smoke_two_workers_sqlite(sqlite_study):
+    root, url = sqlite_study
+    study = load(url, "smoke")
+    trials = check_complete(study, load_spec("smoke").budget)
+    assert all(t.user_attrs["variant"] in ("none/none", "rope/none") or t.user_attrs["variant"].startswith("accum:")
+               for t in trials)
+    assert study.user_attrs["accrot"]["budget"] == 4
+    no_locked_database(root, "smoke")
+
+
+@pytest.mark.slow
+def test_smoke_two_workers_journal(tmp_path):
+    url = f"journal://{tmp_path}/shared/smoke.log"
+    assert sweep(SMOKE, tmp_path / "root", "--workers=2", f"--storage={url}") == 0
+    check_complete(load(url, "smoke"), 4)
+    no_locked_database(tmp_path / "root", "smoke")
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A real PostgreSQL server from Debian's binaries, in a temp dir, as the postgres user; stopped by PID."""
+    initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not initdb:
+        message = "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin (apt-get install postgresql)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " and CI=true")
+        pytest.skip(message)
+    bindir = Path(initdb[-1]).parent
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        if shutil.which("runuser") is None:
+            pytest.fail("running as root without runuser: cannot start PostgreSQL as the postgres user")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    base = Path(tempfile.mkdtemp(prefix="accrot-pg-"))
+    if as_user:
+        shutil.chown(base, "postgres", "postgres")
+    data, sock, port = base / "data", base / "sock", free_port()
+    run = [*as_user]
+    subprocess.run([*run, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True)
+    subprocess.run([*run, "mkdir", str(sock)], check=True)
+    server = subprocess.Popen([*run, str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sock),
+                               "-c", "listen_addresses=127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                             capture_output=True).returncode != 0:
+            assert server.poll() is None, "postgres exited at start"
+            assert time.time() < deadline, "postgres did not become ready in 60 s"
+            time.sleep(0.2)
+        subprocess.run([*run, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+                        "accrot"], check=True, capture_output=True)
+        yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/accrot"
+    finally:
+        pid_file = data / "postmaster.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)  # fast shutdown
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_smoke_two_workers_postgresql(postgres, tmp_path):
+    assert sweep(SMOKE, tmp_path, "--workers=2", f"--storage={postgres}") == 0
+    check_complete(load(postgres, "smoke"), 4)
+    no_locked_database(tmp_path, "smoke")
+
+
+# ---------------------------------------------------------------------------------------------------
+# failures: a killed worker, a diverged run, a pruned run
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
+    """SIGKILL a worker mid-trial: its trial fails with the reason, is retried with the same params and
+    seed, the worker is replaced and the study (a configuration × 2 seeds) completes."""
+    spec = write_spec(tmp_path, "kill", trials=1, seeds=[0, 1], retries=1, pruner={"type": "none"})
+    root = tmp_path / "root"
+    url = f"sqlite:///{root}/kill/study.db"
+    result: dict = {}
+    parent = threading.Thread(target=lambda: result.setdefault("rc", sweep(spec, root, "--workers=2")))
+    parent.start()
+    killed, study = None, None
+    deadline = time.time() + 180
+    while killed is None and parent.is_alive() and time.time() < deadline:
+        time.sleep(0.2)
+        if study is None:
+            with contextlib.suppress(KeyError, ValueError):  # not created yet
+                study = load(url, "kill")
+            continue
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            # the worker attribute is set first (so a death is always traced), the params a moment later:
+            # wait for both, so the retry can be compared with what the dead attempt had sampled
+            if "worker" in t.user_attrs and t.params:
+                os.kill(int(t.user_attrs["worker"].rsplit(":", 1)[1]), signal.SIGKILL)
+                killed = t.number
+                break
+    parent.join(240)
+    assert not parent.is_alive() and killed is not None
+    assert result["rc"] == 0
+    study = load(url, "kill")
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    dead = trials[killed]
+    assert dead.state == TrialState.FAIL
+    assert "killed by SIGKILL while running the trial" in dead.user_attrs["fail_reason"]
+    (retry,) = [t for t in trials.values() if t.user_attrs.get("retry_of") == killed]
+    assert retry.state == TrialState.COMPLETE and retry.params == dead.params
+    assert retry.user_attrs["seed"] == dead.user_attrs["seed"] and retry.user_attrs["config"] == dead.user_attrs["config"]
+    complete = [t for t in trials.values() if t.state == TrialState.COMPLETE]
+    assert len(complete) == 2 and len(trials) == 3
+    # the configuration ran once per seed, with the same params (the seed copy was enqueued, not sampled)
+    assert sorted(t.user_attrs["seed"] for t in complete) == [0, 1]
+    assert {t.user_attrs["config"] for t in complete} == {0}
+    assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 1
+
+
+@pytest.mark.slow
+def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path):
+    """A huge learning rate makes the evaluation non-finite: the trial fails and says why. A threshold
+    pruner under every NLL stops the other variant at its first evaluation: pruned, with a checkpoint."""
+    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 3,
+                 "extrapolation.every_n_steps": 1}
+    spec = write_spec(tmp_path, "np", overrides=overrides, space={"model.weight_decay": [0.0, 0.1]},
+                      variants={"diverged": {"model.lr": 1.0e6, "model.warmup_steps": 1,
+                                             "trainer.gradient_clip_val": None, "extrapolation.every_n_steps": 0},
+                                "pruned": {}},
+                      sampler={"type": "random", "seed": 0}, pruner={"type": "threshold", "upper": 0.0}, trials=1)
+    root = tmp_path / "root"
+    assert sweep(spec, root, "--workers=1") == 0
+    url = f"sqlite:///{root}/np/study.db"
+    (diverged,) = load(url, "np/diverged").get_trials()
+    assert diverged.state == TrialState.FAIL
+    assert diverged.user_attrs["fail_reason"].startswith("the run diverged: FloatingPointError: ")
+    assert "non-finite NLL" in diverged.user_attrs["fail_reason"]
+    (pruned,) = load(url, "np/pruned").get_trials()
+    assert pruned.state == TrialState.PRUNED and pruned.intermediate_values.keys() == {1}
+    assert pruned.user_attrs["pruned_reason"].startswith("pruned: nll@2x=")
+    run = Path(pruned.user_attrs["run_dir"])
+    assert (run / "checkpoints" / "pruned-step=1.ckpt").is_file() and (run / "extrapolation.json").is_file()
+    assert json.loads((run / "extrapolation.json").read_text())["final"]["step"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# dashboard and report
+# ---------------------------------------------------------------------------------------------------
+def test_dashboard_serves_the_study(sqlite_study):
+    _, url = sqlite_study
+    port = free_port()
+    exe = Path(sys.executable).parent / "optuna-dashboard"
+    proc = subprocess.Popen([str(exe), url, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, body = time.time() + 90, None
+        while body is None:
+            assert proc.poll() is None, "optuna-dashboard exited"
+            assert time.time() < deadline, "optuna-dashboard did not answer in 90 s"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as resp:
+                    body = json.loads(resp.read())
+            except OSError:
+                time.sleep(0.3)
+        (study,) = [s for s in body["study_summaries"] if s["study_name"] == "smoke"]
+        assert study["directions"] == ["minimize"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30) as resp:
+            detail = json.loads(resp.read())
+        assert len(detail["trials"]) == 4 and all(t["state"] == "Complete" for t in detail["trials"])
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_report_writes_table_figures_and_csv(sqlite_study, tmp_path, capsys):
+    root, _ = sqlite_study
+    out = tmp_path / "results"
+    assert main(["report", "--study", "smoke", f"--root={root}", f"--out={out}"]) == 0
+    table = (out / "report.md").read_text()
+    assert "| variant | trials | best trial | config | seeds | NLL 1× | NLL 2× | params |" in table
+    assert "model.lr=" in table and "nll@2x (minimize)" in table
+    for png in ("nll_vs_length.png", "importance.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    lines = (out / "trials.csv").read_text().splitlines()
+    assert len(lines) == 5 and lines[0].startswith("study,variant,number,state,seed,config")
+    assert "param:model.lr" in lines[0] and "nll@2x" in lines[0] and "run_dir" in lines[0]
+    assert "report.md" in capsys.readouterr().out
+
+
+def test_report_unknown_study_is_bad_input(sqlite_study, tmp_path, capsys):
+    root, url = sqlite_study
+    assert main(["report", "--study", "nope", f"--storage={url}", f"--out={tmp_path / 'o'}"]) == 2
+    assert "no study 'nope'" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_report_of_two_objective_study_with_variants(tmp_path):
+    """The report of a study with variants and two objectives (no training: trials added directly)."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    storage = open_storage(StorageRef.parse(url, "w", tmp_path), create=True)
+    dist = {"model.scheme.window": optuna.distributions.FloatDistribution(4, 4096, log=True)}
+    for variant, offset in (("gauss", 0.0), ("unif", 0.5)):
+        study = optuna.create_study(study_name=f"w/{variant}", storage=storage, directions=["minimize"] * 2)
+        study.set_user_attr("accrot", {"variant": variant, "objectives": ["nll@1x", "nll@16x"]})
+        for config, window in enumerate((8.0, 64.0, 512.0)):
+            for seed in (0, 1):
+                nll = {1: 2.0 + offset + window / 1000 + seed / 100, 16: 3.0 + offset - window / 1000}
+                metrics = {f"nll@{m}x": v for m, v in nll.items()}
+                study.add_trial(optuna.trial.create_trial(
+                    params={"model.scheme.window": window}, distributions=dist, values=[nll[1], nll[16]],
+                    user_attrs={"metrics": metrics, "seed": seed, "config": 2 * config, "variant": variant}))
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": "boom"}))
+    out = tmp_path / "out"
+    assert main(["report", "--study", "w", f"--storage={url}", f"--out={out}"]) == 0
+    table = (out / "report.md").read_text()
+    assert "| gauss | 6 | #0 2.0080 | #0 | 2 | 2.0130 ± 0.0071 | 2.9920 ± 0.0000 |" in table
+    assert "| unif | 6 |" in table and "## Pareto front" in table and "- w/gauss #4:" in table
+    assert "- w/unif #6: boom" in table
+    for png in ("nll_vs_length.png", "importance-gauss.png", "importance-unif.png"):
+        assert (out / png).is_file(), png
+    assert len((out / "trials.csv").read_text().splitlines()) == 1 + 2 * 7
