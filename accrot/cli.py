@@ -334,12 +334,12 @@ def eval_main(argv: list[str]) -> int:
     dm = _load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
-    blocks, masks = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
+    sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
     model.eval().to(args.device)
     console = Console(stderr=True)
     with console.status("evaluating"):
-        results = evaluate_lengths(model, blocks, train_length, args.max_batch_tokens, device=args.device,
-                                   masks=masks)
+        results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=args.device,
+                                   masks=sets.masks, depths=sets.depths)
     rows = [r.to_dict() for r in results]
     out = Path(args.out) if args.out else run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)

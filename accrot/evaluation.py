@@ -44,6 +44,7 @@ class LengthResult:
     nll_ci: list[float]
     bucket_width: int
     bucket_nll: list[float] = field(default_factory=list)
+    accuracy_by_depth: dict[str, float] | None = None  # passkey: depth of the key → accuracy
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +70,7 @@ class PositionNLL(Metric):
         self.add_state("block_nll", default=[], dist_reduce_fx="cat")
         self.add_state("block_count", default=[], dist_reduce_fx="cat")
         self.add_state("block_index", default=[], dist_reduce_fx="cat")
+        self.add_state("block_hits", default=[], dist_reduce_fx="cat")
 
     def update(self, nll: torch.Tensor, hits: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> None:
         """``index [b]``: the blocks' positions in the full evaluation set (restores order after a gather)."""
@@ -83,6 +85,7 @@ class PositionNLL(Metric):
         self.bucket_count.index_add_(0, self.bucket_of, m.sum(0))
         self.block_nll.append(nll.sum(1))
         self.block_count.append(m.sum(1))
+        self.block_hits.append((hits.double() * m).sum(1))
         self.block_index.append(index.to(self.total.device, torch.float64))
 
     def compute(self) -> dict[str, torch.Tensor]:
@@ -96,6 +99,7 @@ class PositionNLL(Metric):
             "bucket_nll": self.buckets / self.bucket_count.clamp_min(1),
             "block_nll": cat(self.block_nll)[order],
             "block_count": cat(self.block_count)[order],
+            "block_hits": cat(self.block_hits)[order],
         }
 
 
@@ -128,12 +132,14 @@ def evaluate_length(
     sync: bool = False,
     mask: torch.Tensor | None = None,
     shard: tuple[int, int] = (0, 1),
+    depths: list[float] | None = None,
 ) -> LengthResult:
     """Score ``blocks [N, ℓ+1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``) with ``model: [b, ℓ] → [b, ℓ, V]``.
 
     ``mask [N, ℓ]`` (bool) restricts scoring to some target positions (a synthetic task's answers).
     ``shard = (rank, world)``: this process scores blocks ``rank::world``; with ``sync`` the metric then
     reduces over the process group, so every rank returns the numbers of the whole set.
+    ``depths`` (one per block, passkey retrieval) adds the accuracy per depth.
     """
     if blocks.dim() != 2 or blocks.shape[1] < 2:
         raise ValueError(f"blocks must be [N, length+1] with length >= 1, got shape {tuple(blocks.shape)}")
@@ -163,6 +169,14 @@ def evaluate_length(
     if not float(out["count"]) > 0:
         raise ValueError(f"evaluation at length {length} scored no token; the mask selects nothing")
     mean = float(out["nll"])
+    by_depth = None
+    if depths is not None:
+        if len(depths) != n:
+            raise ValueError(f"depths has {len(depths)} entries for {n} blocks")
+        by_depth = {}
+        for d in sorted(set(depths)):
+            sel = torch.tensor([x == d for x in depths])
+            by_depth[f"{d:g}"] = float(out["block_hits"][sel].sum() / out["block_count"][sel].sum().clamp_min(1))
     return LengthResult(
         length=length,
         multiplier=multiplier,
@@ -175,6 +189,7 @@ def evaluate_length(
         nll_ci=bootstrap_ci(out["block_nll"], out["block_count"]),
         bucket_width=width,
         bucket_nll=out["bucket_nll"].cpu().tolist(),
+        accuracy_by_depth=by_depth,
     )
 
 
@@ -187,6 +202,7 @@ def evaluate_lengths(
     progress: Callable[[Iterable], Iterable] | None = None,
     masks: dict[int, torch.Tensor] | None = None,
     shard: tuple[int, int] = (0, 1),
+    depths: dict[int, list[float]] | None = None,
 ) -> list[LengthResult]:
     """Evaluate every length in ``blocks_by_length`` (ascending); ``progress`` may wrap the iteration.
 
@@ -202,16 +218,28 @@ def evaluate_lengths(
             device=device, mask=None if masks is None else masks.get(ln),
             shard=shard if blocks_by_length[ln].shape[0] >= shard[1] else (0, 1),
             sync=shard[1] > 1 and blocks_by_length[ln].shape[0] >= shard[1],
+            depths=None if depths is None else depths.get(ln),
         )
         for ln in items
     ]
 
 
-def eval_sets(dm, lengths: list[int], budget_tokens: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor] | None]:
-    """The data module's fixed blocks per length, and its scoring masks when it has them (synthetic tasks)."""
+@dataclass
+class EvalSets:
+    """A data module's fixed evaluation material per length: blocks, and for synthetic tasks the scoring masks
+    and (passkey) each block's key depth."""
+
+    blocks: dict[int, torch.Tensor]
+    masks: dict[int, torch.Tensor] | None = None
+    depths: dict[int, list[float]] | None = None
+
+
+def eval_sets(dm, lengths: list[int], budget_tokens: int) -> EvalSets:
+    """Cut every length's evaluation set from ``dm`` (raises the data module's error if one cannot be filled)."""
     blocks = {ln: dm.eval_blocks(ln, budget_tokens) for ln in lengths}
     masks = {ln: dm.eval_mask(ln, budget_tokens) for ln in lengths} if hasattr(dm, "eval_mask") else None
-    return blocks, masks
+    depths = {ln: list(dm.eval_depths(ln, budget_tokens)) for ln in lengths} if hasattr(dm, "eval_depths") else None
+    return EvalSets(blocks, masks, depths)
 
 
 @torch.no_grad()

@@ -11,9 +11,8 @@ import time
 from pathlib import Path
 
 import lightning as L
-import torch
 
-from accrot.evaluation import SCHEMA, LengthResult, eval_sets, evaluate_lengths, evaluate_sliding
+from accrot.evaluation import SCHEMA, EvalSets, LengthResult, eval_sets, evaluate_lengths, evaluate_sliding
 from accrot.report import atomic_write_text, plot_curves
 
 
@@ -51,8 +50,7 @@ class ExtrapolationCallback(L.Callback):
         self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)
         self.sliding_stride = sliding_stride
         self.history: list[dict] = []
-        self._blocks: dict[int, torch.Tensor] | None = None
-        self._masks: dict[int, torch.Tensor] | None = None
+        self._sets: EvalSets | None = None
         self._prepared_for: object | None = None
         self._last_step = -1
 
@@ -67,7 +65,7 @@ class ExtrapolationCallback(L.Callback):
         if self._prepared_for is dm:
             return
         self.train_length = int(dm.seq_len)
-        self._blocks, self._masks = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens)
+        self._sets = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens)
         self._prepared_for = dm
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -92,8 +90,9 @@ class ExtrapolationCallback(L.Callback):
         try:
             with trainer.strategy.precision_plugin.forward_context():
                 results = evaluate_lengths(
-                    pl_module, self._blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
-                    masks=self._masks, shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
+                    pl_module, self._sets.blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
+                    masks=self._sets.masks, depths=self._sets.depths,
+                    shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
                 )
                 sliding = self._sliding(trainer.datamodule, pl_module)
         finally:

@@ -101,3 +101,17 @@ def test_sliding_window_scores_each_target_once_with_its_context(model):
     stride_eq_context = evaluate_sliding(model, stream, context=32, stride=32, budget_tokens=96)
     blocks = stream[:97].unfold(0, 33, 32)  # non-overlapping blocks: the same thing
     assert stride_eq_context["nll"] == pytest.approx(evaluate_length(model, blocks, 32).nll, rel=1e-5)
+
+
+def test_accuracy_per_depth_groups_blocks(model):
+    blocks = torch.randint(0, 256, (6, 17))
+    mask = torch.zeros(6, 16, dtype=torch.bool)
+    mask[:, -3:] = True
+    depths = [0.0, 0.5, 1.0, 0.0, 0.5, 1.0]
+    res = evaluate_length(model, blocks, train_length=16, mask=mask, depths=depths)
+    with torch.no_grad():
+        hits = (model(blocks[:, :-1]).argmax(-1) == blocks[:, 1:])[:, -3:].double()  # [6, 3]
+    assert set(res.accuracy_by_depth) == {"0", "0.5", "1"}
+    for d, rows in (("0", [0, 3]), ("0.5", [1, 4]), ("1", [2, 5])):
+        assert res.accuracy_by_depth[d] == pytest.approx(hits[rows].mean().item())
+    assert evaluate_length(model, blocks, train_length=16).accuracy_by_depth is None

@@ -266,4 +266,6 @@ def test_fit_through_the_cli(task, vocab, tmp_path):
     doc = json.loads(path.read_text())
     assert doc["data"]["task"] == {"LocalDependencyDataModule": "local_dependency", "PasskeyDataModule": "passkey"}[task]
     first = doc["final"]["lengths"][0]
+    if task == "PasskeyDataModule":  # accuracy per length × depth of the key
+        assert set(first["accuracy_by_depth"]) <= {"0", "0.25", "0.5", "0.75", "1"} and first["accuracy_by_depth"]
     assert first["length"] == 128 and first["tokens"] == doc["data"]["eval_blocks"]["128"]["scored"]  # answers only
