@@ -179,7 +179,7 @@ def _make_cli_class():
                 from lightning.pytorch.loggers import WandbLogger
 
                 os.environ["WANDB_MODE"] = mode  # WandbLogger(offline=...) would override WANDB_MODE=disabled
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                csv.experiment  # noqa: B018 - the CSV writer claims the new run directory before wandb fills it
                 loggers.append(WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
                                            project=os.environ.get("WANDB_PROJECT", "accrot")))
             return loggers

@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning as L
 
 from accrot.evaluation import SCHEMA, EvalSets, LengthResult, eval_sets, evaluate_lengths, evaluate_sliding
-from accrot.report import atomic_write_text, plot_curves
+from accrot.report import atomic_write_text, nll_table, plot_curves
 
 
 class ExtrapolationCallback(L.Callback):
@@ -113,9 +113,37 @@ class ExtrapolationCallback(L.Callback):
             metrics[f"extrap/accuracy@{m}"] = r.accuracy
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+            if type(logger).__name__ == "WandbLogger":
+                self._log_wandb_curves(logger, results, trainer.global_step)
         if trainer.is_global_zero:
             self.write(trainer, pl_module)
         return results
+
+    def _log_wandb_curves(self, logger, results: list[LengthResult], step: int) -> None:
+        """wandb gets the same two curves as the PNG, as native line plots."""
+        import wandb
+
+        by_length = wandb.Table(columns=["length", "nll", "last_window_nll"],
+                                data=[[r.length, r.nll, r.last_window_nll] for r in results])
+        longest = results[-1]
+        by_position = wandb.Table(columns=["position", "nll"],
+                                  data=[[(i + 0.5) * longest.bucket_width, v] for i, v in enumerate(longest.bucket_nll)])
+        logger.experiment.log({
+            "extrap/nll_vs_length": wandb.plot.line(by_length, "length", "nll", title=f"NLL vs length (step {step})"),
+            "extrap/nll_vs_position": wandb.plot.line(
+                by_position, "position", "nll", title=f"per-position NLL at {longest.length} (step {step})"
+            ),
+            "trainer/global_step": step,
+        })
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The final curve as a table in the terminal (after the progress bar has closed)."""
+        if trainer.is_global_zero and self.history:
+            from rich.console import Console
+
+            label = "{rotation}/{far_mass}".format(**pl_module.hparams.get("scheme", {"rotation": "?", "far_mass": "?"}))
+            Console().print(nll_table({label: self.history[-1]["lengths"]}, self.train_length,
+                                      title=f"NLL (nats/token) per evaluation length at step {self.history[-1]['step']}"))
 
     def _sliding(self, dm, pl_module) -> list[dict]:
         if not self.sliding_multipliers or not hasattr(dm, "val_stream"):

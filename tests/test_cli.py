@@ -192,3 +192,16 @@ def test_bf16_mixed_precision_runs_every_kernel(scheme, tmp_path):
     assert rc == 0
     (path,) = tmp_path.glob("*/*/extrapolation.json")
     assert all(0 < r["nll"] < 10 for r in json.loads(path.read_text())["final"]["lengths"])
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_gets_the_curves(tmp_path, monkeypatch):
+    """A real offline wandb run: the native line plots are logged next to the scalars."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    rc = main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=2", "--wandb=offline",
+               "--extrapolation.multipliers=[1,2]", "--extrapolation.budget_tokens=1024",
+               "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"])
+    assert rc == 0
+    (run,) = tmp_path.glob("*/version_0/wandb/offline-run-*")
+    media = list(run.rglob("*nll_vs_length*"))
+    assert media, sorted(p.name for p in run.rglob("*"))
