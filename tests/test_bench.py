@@ -1,0 +1,65 @@
+"""``accrot bench``: the schemes report has a row per built cell with positive ratios and NoPE at exactly 1,
+bad input is one line and exit status 2, a missing ``accrot.bench_path`` is a note. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from accrot.bench import grid, main
+from accrot.cli import main as cli_main
+from accrot.position import FAR_MASS, ROTATIONS
+
+
+def test_grid_has_every_built_cell_once_nope_first():
+    cells, notes = grid()
+    names = [c.name for c in cells]
+    assert names[0] == "none/none" and len(set(names)) == len(names)
+    far = 1 + len(FAR_MASS)  # none + the built far-mass parts
+    per_rotation = {"none": 1, "rope": 2, "accum": 4, "path": 1}  # × rotate_values, × increments (accum)
+    assert len(cells) == far * sum(per_rotation[r] for r in ROTATIONS)
+    assert all(c.rotation in ("rope", "accum") for c in cells if c.rotate_values)
+    assert {c.increments for c in cells if c.rotation == "accum"} <= {"random_position", "learned"}
+    for c in cells:
+        c.scheme()  # every cell is a valid config
+    assert len(notes) == 5 - (len(ROTATIONS) - 1) - len(FAR_MASS)
+
+
+@pytest.mark.slow
+def test_quick_schemes_report(tmp_path):
+    out = tmp_path / "bench_schemes.json"
+    assert main(["schemes", "--quick", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    cells, _ = grid()
+    assert [r["variant"] for r in doc["rows"]] == [c.name for c in cells]
+    lengths = [str(ln) for ln in doc["settings"]["eval_lengths"]]
+    for row in doc["rows"]:
+        assert set(row["train"]) == set(doc["settings"]["sizes"])
+        assert all(res["ms"] > 0 and res["ratio"] > 0 for res in row["train"].values()), row["variant"]
+        assert sorted(row["eval"]) == sorted(lengths)  # --quick evaluates every cell
+        assert all(res["ratio"] > 0 and res["mem_ratio"] > 0 for res in row["eval"].values()), row["variant"]
+        assert row["ok"] in (True, False, None)
+    nope = doc["rows"][0]
+    assert all(res["ratio"] == 1.0 for res in nope["train"].values())
+    assert all(res["ratio"] == 1.0 and res["mem_ratio"] == 1.0 for res in nope["eval"].values())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "nonsense"], ["bench", "schemes", "--sizes", "huge"], ["bench", "schemes", "--repeats", "0"],
+     ["bench", "schemes", "--batch", "{medium: 2}"], ["bench", "schemes", "--out", "/no/such/dir/x.json"]],
+    ids=["unknown-bench", "unknown-size", "zero-repeats", "unknown-batch-size", "missing-out-dir"],
+)
+def test_bad_input_is_one_line(argv, capsys):
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accrot: error: ")
+
+
+def test_path_without_bench_path_is_a_note(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "accrot.bench_path", None)  # as if the module were not written yet
+    assert main(["path", "--out", str(tmp_path / "p.json")]) == 0
+    assert "not written yet" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
