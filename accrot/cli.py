@@ -276,6 +276,18 @@ def _load_data_module(config_file: Path, overrides: dict | None = None):
     return getattr(importlib.import_module(module), cls)(**kwargs)
 
 
+def resolve_run(ckpt: str, config: str | None) -> tuple[Path, Path, Path]:
+    """``(checkpoint, run directory, config.yaml)`` of a run's checkpoint; a one-line UsageError if one is missing."""
+    path = Path(ckpt)
+    if not path.is_file():
+        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass the path of a .ckpt file")
+    run_dir = path.resolve().parent.parent  # <run>/checkpoints/x.ckpt
+    cfg = Path(config) if config else run_dir / "config.yaml"
+    if not cfg.is_file():
+        raise UsageError(f"config {str(cfg)!r} does not exist; pass --config with the run's config.yaml")
+    return path, run_dir, cfg
+
+
 def load_checkpoint(path: str | Path):
     """``(LitLM, checkpoint dict)`` from an accrot checkpoint, or a one-line UsageError (corrupt, not accrot's,
     or weights that do not fit the scheme it names)."""
@@ -321,13 +333,7 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/eval)")
     parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
-    ckpt = Path(args.ckpt)
-    if not ckpt.is_file():
-        raise UsageError(f"checkpoint {str(ckpt)!r} does not exist; pass the path of a .ckpt file")
-    run_dir = ckpt.resolve().parent.parent
-    config = Path(args.config) if args.config else run_dir / "config.yaml"
-    if not config.is_file():
-        raise UsageError(f"config {str(config)!r} does not exist; pass --config with the run's config.yaml")
+    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
     if any(m <= 0 for m in args.multipliers) or any(ln <= 0 for ln in args.lengths or []):
         raise UsageError("evaluation lengths and multipliers must be positive")
     model, state = load_checkpoint(ckpt)

@@ -782,7 +782,7 @@ def diagnose_main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
-    from accrot.cli import UsageError, _load_data_module
+    from accrot.cli import UsageError, _load_data_module, resolve_run
     from accrot.lit import LitLM
     from accrot.report import atomic_write_text
 
@@ -801,13 +801,7 @@ def diagnose_main(argv: list[str]) -> int:
     parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
 
-    ckpt = Path(args.ckpt)
-    if not ckpt.is_file():
-        raise UsageError(f"checkpoint {str(ckpt)!r} does not exist; pass the path of a .ckpt file")
-    run_dir = ckpt.resolve().parent.parent
-    config = Path(args.config) if args.config else run_dir / "config.yaml"
-    if not config.is_file():
-        raise UsageError(f"config {str(config)!r} does not exist; pass --config with the run's config.yaml")
+    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
     try:
         multipliers = _floats(args.multipliers)
     except ValueError as err:

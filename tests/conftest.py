@@ -34,6 +34,15 @@ def _hygiene():
         torch.distributed.destroy_process_group()
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
     """‖ref − out‖ / ‖ref‖ (STYLE §3), robust to an all-zero reference."""
     ref, out = ref.double(), out.double()

@@ -15,13 +15,7 @@ from accrot.ops.attention import causal_attention, naive_attention, naive_decay_
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
 
 def rel(ref: torch.Tensor, fast: torch.Tensor) -> float:

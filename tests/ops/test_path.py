@@ -20,13 +20,7 @@ TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
 DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Single intra-op thread: these are many tiny ops, and the CI box is shared (no OpenMP spin contention)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
 
 def rel_err(ref: torch.Tensor, fast: torch.Tensor) -> float:

@@ -12,14 +12,7 @@ from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.alibi import alibi_slopes
 from accrot.position.forget import alibi_matching_bias
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
 
 def rel(ref: torch.Tensor, fast: torch.Tensor) -> float:

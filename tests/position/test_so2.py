@@ -25,13 +25,7 @@ DM = H * D
 LEARNED = dict(learned_init_std=0.5, conv_size=3, increment_rank=6)  # non-trivial learned increments
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
 
 def wrap(theta: torch.Tensor) -> torch.Tensor:
