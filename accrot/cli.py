@@ -241,7 +241,16 @@ def run_lightning(args: list[str]):
         raise
     finally:
         sys.argv = argv0
+        _finish_wandb()
     return cli
+
+
+def _finish_wandb() -> None:
+    """Close this run's wandb run: WandbLogger would otherwise reuse it for the next run in this process
+    (the demo and sweep workers train several runs in one process)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
 
 
 _CREATED: list[Path] = []  # run directories this process's current command created
