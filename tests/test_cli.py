@@ -205,3 +205,9 @@ def test_wandb_offline_run_gets_the_curves(tmp_path, monkeypatch):
     (run,) = tmp_path.glob("*/version_0/wandb/offline-run-*")
     media = list(run.rglob("*nll_vs_length*"))
     assert media, sorted(p.name for p in run.rglob("*"))
+    # a second run in the same process gets its own wandb run, in its own run directory
+    assert main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=2", "--wandb=offline",
+                 "--extrapolation.multipliers=[1]", "--extrapolation.budget_tokens=1024",
+                 "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]) == 0
+    (second,) = tmp_path.glob("*/version_1/wandb/offline-run-*")
+    assert second.name != run.name
