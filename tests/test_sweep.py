@@ -365,7 +365,10 @@ def test_smoke_two_workers_postgresql(postgres, tmp_path):
 def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
     """SIGKILL a worker mid-trial: its trial fails with the reason, is retried with the same params and
     seed, the worker is replaced and the study (a configuration × 2 seeds) completes."""
-    spec = write_spec(tmp_path, "kill", trials=1, seeds=[0, 1], retries=1, pruner={"type": "none"})
+    # 200 steps: long enough that the poll below sees the trial running on a quiet, fast machine too
+    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 200}
+    spec = write_spec(tmp_path, "kill", trials=1, seeds=[0, 1], retries=1, pruner={"type": "none"},
+                      overrides=overrides)
     root = tmp_path / "root"
     url = f"sqlite:///{root}/kill/study.db"
     result: dict = {}
