@@ -379,10 +379,12 @@ def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
     while killed is None and parent.is_alive() and time.time() < deadline:
         time.sleep(0.2)
         if study is None:
-            # never create the schema from here: that would race the parent creating it
-            with contextlib.suppress(Exception):  # not created yet
-                study = optuna.load_study(study_name="kill",
-                                          storage=optuna.storages.RDBStorage(url, skip_table_creation=True))
+            # open the storage only once workers exist: the parent has created schema and study by then,
+            # and opening it earlier would race the parent creating the schema
+            if not (root / "kill" / "workers").exists():
+                continue
+            with contextlib.suppress(KeyError, ValueError):
+                study = load(url, "kill")
             continue
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             # the worker attribute is set first (so a death is always traced), the params a moment later:
