@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrot.position import ConfigError, SchemeConfig, build
+from accrot.position.accum import RandomPositionIncrements
 
 
 @dataclass
@@ -123,6 +124,10 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
+        for layer, scheme in enumerate(self.schemes()):  # random increments: one training stream per layer
+            for m in scheme.modules():
+                if isinstance(m, RandomPositionIncrements):
+                    m.set_stream(layer)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         # GPT-2's depth-scaled init of the residual projections keeps the residual stream's variance flat

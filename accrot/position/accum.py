@@ -14,7 +14,10 @@ Increments (``cfg.increments``):
   |E[e^{iδ}]|^W = ε (``window_eps``): gaussian |φ| = exp(−σ²/2), so σ² = 2 ln(1/ε)/W; uniform
   |φ| = |sin a / a|, solved for a ∈ (0, π) by bisection. With ``ladder`` the window sets pair 0 (σ_0 = σ); the
   others mix more slowly. When neither is set the window is :data:`DEFAULT_WINDOW` = 96 tokens.
-  In training with ``resample`` a fresh draw is taken from torch's global RNG every forward; in ``eval()``
+  In training with ``resample`` a fresh draw is taken every forward from the module's own stream: draw n of
+  layer ℓ comes from a generator seeded by (seed, ℓ, n), and n is saved with the weights (the module's extra
+  state), so a resumed run continues the same sequence and nothing else that draws from torch's global RNG
+  can shift it (the backbone sets ℓ, :meth:`RandomPositionIncrements.set_stream`); in ``eval()``
   (or with ``resample=False``) δ is a fixed function of position and ``seed``: chunks of
   :data:`POSITION_CHUNK` positions, each from its own generator seeded by (seed, chunk index), with the angles
   cached per device, so appending tokens never changes earlier angles and ``angles()`` is what forward used.
@@ -33,7 +36,7 @@ mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to
 which keeps them within 1e-3 rad at position 10⁶.
 
 Note: every layer built from the same config draws the same fixed increments (the seed is per config); in
-training with ``resample`` the layers draw independently.
+training with ``resample`` the layers draw independently (each from its own stream).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ DEFAULT_WINDOW = 96.0  # tokens; the mixing window of random increments when nei
 POSITION_CHUNK = 256  # positions per independently seeded chunk of fixed random_position increments
 _MASK64 = (1 << 64) - 1
 _TOKEN_STREAM = 1 << 40  # generator index of the random_token table, disjoint from position chunk indices
+_TRAIN_STREAM = 1 << 41  # + layer index: generator indices of the training draws, disjoint from the above
 
 
 # -- distribution helpers (used by diagnostics and tests too) -----------------------------------------------
@@ -157,11 +161,36 @@ class RandomPositionIncrements(nn.Module):
         self.consts = _DeviceConstants(mean=mean, sigma=sigma)
         # per device: fixed angles [1, H, Tc, P] float32 and the float64 carry [H, 1, P] after Tc positions
         self._fixed: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.stream = 0  # which training stream (the layer index, set by the backbone)
+        self.draws = 0  # training draws taken so far: part of the state dict (extra state)
 
     @property
     def fresh(self) -> bool:
         """True when forward draws new increments (training with resample)."""
         return self.training and self.cfg.resample
+
+    def set_stream(self, stream: int) -> None:
+        """Give this module its own sequence of training draws (layers built from one config differ)."""
+        self.stream = int(stream)
+
+    def next_generator(self, device: torch.device) -> torch.Generator:
+        """The generator of the next training draw: seeded by (seed, stream, draw count), a pure function."""
+        seed = _chunk_seed(_chunk_seed(self.cfg.seed, _TRAIN_STREAM + self.stream), self.draws)
+        self.draws += 1
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def get_extra_state(self) -> dict:
+        return {"draws": self.draws}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.draws = int(state["draws"])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs) -> None:
+        # weights saved before the draw count was part of the state: start its stream from the beginning
+        state_dict.setdefault(prefix + "_extra_state", {"draws": 0})
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def draw(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device=None) -> torch.Tensor:
         z = _standard_noise(shape, self.cfg.increment_family, generator, device)  # [..., P] float32
@@ -200,7 +229,8 @@ class RandomPositionIncrements(nn.Module):
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
         if self.fresh:
-            return self.draw((B, self.n_heads, T, self.P), device=x.device)  # [B, H, T, P]
+            gen = self.next_generator(x.device)
+            return self.draw((B, self.n_heads, T, self.P), generator=gen, device=x.device)  # [B, H, T, P]
         delta = self.fixed_chunks(0, -(-T // POSITION_CHUNK))  # [n, H, C, P]
         return delta.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P)[:, :, :T].to(x.device)  # [1, H, T, P]
 
