@@ -4,7 +4,10 @@
 a subclass only implements :meth:`TokenStreamDataModule.load_streams`; the base turns the two 1-D streams into
 
 * training samples: non-overlapping windows of ``seq_len + 1`` tokens of the train stream, starting at an
-  offset in ``[0, seq_len]`` drawn from ``seed``; input = window[:-1], target = window[1:];
+  offset in ``[0, seq_len]`` drawn from ``seed``; input = window[:-1], target = window[1:]. Epoch e visits them
+  in an order that is a pure function of (seed, e) (:class:`ResumableSampler`), and the train loader is
+  resumable (:class:`ResumableLoader`): a run resumed mid-epoch trains on exactly the batches the
+  uninterrupted run would have;
 * the per-epoch validation loader: the first ``val_blocks`` non-overlapping windows of the validation stream;
 * the fixed evaluation sets of :meth:`TokenStreamDataModule.eval_blocks`: for each length, the validation
   stream cut from its start into non-overlapping blocks of ``length + 1``, identical for every model.
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from data_modules.errors import DataError
 from data_modules.tokenizer import ByteTokenizer, Tokenizer
@@ -74,6 +78,90 @@ class TokenWindows(Dataset):
         return window[:-1], window[1:]  # [T], [T]
 
 
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """SplitMix64 of (seed, epoch): (0, 1) and (1, 0) give unrelated orders (``seed + epoch`` would not)."""
+    mask = (1 << 64) - 1
+    z = ((seed & mask) * 0x9E3779B97F4A7C15 + (epoch & mask) + 0x632BE59BD9B4E019) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+class ResumableSampler(DistributedSampler):
+    """The training order: epoch e is ``randperm(N)`` from a generator seeded by (seed, e), a pure function.
+
+    Under DDP each of the ``num_replicas`` ranks takes every ``num_replicas``-th index of it (the tail that
+    does not divide evenly is dropped, as ``DistributedSampler(drop_last=True)`` does); Lightning leaves a
+    ``DistributedSampler`` in place instead of swapping in its own. :meth:`resume` skips the first batches
+    of one epoch, so a run restored mid-epoch continues that epoch's order where it stopped.
+    """
+
+    def __init__(self, dataset: Dataset, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.batch_size = batch_size
+        self._skip: tuple[int, int] | None = None  # (epoch, batches of it already trained on)
+
+    def resume(self, epoch: int, batches: int) -> None:
+        self.set_epoch(epoch)
+        self._skip = (epoch, batches)
+
+    def skipped(self) -> int:
+        """Batches of the current epoch the next iteration leaves out."""
+        return self._skip[1] if self._skip is not None and self._skip[0] == self.epoch else 0
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.dataset), generator=g)[: self.total_size]  # [num_replicas · num_samples]
+        mine = order[self.rank : self.total_size : self.num_replicas].tolist()  # [num_samples]
+        start = self.skipped() * self.batch_size
+        self._skip = None  # once: the next epoch starts from its beginning
+        return iter(mine[start:])
+
+
+class ResumableLoader(DataLoader):
+    """A train DataLoader whose position is checkpointed (Lightning calls ``state_dict`` of a stateful
+    loader when it saves, and ``load_state_dict`` before it iterates again).
+
+    The state is ``{"epoch", "batches"}``: the epoch in progress and how many of its batches were trained on.
+    ``progress`` (set by the data module) reads both from the trainer, which knows them exactly whatever the
+    loader has prefetched; without a trainer the loader counts the batches it handed out, and a full pass
+    moves it to the next epoch (Lightning sets the epoch itself).
+    """
+
+    def __init__(self, dataset: Dataset, *args, progress: Callable[[], tuple[int, int] | None] | None = None,
+                 **kwargs) -> None:
+        super().__init__(dataset, *args, **kwargs)
+        self.progress = progress
+        self._handed_out = 0
+
+    @property
+    def resumable(self) -> bool:
+        """False once Lightning has swapped the sampler for one of its own (then the state is not used)."""
+        return isinstance(self.sampler, ResumableSampler)
+
+    def __iter__(self) -> Iterator:
+        self._handed_out = self.sampler.skipped() if self.resumable else 0
+        for batch in super().__iter__():
+            self._handed_out += 1
+            yield batch
+        if self.resumable:
+            self.sampler.set_epoch(self.sampler.epoch + 1)  # a full pass: the next one is the next epoch
+        self._handed_out = 0
+
+    def state_dict(self) -> dict:
+        done = self.progress() if self.progress is not None else None
+        epoch, batches = done if done is not None else (getattr(self.sampler, "epoch", 0), self._handed_out)
+        return {"epoch": int(epoch), "batches": int(batches)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self.resumable or not state:
+            return
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if batches >= len(self):  # saved as the epoch ended: the next one starts from its beginning
+            epoch, batches = epoch + 1, 0
+        self.sampler.resume(epoch, batches)
+
+
 class TokenStreamDataModule(L.LightningDataModule):
     """Base of the corpora: train/validation token streams, loaders and fixed evaluation blocks.
 
@@ -83,7 +171,7 @@ class TokenStreamDataModule(L.LightningDataModule):
         seq_len: training length T; samples are windows of T + 1 tokens.
         batch_size: windows per batch (train and per-epoch validation).
         num_workers: DataLoader worker processes.
-        seed: seeds the train window offset and the shuffle order (not the train/validation split).
+        seed: seeds the train window offset and each epoch's order (not the train/validation split).
         val_blocks: number of blocks of T + 1 tokens in the per-epoch validation loader.
         max_train_tokens: keep only the first tokens of the train stream (quick tests); None = all.
     """
@@ -109,9 +197,6 @@ class TokenStreamDataModule(L.LightningDataModule):
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.seed, self.val_blocks, self.max_train_tokens = seed, val_blocks, max_train_tokens
         self.tokenizer: Tokenizer = ByteTokenizer()
-        # One generator for the module's life: successive epochs (and reloaded loaders) continue its
-        # sequence instead of repeating the first order; its state is checkpointed (state_dict).
-        self._train_generator = torch.Generator().manual_seed(seed)
         self._streams: TokenStreams | None = None
         self._train_tokens_loaded = 0
         self.eval_counts: dict[int, dict[str, int]] = {}
@@ -204,18 +289,35 @@ class TokenStreamDataModule(L.LightningDataModule):
         if stage in (None, "fit", "validate"):
             self.val_dataset()
 
-    def train_dataloader(self) -> DataLoader:
-        # shuffle=True + generator: under DDP Lightning swaps in a DistributedSampler (shuffling by its own
-        # seed and epoch); on one device the RandomSampler draws each epoch's order from our generator.
-        return DataLoader(
-            self.train_dataset(),
+    def train_dataloader(self) -> ResumableLoader:
+        # The order of epoch e is a function of (seed, e) and the loader's position is checkpointed, so a
+        # resumed run sees the batches of an uninterrupted one. Under DDP the sampler shards by rank itself.
+        trainer = self.trainer
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        dataset = self.train_dataset()
+        if len(dataset) < self.batch_size * replicas:
+            raise DataError(
+                f"the train stream holds {len(dataset)} windows, fewer than batch_size={self.batch_size} on each of "
+                f"{replicas} devices; use a smaller batch_size or seq_len, or more training data"
+            )
+        return ResumableLoader(
+            dataset,
             batch_size=self.batch_size,
-            shuffle=True,
-            generator=self._train_generator,
+            sampler=ResumableSampler(dataset, self.batch_size, self.seed, replicas, rank),
             drop_last=True,  # constant batch shape; train_dataset() guarantees at least one batch
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # a loader of its own: the workers' base seed never draws from torch's global RNG
+            generator=torch.Generator().manual_seed(self.seed),
+            progress=self._trained_batches,
         )
+
+    def _trained_batches(self) -> tuple[int, int] | None:
+        """(epoch, batches of it trained on) from the trainer; None outside ``fit``."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != "fit":
+            return None
+        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(
@@ -284,9 +386,10 @@ class TokenStreamDataModule(L.LightningDataModule):
             "eval_blocks": {str(k): dict(v) for k, v in sorted(self.eval_counts.items())},
         }
 
+    # The train position is the train loader's state (:class:`ResumableLoader`); the data module itself holds
+    # nothing that changes while training (checkpoints of earlier versions stored a generator here: ignored).
     def state_dict(self) -> dict:
-        return {"train_generator": self._train_generator.get_state()}
+        return {}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        if "train_generator" in state_dict:
-            self._train_generator.set_state(state_dict["train_generator"])
+        pass

@@ -494,10 +494,4 @@ def test_cli_fit_on_a_jsonl_file(sources, tmp_path):
     assert data["source"] == "local" and data["path"] == str(sources["jsonl"]) and len(data["fingerprint"]) == 64
 
 
-def test_cli_missing_column_exits_2(sources, tmp_path, capsys):
-    from accrot.cli import main
-
-    assert main(cli_args(sources["jsonl"], tmp_path, "--data.init_args.column=txt")) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == "accrot: error: column 'txt' is not in 'corpus.jsonl'; columns: text, id; pass column=<one of them>"
-    assert not list((tmp_path / "runs").glob("*/version_*"))
+# a missing column through `accrot fit` (exit 2, one line): a row of tests/test_bad_inputs.py

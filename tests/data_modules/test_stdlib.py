@@ -169,31 +169,56 @@ def test_train_order_is_reproducible_per_seed(tmp_path):
     assert not torch.equal(first_epochs(1)[0], e0)  # seeds differ
 
 
-def test_state_dict_resumes_the_shuffle(tmp_path):
+def _consume(loader, k: int) -> list[torch.Tensor]:
+    """The first ``k`` batches of successive epochs (a loop broken off mid-epoch, as a kill would)."""
+    out: list[torch.Tensor] = []
+    while len(out) < k:
+        for x, _ in loader:
+            out.append(x)
+            if len(out) == k:
+                break
+    return out
+
+
+def test_train_loader_state_resumes_the_order_mid_epoch(tmp_path):
+    """The loader's state (what Lightning checkpoints) continues the same order from any batch: mid-epoch,
+    at the epoch's end and in the next epoch."""
     root = write_corpus(tmp_path)
-    dm = tiny(root, seq_len=8)
-    first = [x for x, _ in dm.train_dataloader()]
-    state = dm.state_dict()
-    second = torch.cat([x for x, _ in dm.train_dataloader()])
-    resumed = tiny(root, seq_len=8)
-    resumed.load_state_dict(state)
-    assert first and torch.equal(torch.cat([x for x, _ in resumed.train_dataloader()]), second)
+    make = lambda: tiny(root, seq_len=8, batch_size=2).train_dataloader()  # noqa: E731
+    n = len(make())
+    whole = _consume(make(), 2 * n)
+    assert n >= 3 and not torch.equal(torch.cat(whole[:n]), torch.cat(whole[n:]))  # epochs differ
+    for cut in (1, n - 1, n, n + 2):
+        loader = make()
+        assert all(torch.equal(a, b) for a, b in zip(_consume(loader, cut), whole))
+        state = loader.state_dict()
+        resumed = make()
+        resumed.load_state_dict(state)
+        rest = _consume(resumed, 2 * n - cut)
+        assert all(torch.equal(a, b) for a, b in zip(rest, whole[cut:])), cut
 
 
-def test_train_loader_survives_lightnings_distributed_sampler(tmp_path):
+def test_train_loader_shards_by_rank_under_ddp(tmp_path):
+    """Under DDP the data module's sampler is a DistributedSampler (so Lightning keeps it) that gives each
+    rank a disjoint share of the epoch; the loader can still be rebuilt with another sampler."""
+    from types import SimpleNamespace
+
     from lightning.pytorch.utilities.data import _update_dataloader
 
-    dm = tiny(write_corpus(tmp_path), seq_len=8, batch_size=2)
-    loader = dm.train_dataloader()
     seen = []
-    for rank in range(2):  # what Lightning does under DDP: same loader, its sampler swapped
-        sampler = DistributedSampler(loader.dataset, num_replicas=2, rank=rank, shuffle=True, seed=0)
-        ddp = _update_dataloader(loader, sampler)
-        assert ddp.batch_size == 2 and ddp.drop_last
-        seen.append(list(iter(ddp.sampler)))
-        x, y = next(iter(ddp))
+    for rank in range(2):
+        dm = tiny(write_corpus(tmp_path), seq_len=8, batch_size=2)
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, state=SimpleNamespace(fn="fit"), current_epoch=0,
+                                     fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(
+                                         batch_progress=SimpleNamespace(current=SimpleNamespace(processed=0)))))
+        loader = dm.train_dataloader()
+        assert isinstance(loader.sampler, DistributedSampler) and loader.batch_size == 2 and loader.drop_last
+        seen.append(list(iter(loader.sampler)))
+        x, y = next(iter(loader))
         assert x.shape == y.shape == (2, 8) and x.dtype == torch.int64
-    assert not set(seen[0]) & set(seen[1])
+        other = _update_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=rank))
+        assert next(iter(other))[0].shape == (2, 8)
+    assert not set(seen[0]) & set(seen[1]) and len(seen[0]) == len(seen[1])
 
 
 def test_max_train_tokens_caps_the_train_stream(tmp_path):
