@@ -2,6 +2,11 @@
 
 Gradient clipping is the Trainer's (``trainer.gradient_clip_val`` in the shipped configs), so it is
 logged and applied the same way under every precision and strategy.
+
+A non-finite training loss, or a non-finite gradient before the optimiser step, stops the run at once with
+:class:`FloatingPointError` naming the step and the tensor (the loss, or the parameter whose gradient went
+bad): a diverged run must never keep training on NaNs. The gradient check is off under a GradScaler
+(``16-mixed``), whose skipped inf steps are expected.
 """
 
 from __future__ import annotations
@@ -90,8 +95,30 @@ class LitLM(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self._step(batch, self.train_ppl, "train")
+        if not torch.isfinite(loss):  # one host sync per step; a NaN never reaches the weights
+            raise FloatingPointError(
+                f"the training loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
+                f"batch {batch_idx}); lower model.lr or set trainer.gradient_clip_val"
+            )
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Stop on the first non-finite gradient (before clipping), naming its parameter."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return  # a GradScaler skips inf steps and lowers its scale: expected, not a divergence
+        named = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
+        if not named:
+            return
+        finite = torch.stack([torch.isfinite(g).all() for _, g in named])  # [n_params] bool, one sync below
+        if bool(finite.all()):
+            return
+        name, grad = named[int((~finite).nonzero()[0])]
+        kind = "NaN" if bool(torch.isnan(grad).any()) else "Inf"
+        raise FloatingPointError(
+            f"the gradient of {name} has {kind} values at step {self.global_step} (epoch {self.current_epoch}); "
+            "lower model.lr or set trainer.gradient_clip_val"
+        )
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._step(batch, self.val_ppl, "val")
