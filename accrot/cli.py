@@ -5,11 +5,18 @@
 ``accrot demo`` trains the tiny model under several schemes and compares their extrapolation;
 ``accrot bench`` prints side-by-side timing ratios.
 
-Every bad input ends with one line ``accrot: error: ...`` and exit status 2 (DESIGN §7).
+``accrot fit --resume RUN_DIR`` continues a run (killed, preempted, or finished with a larger
+``--trainer.max_steps``) in its own directory from ``checkpoints/last.ckpt``; ``--ckpt_path last`` does the
+same for the newest run of the name the command would write (and starts a new run when there is none).
+A resumed run ends with exactly the metrics of an uninterrupted one (:mod:`accrot.resume`).
+
+Every bad input ends with one line ``accrot: error: ...`` and exit status 2 (DESIGN §7); a run that
+diverges (a non-finite loss or gradient) ends with one line and exit status 1, its run directory kept.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -21,6 +28,9 @@ from accrot.position.config import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1  # the input was fine but the run failed (it diverged)
+# an output directory that cannot be written (read-only, not a directory, full) is bad input, not a bug
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
 
 
 class UsageError(ValueError):
@@ -43,12 +53,17 @@ def bad_input_message(err: BaseException) -> str | None:
     for e in chain:
         if isinstance(e, ArgumentError):
             return one_line(str(e))
+    for e in chain:  # an output folder that cannot be written (or filled) mid-run
+        if isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename:
+            return f"cannot write {str(e.filename)!r} ({e.strerror}); pass a writable --root with free space"
     return None
 
 
 _EXPECTED = re.compile(r"Expected an? (?P<type>.*?)\. Got value: (?P<value>[^\n;]*)")
 _LITERAL = re.compile(r"typing\.Literal\[(?P<choices>.*)\]")
 _KEY = re.compile(r'Parser key "(?P<key>[\w.]+)"')
+_UNION = re.compile(r"Does not validate against any of the Union subtypes; Subtypes: \[.*?\]; Errors:; "
+                    r"(?P<errors>.+?)(; Expected a <class 'NoneType'>.*)?$")
 
 
 def one_line(message: str) -> str:
@@ -65,11 +80,14 @@ def one_line(message: str) -> str:
         else:
             valid = "expected " + re.sub(r"<class '(.*?)'>", r"\1", kind)
         return f"{key}={expected.group('value').strip()!r} is not valid; {valid}"
-    lines = [ln.strip(" -") for ln in message.splitlines() if ln.strip(" -")]
+    lines = [re.sub(r"^- ", "", ln.strip()) for ln in message.splitlines() if ln.strip(" -")]
     # jsonargparse nests "Problem with given class_path ..." / "Parser key ...": keep the informative parts
     lines = [ln for ln in lines if not ln.startswith(("Given value type", "Subcommand", "tip:"))]
-    text = "; ".join(dict.fromkeys(lines))
-    return re.sub(r"\s+", " ", text)[:600]
+    text = re.sub(r"\s+", " ", "; ".join(dict.fromkeys(lines)))
+    union = _UNION.match(text)
+    if union:  # a class's own error, wrapped by jsonargparse's Union matching: keep that error alone
+        text = union.group("errors")
+    return text[:600]
 
 
 def config_path(name: str) -> Path:
@@ -89,16 +107,42 @@ def config_path(name: str) -> Path:
 # ---------------------------------------------------------------------------------------------------
 def _make_cli_class():
     import lightning as L
-    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+    from lightning.pytorch.utilities import rank_zero_info
 
     from accrot.lit import LitLM
+    from accrot.resume import (
+        AtomicCheckpointIO,
+        ResumableCSVLogger,
+        check_fits,
+        last_checkpoint,
+        latest_resumable_run,
+        read_checkpoint,
+        remove_partials,
+    )
+    from callbacks.checkpoint import make_resumable
     from callbacks.extrapolation import ExtrapolationCallback
     from callbacks.run_record import RunRecord
     from data_modules import TokenStreamDataModule
 
+    class AccrotSaveConfig(SaveConfigCallback):
+        """The saved ``config.yaml`` re-runs the run from scratch: it never names a checkpoint to start from
+        (``run.json`` records the one a run started or resumed from)."""
+
+        def __init__(self, parser, config, *args, **kwargs) -> None:
+            config = config.clone()
+            for key in ("ckpt_path", "resume"):
+                if key in config:
+                    config[key] = None
+            super().__init__(parser, config, *args, **kwargs)
+
     class AccrotCLI(LightningCLI):
-        """LightningCLI with accrot's run layout: ``<root>/<name>/version_N/`` holds everything of a run."""
+        """LightningCLI with accrot's run layout: ``<root>/<name>/version_N/`` holds everything of a run.
+
+        ``resume_dir`` (set by :func:`run_lightning` for ``--resume``) makes the loggers reopen that run
+        directory instead of opening a new version."""
+
+        resume_dir: Path | None = None
 
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
             parser.add_argument("--name", type=str | None, default=None,
@@ -106,6 +150,9 @@ def _make_cli_class():
             parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
             parser.add_argument("--wandb", type=str, default="auto",
                                 help="auto (online if logged in, else offline), online, offline or disabled")
+            parser.add_argument("--resume", type=str | None, default=None,
+                                help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
+                                     "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
             parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
             # the vocabulary is the data's (bytes: 256; a synthetic task or HF tokenizer: its own size)
             parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -140,21 +187,53 @@ def _make_cli_class():
                 hint = "run with --help for the valid keys"
             return f"unknown key {key!r}; {hint}"
 
+        def _parse_ckpt_path(self) -> None:
+            """Lightning would overwrite the config's model with the checkpoint's hyperparameters, silently
+            dropping ``--model.*`` overrides; accrot checks the checkpoint against the config instead and
+            refuses one that does not fit (:meth:`_checkpoint_to_load`)."""
+
+        def instantiate_classes(self) -> None:
+            from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+            from data_modules import DataError
+
+            try:
+                super().instantiate_classes()
+            except (UsageError, ConfigError, DataError):
+                raise
+            except (ValueError, MisconfigurationException) as err:
+                # a constructor refusing its arguments (a callback's, the Trainer's): bad input, one line
+                raise UsageError(one_line(str(err))) from err
+
         def before_instantiate_classes(self) -> None:
             cfg = self.config.get(self.subcommand, self.config)
             if cfg.get("wandb") not in ("auto", "online", "offline", "disabled"):
                 raise UsageError(f"--wandb={cfg.get('wandb')!r} is not valid; choose auto, online, offline or disabled")
+            if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
+                raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
+                                 "on the command line of accrot fit")
 
         def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
             cfg = self.config_init[self.subcommand]
             trainer_cfg = cfg["trainer"]
+            io = self._checkpoint_io(trainer_cfg, kwargs)
+            checkpoint = self._checkpoint_to_load(cfg, io)
+            resumed = self.resume_dir is not None and checkpoint is not None
+            record = (checkpoint or {}).get("accrot") or {}
             if trainer_cfg.get("logger") in (None, True):
-                kwargs["logger"] = self._loggers(cfg)
+                kwargs["logger"] = self._loggers(cfg, keep_rows=record.get("metrics_rows") if resumed else None,
+                                                 wandb_id=record.get("wandb_id") if resumed else None)
                 if trainer_cfg.get("default_root_dir") is None:
                     # fast_dev_run swaps the loggers for a dummy: files still land in the run directory
                     kwargs["default_root_dir"] = str(self.run_dir)
-            callbacks = list(trainer_cfg.get("callbacks") or [])
-            callbacks.append(RunRecord())
+            elif self.resume_dir is not None:
+                raise UsageError("--resume needs accrot's own loggers; remove trainer.logger from the config")
+            if resumed:
+                remove_partials(self.resume_dir / "checkpoints")
+                rank_zero_info(f"resuming {self.resume_dir} at step {checkpoint.get('global_step')}")
+            callbacks = [make_resumable(c) for c in (trainer_cfg.get("callbacks") or [])]
+            start = {"ckpt_path": str(cfg.get("ckpt_path")), "step": checkpoint.get("global_step")} if checkpoint else None
+            callbacks.append(RunRecord(resumed=resumed, start=start))
             if trainer_cfg.get("enable_progress_bar") is not False:
                 from lightning.pytorch.callbacks import RichProgressBar
 
@@ -163,16 +242,63 @@ def _make_cli_class():
             trainer_cfg["callbacks"] = callbacks
             return super().instantiate_trainer(**kwargs)
 
-        def _loggers(self, cfg) -> list:
-            model: LitLM = cfg["model"]
-            scheme = model.scheme_config
-            name = cfg.get("name") or "-".join(
+        @staticmethod
+        def _checkpoint_io(trainer_cfg, kwargs) -> AtomicCheckpointIO | None:
+            """Atomic checkpoint writes by default (a config that brings its own CheckpointIO keeps it)."""
+            from lightning.fabric.plugins import CheckpointIO
+
+            plugins = kwargs.get("plugins", trainer_cfg.get("plugins"))
+            plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+            mine = next((p for p in plugins if isinstance(p, AtomicCheckpointIO)), None)
+            if mine is None and not any(isinstance(p, CheckpointIO) for p in plugins):
+                mine = AtomicCheckpointIO()
+                plugins.append(mine)
+            kwargs["plugins"] = plugins
+            return mine
+
+        def run_name(self, cfg) -> str:
+            scheme = cfg["model"].scheme_config
+            return cfg.get("name") or "-".join(
                 [scheme.rotation, scheme.far_mass] + (["values"] if scheme.rotate_values else [])
             )
-            csv = CSVLogger(save_dir=cfg.get("root", "runs"), name=name)
-            self.run_dir = Path(csv.log_dir)
-            if not self.run_dir.exists():
-                _CREATED.append(self.run_dir)
+
+        def _checkpoint_to_load(self, cfg, io: AtomicCheckpointIO | None) -> dict | None:
+            """Resolve ``--ckpt_path last`` to the newest resumable run of this name; read and check the
+            checkpoint a command starts from (one line for a missing, corrupt or mismatched one)."""
+            ckpt = cfg.get("ckpt_path")
+            if self.subcommand == "fit" and ckpt == "last" and self.resume_dir is None:
+                found = latest_resumable_run(cfg.get("root", "runs"), self.run_name(cfg))
+                if found is None:
+                    rank_zero_info(f"--ckpt_path last: no checkpoint under "
+                                   f"{Path(cfg.get('root', 'runs'), self.run_name(cfg))}; starting a new run")
+                    cfg["ckpt_path"] = None
+                    return None
+                self.resume_dir = found.resolve()
+                cfg["ckpt_path"] = ckpt = str(last_checkpoint(found))
+            if ckpt is None or ckpt in ("best", "last", "hpc", "registry") or "://" in str(ckpt):
+                return None  # Lightning's own lookups and remote paths
+            try:
+                checkpoint = read_checkpoint(ckpt)
+            except ValueError as err:
+                raise UsageError(str(err)) from None
+            reason = check_fits(checkpoint, cfg["model"], ckpt)
+            if reason:
+                raise UsageError(reason)
+            if io is not None:
+                io.preload(ckpt, checkpoint)  # Lightning's restore takes it from memory: read once
+            return checkpoint
+
+        def _loggers(self, cfg, keep_rows: int | None = None, wandb_id: str | None = None) -> list:
+            global _LAST_RUN_DIR
+            name = self.run_name(cfg)
+            if self.resume_dir is not None:  # the same folder: metrics appended after the checkpoint's rows
+                run = self.resume_dir
+                csv = ResumableCSVLogger(save_dir=str(run.parent.parent), name=run.parent.name, version=run.name,
+                                         keep_rows=keep_rows if keep_rows is not None else 10**12)
+            else:
+                csv = ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=name)
+            self.run_dir = _LAST_RUN_DIR = Path(csv.log_dir)
+            _make_run_dir(self.run_dir)
             loggers = [csv]
             mode = wandb_mode(cfg.get("wandb", "auto"))
             if mode != "disabled" and self.subcommand == "fit":
@@ -180,8 +306,9 @@ def _make_cli_class():
 
                 os.environ["WANDB_MODE"] = mode  # WandbLogger(offline=...) would override WANDB_MODE=disabled
                 csv.experiment  # noqa: B018 - the CSV writer claims the new run directory before wandb fills it
+                resume = {"id": wandb_id, "resume": "allow"} if wandb_id else {}
                 loggers.append(WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
-                                           project=os.environ.get("WANDB_PROJECT", "accrot")))
+                                           project=os.environ.get("WANDB_PROJECT", "accrot"), **resume))
             return loggers
 
         def before_fit(self) -> None:
@@ -190,6 +317,7 @@ def _make_cli_class():
                 if isinstance(cb, ExtrapolationCallback):
                     cb.prepare(self.datamodule)
 
+    AccrotCLI.save_config_class = AccrotSaveConfig
     return AccrotCLI, LitLM, TokenStreamDataModule
 
 
@@ -218,11 +346,48 @@ def resolve_config_args(args: list[str]) -> list[str]:
     return out
 
 
+def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
+    """``fit --resume RUN_DIR [overrides]`` → ``fit --config RUN_DIR/config.yaml [overrides] --ckpt_path
+    RUN_DIR/checkpoints/last.ckpt`` and the run directory; other arguments pass through unchanged."""
+    from accrot.resume import last_checkpoint
+
+    where = [i for i, a in enumerate(args) if a == "--resume" or a.startswith("--resume=")]
+    if not where:
+        return args, None
+    i = where[-1]
+    if args[i] == "--resume":
+        if i + 1 >= len(args):
+            raise UsageError("--resume needs a run directory (runs/<name>/version_N)")
+        value, rest = args[i + 1], args[:i] + args[i + 2 :]
+    else:
+        value, rest = args[i].split("=", 1)[1], args[:i] + args[i + 1 :]
+    if not rest or rest[0] != "fit":
+        raise UsageError("--resume is an option of accrot fit: accrot fit --resume RUN_DIR")
+    clash = [a for a in rest if a in ("-c", "--config", "--ckpt_path", "--resume")
+             or a.startswith(("--config=", "--ckpt_path=", "--resume="))]
+    if clash:
+        raise UsageError(f"--resume takes the run's own config.yaml and last checkpoint; drop {clash[0].split('=')[0]} "
+                         "(overrides such as --trainer.max_steps=N are fine)")
+    run = Path(value)
+    if not run.is_dir():
+        raise UsageError(f"--resume {value!r} is not a directory; pass a run directory such as runs/rope-none/version_0")
+    if not (run / "config.yaml").is_file():
+        raise UsageError(f"--resume {value!r} has no config.yaml; it is not an accrot run directory")
+    ckpt = last_checkpoint(run)
+    if not ckpt.is_file():
+        raise UsageError(f"--resume {value!r} has no checkpoints/last.ckpt (the run stopped before its first "
+                         "checkpoint); start it again")
+    return ["fit", "--config", str(run / "config.yaml"), *rest[1:], f"--ckpt_path={ckpt}"], run.resolve()
+
+
 def run_lightning(args: list[str]):
     """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``)."""
+    global _LAST_RUN_DIR
     AccrotCLI, LitLM, TokenStreamDataModule = _make_cli_class()
-    args = resolve_config_args(args)
     _CREATED.clear()
+    _LAST_RUN_DIR = None
+    args, AccrotCLI.resume_dir = resume_args(list(args))
+    args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
     try:
         cli = AccrotCLI(
@@ -231,13 +396,16 @@ def run_lightning(args: list[str]):
             subclass_mode_data=True,
             args=args,
             parser_kwargs={"exit_on_error": False},
+            save_config_callback=AccrotCLI.save_config_class,
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,
         )
-    except BaseException:
-        # nothing half-written: a run that failed before its first checkpoint leaves no directory behind
-        for run_dir in _CREATED:
-            _remove_if_incomplete(run_dir)
+    except BaseException as err:
+        # nothing half-written: a run that failed before its first checkpoint leaves no directory behind;
+        # a diverged run keeps its directory (its metrics show how it diverged)
+        if not isinstance(err, FloatingPointError):
+            for created in reversed(_CREATED):
+                _remove_if_incomplete(created)
         raise
     finally:
         sys.argv = argv0
@@ -253,13 +421,52 @@ def _finish_wandb() -> None:
         wandb.finish()
 
 
-_CREATED: list[Path] = []  # run directories this process's current command created
+_CREATED: list[Path] = []  # directories this process's current command created (outermost first)
+_LAST_RUN_DIR: Path | None = None  # the run directory of the current command (for the divergence message)
 
 
-def _remove_if_incomplete(run_dir: Path) -> None:
-    run_dir = Path(run_dir)
-    if run_dir.exists() and not any(run_dir.glob("checkpoints/*.ckpt")):
-        shutil.rmtree(run_dir, ignore_errors=True)
+def _make_run_dir(run_dir: Path) -> None:
+    """Create the run directory now (recording what this command created) and prove it writable, so an
+    unwritable or full output folder is one line before anything runs."""
+    missing, p = [], Path(run_dir).absolute()
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    _CREATED.extend(reversed(missing))
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        _write_probe(Path(run_dir) / f".accrot-write-probe-{os.getpid()}")
+    except OSError as err:
+        raise UsageError(f"cannot write the run directory {str(run_dir)!r} ({err.strerror or err}); pass a writable "
+                         "--root with free space") from None
+
+
+def _write_probe(path: Path) -> None:
+    """Write and fsync 4 KiB (an unwritable or full folder fails here), then remove it."""
+    try:
+        with open(path, "wb") as fh:
+            fh.write(b"\0" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        if path.exists():
+            path.unlink()
+
+
+def _remove_if_incomplete(path: Path) -> None:
+    """Remove a run directory this command created unless it holds a checkpoint; a parent folder it
+    created only if that is empty (another process may be writing a run of its own beside)."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if _LAST_RUN_DIR is not None and path.resolve() == Path(_LAST_RUN_DIR).resolve():
+        if not any(path.glob("checkpoints/*.ckpt")):
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    try:
+        path.rmdir()
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -379,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
         run_lightning(argv)
         return 0
+    except FloatingPointError as err:  # a diverged run: the input was fine, the run failed
+        kept = f"; its run directory {str(_LAST_RUN_DIR)!r} is kept" if _LAST_RUN_DIR and _LAST_RUN_DIR.exists() else ""
+        print(f"accrot: error: the run diverged: {one_line(str(err))}{kept}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as err:
         message = bad_input_message(err)
         if message is None:

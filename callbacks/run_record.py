@@ -1,4 +1,10 @@
-"""Record what produced a run (STYLE §12): git revision, data fingerprint, versions, seed, scheme facts."""
+"""Record what produced a run (STYLE §12): git revision, data fingerprint, versions, seed, scheme facts.
+
+``run.json`` also says how the run went: ``status`` (``running``, ``finished``, ``failed`` with ``error``), the
+checkpoint it started from, and ``resumes`` (how often ``accrot fit --resume`` continued it, with the step and
+command of each). Every checkpoint carries the ``accrot`` section a resumed run needs: how many rows
+``metrics.csv`` held when it was taken (flushed first) and the wandb run to continue.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import json
 import platform
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
@@ -42,14 +50,29 @@ def versions() -> dict[str, str]:
 
 
 class RunRecord(L.Callback):
-    """Writes ``run.json`` into the run directory at the start of every stage and logs the scheme's facts."""
+    """Writes ``run.json`` into the run directory at the start of every stage and logs the scheme's facts.
+
+    Args:
+        resumed: this process continues the run in its own directory (``accrot fit --resume``).
+        start: ``{"ckpt_path", "step"}`` of the checkpoint the command starts from, if any.
+    """
+
+    def __init__(self, resumed: bool = False, start: dict | None = None) -> None:
+        super().__init__()
+        self.resumed = resumed
+        self.start = start
+        self._record: dict[str, Any] = {}
+        self._path: Path | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule
         schemes = pl_module.model.schemes() if hasattr(pl_module, "model") else []
+        out = Path(trainer.log_dir or trainer.default_root_dir)
+        previous = _read(out / "run.json") if self.resumed else {}
         record = {
             "stage": stage,
-            "command": sys.argv,
+            "status": "running" if stage == "fit" else None,
+            "command": previous.get("command", sys.argv),
             "revision": git_revision(),
             "versions": versions(),
             "seed": _seed(),
@@ -57,6 +80,11 @@ class RunRecord(L.Callback):
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},
             "scheme": schemes[0].describe() if schemes else {},
             "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "started_from": previous.get("started_from", None if self.resumed else self.start),
+            "resumes": int(previous.get("resumes", 0)) + int(self.resumed),
+            "resume_history": list(previous.get("resume_history", [])) + (
+                [{"step": (self.start or {}).get("step"), "time": time.time(), "command": sys.argv}]
+                if self.resumed else []),
         }
         hparams = {"revision": record["revision"], "data_fingerprint": record["data"].get("fingerprint")}
         window = record["scheme"].get("mixing_window")
@@ -68,10 +96,46 @@ class RunRecord(L.Callback):
             )
         for logger in trainer.loggers:
             logger.log_hyperparams(hparams)
+        self._record, self._path = record, out / "run.json"
         if trainer.is_global_zero:
-            out = Path(trainer.log_dir or trainer.default_root_dir)
             out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(out / "run.json", json.dumps(record, indent=1, default=str))
+            self._write()
+
+    def _write(self) -> None:
+        atomic_write_text(self._path, json.dumps(self._record, indent=1, default=str))
+
+    def _finish(self, trainer: L.Trainer, **fields: Any) -> None:
+        if trainer.is_global_zero and self._path is not None:
+            self._record.update(fields)
+            self._write()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._finish(trainer, status="finished", step=trainer.global_step)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._finish(trainer, status="failed", step=trainer.global_step,
+                     error=f"{type(exception).__name__}: {' '.join(str(exception).split())[:500]}")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """What a resumed run needs beside Lightning's state; the CSV rows are flushed first, so every row
+        the count covers is on disk before the checkpoint is."""
+        from accrot.resume import RECORD_KEY, ResumableCSVLogger
+
+        section: dict[str, Any] = {"resumes": self._record.get("resumes", 0)}
+        for logger in trainer.loggers:
+            if isinstance(logger, ResumableCSVLogger) and trainer.is_global_zero:
+                logger.save()
+                section["metrics_rows"] = logger.rows
+            elif type(logger).__name__ == "WandbLogger" and trainer.is_global_zero:
+                section["wandb_id"] = logger.version
+        checkpoint[RECORD_KEY] = section
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _seed() -> int | None:

@@ -1,5 +1,6 @@
 """The ``accrot`` command end to end: every shipped config runs, runs record what produced them, bad
-input ends with one line and exit status 2 leaving nothing behind, ``accrot eval`` reads a checkpoint."""
+input ends with one line and exit status 2 from the shell, ``accrot eval`` reads a checkpoint (the whole
+bad-input catalogue is tests/test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -80,27 +81,7 @@ def test_eval_command_on_checkpoint(trained_run, tmp_path, capsys):
     assert doc["final"]["lengths"][0]["nll"] == pytest.approx(trained["nll"], rel=1e-6)
 
 
-BAD_INPUTS = {
-    "unknown-key": (["--model.d_modle=3"], "unknown key 'model.d_modle'; did you mean model.d_model"),
-    "unknown-scheme-value": (["--model.scheme.rotation=bogus"], "model.scheme.rotation='bogus' is not valid; choose one of"),
-    "impossible-combination": (["--model.scheme.increments=learned"], "increments='learned' needs rotation='accum'"),
-    "eval-length-too-long": (["--extrapolation.multipliers=[100000]"], "evaluation length 12800000 needs"),
-    "missing-data-root": (["--data.init_args.root=/nonexistent/accrot"], "data root '/nonexistent/accrot' does not exist"),
-    "wrong-type": (["--data.init_args.seq_len=abc"], "data.seq_len='abc' is not valid; expected int"),
-    "missing-config": (["--config=/nonexistent/x.yaml"], "/nonexistent/x.yaml"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_exit_2_and_leaves_nothing(case, tmp_path, capsys):
-    extra, expected = BAD_INPUTS[case]
-    root = tmp_path / "runs"
-    rc = main(["fit", "--config", "tiny", f"--root={root}", "--trainer.max_steps=1", *QUICK, *extra])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2
-    assert err[-1].startswith("accrot: error: ") and expected in err[-1], err
-    assert not any("Traceback" in line for line in err)
-    assert not root.exists() or not any(root.rglob("*")), list(root.rglob("*"))
+# the bad-input catalogue (every row through main, exit 2, one line, nothing left): tests/test_bad_inputs.py
 
 
 def test_bad_input_from_the_shell(tmp_path):
@@ -113,17 +94,6 @@ def test_bad_input_from_the_shell(tmp_path):
     assert lines[-1] == ("accrot: error: model.scheme.rotation='x' is not valid; choose one of "
                          "'none', 'rope', 'accum', 'path'")
     assert "Traceback" not in res.stderr
-
-
-def test_eval_rejects_missing_and_corrupt_checkpoints(tmp_path, capsys):
-    assert main(["eval", "--ckpt", str(tmp_path / "none.ckpt")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    run = tmp_path / "r" / "checkpoints"
-    run.mkdir(parents=True)
-    (run / "bad.ckpt").write_bytes(b"not a checkpoint")
-    (run.parent / "config.yaml").write_text((CONFIG_DIR / "tiny.yaml").read_text())
-    assert main(["eval", "--ckpt", str(run / "bad.ckpt")]) == 2
-    assert "is not a readable accrot checkpoint" in capsys.readouterr().err
 
 
 def test_help_lists_scheme_keys(capsys):

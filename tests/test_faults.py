@@ -1,0 +1,238 @@
+"""Nothing lost (issue #9): runs killed with SIGKILL resume to exactly the uninterrupted run, checkpoints are
+written atomically, the same config and seed give the same metrics, and a run that diverges stops at once,
+naming the step and the tensor. The bad-input catalogue is tests/test_bad_inputs.py; sweep faults are in
+tests/test_sweep.py; `.venv/bin/python tests/fault_injection.py` prints the figures."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+
+from accrot.cli import main
+from accrot.resume import PARTIAL, AtomicCheckpointIO
+from tests.fault_injection import SCHEMES, differences, kill_and_resume, numbers, rows
+
+QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--model.d_model=32",
+         "--extrapolation.multipliers=[1,2]", "--extrapolation.budget_tokens=512", "--trainer.limit_val_batches=1"]
+
+
+def checkpoint_every(n: int) -> str:
+    return ("--trainer.callbacks=[{class_path: lightning.pytorch.callbacks.ModelCheckpoint, "
+            f"init_args: {{save_last: true, every_n_train_steps: {n}, save_top_k: 0}}}}]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# atomic checkpoints
+# ---------------------------------------------------------------------------------------------------
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"step": 1}, path)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as err:
+        io.save_checkpoint({"step": 2}, path)
+    assert err.value.errno == errno.ENOSPC and err.value.filename == str(path)  # the CLI names the file
+    assert torch.load(path, weights_only=False) == {"step": 1}
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]  # no partial file left
+
+
+_SAVER = """
+import sys, torch
+from accrot.resume import AtomicCheckpointIO
+io, step = AtomicCheckpointIO(), 0
+while True:
+    step += 1
+    io.save_checkpoint({"step": step, "w": torch.full((16, 1024, 1024), float(step))}, sys.argv[1])
+"""
+
+
+def test_sigkill_during_a_save_never_corrupts_the_checkpoint(tmp_path):
+    """A process saving 64 MB checkpoints in a loop is SIGKILLed while a save is being written (its partial
+    file exists): the checkpoint on disk is a complete earlier one."""
+    path = tmp_path / "last.ckpt"
+    for _ in range(2):
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], cwd=Path(__file__).parent.parent)
+        try:
+            deadline = time.time() + 120
+            while not (path.exists() and any(tmp_path.glob(f"last.ckpt{PARTIAL}*"))):
+                assert proc.poll() is None and time.time() < deadline
+                time.sleep(0.001)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        state = torch.load(path, weights_only=False)
+        assert state["step"] >= 1 and torch.equal(state["w"], torch.full((16, 1024, 1024), float(state["step"])))
+
+
+# ---------------------------------------------------------------------------------------------------
+# SIGKILL, resume, and compare with an uninterrupted run
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", [
+    "NoPE",
+    pytest.param("accum-learned-values", marks=pytest.mark.slow),
+    pytest.param("PaTH", marks=pytest.mark.slow),
+])
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(scheme, tmp_path):
+    """Real processes: `accrot fit` SIGKILLed as soon as its first checkpoint exists, then `accrot fit
+    --resume RUN_DIR`: metrics.csv, extrapolation.json numbers and final weights equal the uninterrupted run's."""
+    assert scheme in SCHEMES
+    result = kill_and_resume(tmp_path, scheme)
+    assert result.killed_at < result.max_steps, "the run finished before the kill: nothing was tested"
+    assert result.resumes == 1
+    assert result.match, result.differences
+    assert not list((tmp_path / "killed").glob("version_1"))  # resumed in place, not into a new version
+
+
+class CrashOnce(L.Callback):
+    """Raise at the start of step ``step`` (once per process): a run that dies after its checkpoint."""
+
+    fired = False
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and not CrashOnce.fired:
+            CrashOnce.fired = True
+            raise RuntimeError(f"crash at step {self.step}")
+
+
+@pytest.mark.parametrize("every", [4, pytest.param(3, marks=pytest.mark.slow)],
+                         ids=["checkpoint-at-epoch-end", "checkpoint-mid-epoch"])
+def test_resume_across_epochs_with_ckpt_path_last(every, tmp_path):
+    """Epochs of 4 batches, a run that dies at step 10 after its checkpoint at step 8 (an epoch's end) or 9
+    (inside an epoch), resumed by re-running its command with `--ckpt_path last`: the same run directory, and
+    exactly the metrics of the uninterrupted run (the data order of later epochs included)."""
+    args = ["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=14", *QUICK,
+            "--data.init_args.max_train_tokens=8385", "--trainer.val_check_interval=5", "--trainer.log_every_n_steps=1",
+            "--extrapolation.every_n_steps=5", "--trainer.deterministic=true", checkpoint_every(every)]
+    assert main([*args, "--name=reference"]) == 0
+    crash = [f"--trainer.callbacks+={json.dumps({'class_path': 'tests.test_faults.CrashOnce', 'init_args': {'step': 10}})}"]
+    CrashOnce.fired = False
+    with pytest.raises(RuntimeError, match="crash at step 10"):
+        main([*args, *crash, "--name=crashed"])
+    run = tmp_path / "crashed" / "version_0"
+    assert json.loads((run / "run.json").read_text())["status"] == "failed"
+    assert len(rows(run / "metrics.csv")) > 10  # rows after the checkpoint: dropped on resume
+    assert main([*args, *crash, "--name=crashed", "--ckpt_path=last"]) == 0
+    assert sorted(p.name for p in (tmp_path / "crashed").iterdir()) == ["version_0"]
+    reference = tmp_path / "reference" / "version_0"
+    assert {r["epoch"] for r in rows(reference / "metrics.csv")} >= {"0", "1", "2", "3"}  # epochs were crossed
+    assert differences(reference, run) == []
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "finished" and record["resumes"] == 1
+    assert record["resume_history"][0]["step"] == 12 - every  # the checkpoint before the crash: 8 or 9
+
+
+def test_ckpt_path_last_without_a_run_starts_a_new_one(tmp_path):
+    assert main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=2", *QUICK,
+                 "--ckpt_path=last"]) == 0
+    (run,) = tmp_path.glob("none-none/version_*")
+    assert json.loads((run / "run.json").read_text())["resumes"] == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# determinism
+# ---------------------------------------------------------------------------------------------------
+def test_same_config_and_seed_give_identical_metrics(tmp_path):
+    """Random increments, random data order: twice the same numbers with one seed, others with another;
+    run.json records the seed seed_everything set."""
+    args = ["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=6", *QUICK,
+            "--trainer.log_every_n_steps=1", "--model.scheme.rotation=accum",
+            "--model.scheme.increments=random_position", "--trainer.deterministic=true"]
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        assert main([*args, f"--name={name}", f"--seed_everything={seed}"]) == 0
+    a, b, c = (tmp_path / n / "version_0" for n in "abc")
+    assert rows(a / "metrics.csv") == rows(b / "metrics.csv")
+    assert numbers(a / "extrapolation.json") == numbers(b / "extrapolation.json")
+    assert rows(a / "metrics.csv") != rows(c / "metrics.csv")
+    assert [json.loads((d / "run.json").read_text())["seed"] for d in (a, b, c)] == [3, 3, 4]
+
+
+def test_random_increments_have_one_stream_per_layer_saved_with_the_weights():
+    """Training draws come from (seed, layer, draw count), never from torch's global RNG; the count is part
+    of the state dict, so restoring it replays the next draw (what a resumed run does)."""
+    from accrot.model import ModelConfig, Transformer
+    from accrot.position import SchemeConfig
+
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2,
+                      scheme=SchemeConfig(rotation="accum", increments="random_position"))
+    model = Transformer(cfg).train()
+    x, tokens = torch.zeros(1, 8, 16), torch.zeros(1, 8, dtype=torch.long)
+    first, second = (s.rotation for s in model.schemes())
+    assert not torch.equal(first.increments(x, tokens), second.increments(x, tokens))  # layers differ
+    state = model.state_dict()
+    torch.manual_seed(1)
+    draw = first.increments(x, tokens)
+    torch.manual_seed(2)
+    model.load_state_dict(state)
+    assert torch.equal(first.increments(x, tokens), draw)
+    assert not torch.equal(first.increments(x, tokens), draw)  # the count moved on: a fresh draw
+
+
+# ---------------------------------------------------------------------------------------------------
+# numerical faults
+# ---------------------------------------------------------------------------------------------------
+def test_divergence_stops_the_run_with_its_step_and_keeps_the_run_directory(tmp_path, capsys):
+    rc = main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=20", *QUICK,
+               "--model.lr=1e6", "--model.warmup_steps=1", "--trainer.gradient_clip_val=null",
+               "--trainer.log_every_n_steps=1", checkpoint_every(1)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1, err[-3:]
+    assert err[-1].startswith("accrot: error: the run diverged: the ") and " at step " in err[-1]
+    assert ("the training loss is" in err[-1]) or ("the gradient of" in err[-1])
+    assert not any("Traceback" in line for line in err)
+    (run,) = tmp_path.glob("none-none/version_0")
+    assert f"its run directory '{run}' is kept" in err[-1]
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "metrics.csv").is_file()
+    record = json.loads((run / "run.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("FloatingPointError: the ")
+
+
+def _attached(model: L.LightningModule, **precision) -> L.LightningModule:
+    model._trainer = SimpleNamespace(precision_plugin=SimpleNamespace(**precision), global_step=7, current_epoch=0)
+    return model
+
+
+def test_a_non_finite_gradient_names_its_parameter():
+    from accrot.lit import LitLM
+
+    model = _attached(LitLM(d_model=16, n_layers=1, n_heads=2, vocab_size=32))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    name, param = list(model.named_parameters())[3]
+    param.grad[0] = float("inf")
+    with pytest.raises(FloatingPointError, match=rf"the gradient of {name} has Inf values at step 7"):
+        model.on_before_optimizer_step(None)
+    param.grad[0] = float("nan")
+    with pytest.raises(FloatingPointError, match="has NaN values"):
+        model.on_before_optimizer_step(None)
+    _attached(model, scaler=object()).on_before_optimizer_step(None)  # 16-mixed: the GradScaler's business
+
+
+def test_a_non_finite_loss_names_the_step():
+    from accrot.lit import LitLM
+
+    model = _attached(LitLM(d_model=16, n_layers=1, n_heads=2, vocab_size=32))
+    model.log = lambda *a, **k: None
+    with torch.no_grad():
+        model.model.head.weight.fill_(float("nan"))
+    batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(FloatingPointError, match=r"the training loss is nan at step 7 \(epoch 0, batch 3\)"):
+        model.training_step(batch, 3)
+
