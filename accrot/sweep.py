@@ -689,6 +689,16 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+def _pg_driver() -> str:
+    """``psycopg`` (3) when installed, else ``psycopg2`` (the pinned dev extra), else psycopg for the error."""
+    import importlib.util
+
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return driver
+    return "psycopg"
+
+
 @dataclass
 class StorageRef:
     url: str
@@ -707,7 +717,10 @@ class StorageRef:
                 raise UsageError(f"storage {url!r} is not valid; workers need a file: sqlite:///PATH")
             return cls(f"sqlite:///{path.resolve()}", "sqlite", path.resolve())
         if re.match(r"^postgres(ql)?(\+\w+)?://", url):
-            return cls(re.sub(r"^postgres(ql)?", "postgresql", url), "postgresql")
+            url = re.sub(r"^postgres(ql)?", "postgresql", url)
+            if url.startswith("postgresql://"):  # no driver named: the installed one (SQLAlchemy 2.1 assumes psycopg 3)
+                url = f"postgresql+{_pg_driver()}://" + url[len("postgresql://"):]
+            return cls(url, "postgresql")
         if url.startswith("journal://"):
             path = Path(url[len("journal://"):]).resolve()
             return cls(f"journal://{path}", "journal", path)
@@ -757,8 +770,61 @@ def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retrie
     except UsageError:
         raise
     except Exception as err:  # noqa: BLE001 - OSError, sqlalchemy errors, psycopg2 errors: all unreachable
-        reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
-        raise UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}") from None
+        raise unreachable(ref, err) from None
+
+
+def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
+    reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
+
+
+@contextlib.contextmanager
+def creation_lock(ref: StorageRef, name: str) -> Iterator[None]:
+    """One parent at a time creates the schema and the studies: two sweeps started at once on a fresh storage
+    would race on ``CREATE TABLE`` (the same storage-wide lock as the budget's)."""
+    lock = BudgetLock(ref, name)
+    try:
+        if ref.path is not None:
+            ref.path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except Exception as err:  # noqa: BLE001 - what stops the lock stops the storage: unreachable
+        raise unreachable(ref, err) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+TRANSIENT_GRACE = 180.0  # seconds the parent keeps retrying a storage that went away (a database restart)
+
+
+def transient(err: BaseException) -> bool:
+    """A storage error that a retry may cure: a dropped connection, a restarting server, a locked SQLite."""
+    import sqlalchemy.exc
+
+    return isinstance(err, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
+                            sqlalchemy.exc.InterfaceError, sqlalchemy.exc.DisconnectionError))
+
+
+def retry_storage(fn, what: str, console=None, grace: float = TRANSIENT_GRACE):
+    """``fn()``, retried with backoff while the storage is briefly unavailable (up to ``grace`` seconds)."""
+    deadline, delay = None, 0.5
+    while True:
+        try:
+            return fn()
+        except Exception as err:
+            if not transient(err):
+                raise
+            now = time.time()
+            if deadline is None:
+                deadline = now + grace
+                if console is not None:
+                    console.print(f"[yellow]storage unavailable ({what}: {type(err).__name__}); retrying for up to "
+                                  f"{grace:.0f} s[/]")
+            if now > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
 
 
 class BudgetLock:
@@ -981,15 +1047,15 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
         context = entry.attrs.get("context", {})
 
         def objective(trial):
-            trial.set_user_attr("worker", me)
-            values = sample_space(trial, spec.space, context)
+            attr(trial, "worker", me)
+            values = retry_storage(lambda: sample_space(trial, spec.space, context), "sampling")
             seed = trial.user_attrs.get("seed")
             if seed is None:  # a fresh configuration: queue its other seeds with the same params
                 seed = spec.seeds[0]
-                trial.set_user_attr("seed", seed)
-                trial.set_user_attr("config", trial.number)
+                attr(trial, "seed", seed)
+                attr(trial, "config", trial.number)
                 for s in spec.seeds[1:]:
-                    study.enqueue_trial(dict(trial.params), user_attrs={"seed": s, "config": trial.number})
+                    retry_storage(lambda s=s: study.enqueue_trial(dict(trial.params), user_attrs={"seed": s, "config": trial.number}), "queueing a seed")
             lock.release()  # the trial (and its seed copies) now count against the budget
             args = trial_args(spec, stratum, root, trial.number, seed, values)
             os.environ["WANDB_RUN_GROUP"] = stratum.study_name  # a study's runs form one wandb group
@@ -1001,14 +1067,14 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                     cli = run_lightning(args)
             except optuna.TrialPruned as err:
                 _record_run_dir(trial, trial_root)
-                trial.set_user_attr("pruned_reason", str(err))
+                attr(trial, "pruned_reason", str(err))
                 raise
             except Exception as err:  # noqa: BLE001 - every failure of a run is this trial's result
                 _record_run_dir(trial, trial_root)
                 reason = bad_input_message(err) or f"{type(err).__name__}: {one_line(str(err))}"
                 if isinstance(err, FloatingPointError):
                     reason = f"the run diverged: {reason}"
-                trial.set_user_attr("fail_reason", reason)
+                attr(trial, "fail_reason", reason)
                 raise TrialFailed(reason) from err
             finally:
                 _end_run()
@@ -1016,23 +1082,23 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
             ext = next(c for c in cli.trainer.callbacks if isinstance(c, ExtrapolationCallback))
             final = ext.history[-1]
             metrics = metrics_of(final["lengths"])
-            trial.set_user_attr("run_dir", str(run_dir))
-            trial.set_user_attr("metrics", metrics)
-            trial.set_user_attr("step", final["step"])
-            trial.set_user_attr("train_length", ext.train_length)
-            trial.set_user_attr("variant", stratum.variant or scheme_label(cli.model.hparams.get("scheme")))
+            attr(trial, "run_dir", str(run_dir))
+            attr(trial, "metrics", metrics)
+            attr(trial, "step", final["step"])
+            attr(trial, "train_length", ext.train_length)
+            attr(trial, "variant", stratum.variant or scheme_label(cli.model.hparams.get("scheme")))
             if len(spec.objectives) == 1:  # intermediate values: the pruner's (and the dashboard's) curve
                 pruning = [c for c in cli.trainer.callbacks if isinstance(c, OptunaPruning)]
                 done = pruning[0].reported if pruning else set()
                 for h in ext.history:
                     value = metric_value(h["lengths"], spec.objectives[0].metric)
                     if h["step"] not in done and math.isfinite(value):
-                        trial.report(value, h["step"])
+                        retry_storage(lambda value=value, h=h: trial.report(value, h["step"]), "reporting")
             out = [metrics[o.metric] for o in spec.objectives]
             bad = [(o.metric, v) for o, v in zip(spec.objectives, out) if not math.isfinite(v)]
             if bad:
                 reason = f"objective {bad[0][0]}={bad[0][1]} at step {final['step']} (the run diverged)"
-                trial.set_user_attr("fail_reason", reason)
+                attr(trial, "fail_reason", reason)
                 raise TrialFailed(reason)
             return out[0] if len(out) == 1 else out
 
@@ -1040,8 +1106,8 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
 
     ran = 0
     while deadline is None or time.time() < deadline:
-        lock.acquire()
         try:
+            lock.acquire()
             for entry in studies:  # orphans of dead workers elsewhere count against the budget until failed
                 recover_stale(entry.study, storage, ref, spec)
             entry = _next_study(studies, spec.budget)
@@ -1049,10 +1115,44 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                 break
             entry.study.optimize(objective_for(entry), n_trials=1, catch=(Exception,), gc_after_trial=True)
             ran += 1
+            reconcile_orphans(studies, storage, me, spec.retries)  # a storage error Optuna swallowed
+        except Exception as err:
+            if not transient(err):
+                raise
+            # the storage went away (a database restart) around a trial's start or end: wait for it, then fail
+            # (and retry) what this worker left unfinished; a storage gone for good ends the worker
+            print(f"worker {me}: storage unavailable ({type(err).__name__}); waiting for it", flush=True)
+            retry_storage(lambda: reconcile_orphans(studies, storage, me, spec.retries), "reconciling")
         finally:
-            lock.release()
+            with contextlib.suppress(Exception):
+                lock.release()
     print(f"worker {me}: done after {ran} trial(s)", flush=True)
     return 0
+
+
+def attr(trial, key: str, value) -> None:
+    """``trial.set_user_attr`` that rides out a storage restart."""
+    retry_storage(lambda: trial.set_user_attr(key, value), f"recording {key}")
+
+
+def reconcile_orphans(studies: list[_Study], storage, me: str, retries: int) -> int:
+    """Trials of this worker that a storage outage left unaccounted for: RUNNING ones (the tell failed) are
+    failed with the reason and retried; FAIL ones without a reason (Optuna told FAIL after a storage error
+    inside the objective) are retried. Returns how many."""
+    reason = "the storage was unavailable when the trial ended (e.g. a database restart)"
+    n = 0
+    for entry in studies:
+        trials = entry.study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        for t in trials:
+            if t.user_attrs.get("worker") != me or t.number in retried:
+                continue
+            if t.state == TrialState.RUNNING:
+                n += fail_trial(entry.study, storage, t, f"{reason}", RetryTrial(retries))
+            elif t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason"):
+                RetryTrial(retries, reason="failed while the storage was unavailable")(entry.study, t)
+                n += 1
+    return n
 
 
 def _end_run() -> None:
@@ -1146,8 +1246,9 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
     with console.status(f"checking {spec.path.name}: building every stratum's config"):
         for stratum in spec.strata():
             infos[stratum.study_name] = check_stratum(spec, stratum)
-    storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
-    studies = create_studies(spec, storage, infos)
+    with creation_lock(ref, spec.name):
+        storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
+        studies = create_studies(spec, storage, infos)
     console.print(f"[bold]{spec.name}[/]: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} × "
                   f"{spec.trials} configurations × {len(spec.seeds)} seed(s) on {redact(ref.url)}")
     if workers == 0:
@@ -1182,7 +1283,8 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
         return _Worker(i, proc, log)
 
     def work_left() -> bool:
-        return (deadline is None or time.time() < deadline) and any(can_start(s, spec.budget) for s in studies)
+        return (deadline is None or time.time() < deadline) and retry_storage(
+            lambda: any(can_start(s, spec.budget) for s in studies), "checking the budget", console)
 
     live = [spawn() for _ in range(workers)]
     console.print(f"{workers} worker(s); logs in {logs}; watch: make dashboard STORAGE='{ref.dashboard}'")
@@ -1201,15 +1303,16 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
                     continue
                 failed_workers += 1
                 reason = f"worker {w.id} {_describe_exit(rc)} while running the trial"
-                n = sum(fail_trial(s, storage, t, reason, retry) for s in studies
-                        for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                        if t.user_attrs.get("worker") == w.id)
+                n = retry_storage(lambda w=w, reason=reason: sum(
+                    fail_trial(s, storage, t, reason, retry) for s in studies
+                    for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                    if t.user_attrs.get("worker") == w.id), "failing the dead worker's trial", console)
                 console.print(f"[red]worker {w.index} ({w.id}) {_describe_exit(rc)}[/]: {n} running trial(s) "
                               f"failed{' and re-queued' if spec.retries else ''}; log: {w.log}")
                 if work_left() and respawns < max_respawns:
                     respawns += 1
                     live.append(spawn())
-            _print_finished(console, studies, seen)
+            retry_storage(lambda: _print_finished(console, studies, seen), "reading the trials", console)
     except KeyboardInterrupt:
         for w in live:  # a terminal's Ctrl-C reached them too: give them time, then terminate, then kill
             for sig, wait in ((None, 10), (signal.SIGTERM, 20), (signal.SIGKILL, None)):
@@ -1225,9 +1328,9 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
                 if any(t.user_attrs.get("worker") == w.id for w in live):
                     fail_trial(s, storage, t, "the sweep was interrupted", retry)
         raise
-    _print_finished(console, studies, seen)
-    left = [s.study_name for s in studies if can_start(s, spec.budget)]
-    _print_summary(console, spec, studies, ref, root)
+    retry_storage(lambda: _print_finished(console, studies, seen), "reading the trials", console)
+    left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget)], "the budget", console)
+    retry_storage(lambda: _print_summary(console, spec, studies, ref, root), "the summary", console)
     if left and (deadline is None or time.time() < deadline):
         console.print(f"[red]unfinished: {', '.join(left)} ({failed_workers} worker(s) died)[/]")
         return 1
