@@ -17,7 +17,7 @@ STUDY ?= $(SWEEP)
 STORAGE ?=
 PORT ?= 8080
 
-.PHONY: help install test test-fast demo lint bench sweep dashboard clean
+.PHONY: help install test test-fast faults demo lint bench sweep dashboard clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ test: $(STAMP) ## run the whole test suite (slow tests included), offline
 
 test-fast: $(STAMP) ## the suite without slow tests
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+faults: $(STAMP) ## kill and resume runs, kill a sweep worker, try every bad input; print the figures
+	$(BIN)/python tests/fault_injection.py
 
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo

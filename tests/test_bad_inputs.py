@@ -1,0 +1,379 @@
+"""The bad-input catalogue (README "Bad input", DESIGN §7): every bad input the CLI, the sweep specs, the data
+modules and the storages reject, each run through ``accrot.cli.main`` as a user would type it. Each must end
+with exit status 2 and one line ``accrot: error: ...`` naming the offending value, no traceback, and nothing
+left behind (no run directory, no study storage).
+
+``CATALOGUE`` is shared with ``tests/fault_injection.py`` (the reviewer's figures), and every row's input
+appears in the README's table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = ["--trainer.max_steps=1", "--trainer.enable_progress_bar=false", "--wandb=disabled",
+         "--extrapolation.budget_tokens=512", "--trainer.limit_val_batches=1"]
+
+
+class Fixtures:
+    """Files the rows need, made on first use under ``workdir`` (a small corpus, a rope checkpoint, ...)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.runs = self.dir / "runs"  # every fit row's --root: must stay empty
+        self.sweeps = self.dir / "sweeps"  # every sweep row's --root: must stay empty
+
+    def _once(self, name: str, make: Callable[[Path], None]) -> Path:
+        path = self.dir / name
+        if not path.exists():
+            make(path)
+        return path
+
+    # -- data ------------------------------------------------------------------------------------------
+    @property
+    def corpus(self) -> Path:
+        """20 small Python files: enough for tiny's seq_len and batch size, quick to load."""
+        def make(p: Path) -> None:
+            p.mkdir()
+            for i in range(20):
+                (p / f"mod{i:02d}.py").write_text("".join(f"value_{i}_{j} = {j} * {i}\n" for j in range(300)))
+        return self._once("corpus", make)
+
+    def fit(self, *extra: str, corpus: bool = True) -> list[str]:
+        data = [f"--data.init_args.root={self.corpus}", "--data.init_args.val_fraction=0.3"] if corpus else []
+        return ["fit", "--config", "tiny", f"--root={self.runs}", *QUICK, *data, *extra]
+
+    def empty_dir(self) -> Path:
+        return self._once("empty", lambda p: p.mkdir())
+
+    def empty_files(self) -> Path:
+        def make(p: Path) -> None:
+            p.mkdir()
+            for i in range(3):
+                (p / f"m{i}.py").touch()
+        return self._once("empty-files", make)
+
+    def unreadable(self) -> Path | None:
+        """A corpus with a file that cannot be read: no read permission, or (for root, who may read anything
+        else) a link to a write-only sysfs attribute; None where neither exists."""
+        if os.geteuid() == 0:
+            import glob
+
+            target = next(iter(sorted(glob.glob("/sys/devices/pci*/*/rescan"))), None)
+            if target is None:
+                return None
+
+        def make(p: Path) -> None:
+            shutil.copytree(self.corpus, p)
+            bad = p / "mod00.py"
+            if os.geteuid() != 0:
+                bad.chmod(0)
+            else:
+                bad.unlink()
+                bad.symlink_to(target)
+        return self._once("unreadable", make)
+
+    def corrupt_in_run(self) -> Path:
+        """broken.ckpt inside a run directory (with its config.yaml), as `accrot eval` expects."""
+        def make(p: Path) -> None:
+            p.parent.mkdir(parents=True)
+            shutil.copy(REPO / "accrot/configs/tiny.yaml", p.parent.parent / "config.yaml")
+            p.write_bytes(b"PK\x03\x04 not really a checkpoint")
+        return self._once("corrupt-run/checkpoints/broken.ckpt", make)
+
+    def non_utf8(self) -> Path:
+        return self._once("latin1.txt", lambda p: p.write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1") * 200))
+
+    def jsonl(self) -> Path:
+        return self._once("docs.jsonl", lambda p: p.write_text("".join(
+            f'{{"text": "document {i} " , "id": {i}}}\n' for i in range(200))))
+
+    def a_file(self) -> Path:
+        return self._once("a-file", lambda p: p.write_text("not a folder\n"))
+
+    def read_only(self) -> Path | None:
+        """A folder this process cannot create anything in (None where there is none: root, writable /sys)."""
+        if os.geteuid() != 0:
+            path = self._once("read-only", lambda p: p.mkdir())
+            path.chmod(0o555)
+            return path
+        probe = Path("/sys/accrot-bad-input-probe")
+        try:
+            probe.mkdir()
+        except OSError:
+            return Path("/sys")
+        probe.rmdir()
+        return None
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+    def rope_checkpoint(self) -> Path:
+        """Weights and hyperparameters of tiny's model shape with RoPE (what `accrot fit` saves, minus loops)."""
+        def make(p: Path) -> None:
+            import torch
+
+            from accrot.lit import LitLM
+            from accrot.position import SchemeConfig
+
+            model = LitLM(d_model=64, n_layers=2, n_heads=4, scheme=SchemeConfig(rotation="rope"))
+            torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, p)
+        return self._once("rope.ckpt", make)
+
+    def corrupt_checkpoint(self) -> Path:
+        return self._once("broken.ckpt", lambda p: p.write_bytes(b"PK\x03\x04 not really a checkpoint"))
+
+    def run_without_checkpoint(self) -> Path:
+        def make(p: Path) -> None:
+            p.mkdir(parents=True)
+            shutil.copy(REPO / "accrot/configs/tiny.yaml", p / "config.yaml")
+        return self._once("killed-early/version_0", make)
+
+    # -- sweeps ----------------------------------------------------------------------------------------
+    def spec(self, name: str, **changes) -> Path:
+        import yaml
+
+        from accrot.sweep import SPEC_DIR
+
+        doc = yaml.safe_load((SPEC_DIR / "smoke.yaml").read_text())
+        doc["name"] = name.split("-")[0]
+        doc.update(changes)
+        doc["overrides"] = {**doc.get("overrides", {}), **changes.get("overrides", {}),
+                            "data.init_args.root": str(self.corpus), "data.init_args.val_fraction": 0.3,
+                            "extrapolation.budget_tokens": 512}
+        path = self.dir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def existing_study(self) -> str:
+        """A SQLite storage that holds study `taken`, created from another spec than the row's."""
+        storage = self.dir / "studies" / "taken.db"
+        if not storage.exists():
+            from accrot.cli import main
+
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                rc = main(["sweep", str(self.spec("taken-first")), f"--root={self.dir / 'studies'}", "--workers=0",
+                           f"--storage=sqlite:///{storage}"])
+            assert rc == 0, "could not create the study the duplicate row needs"
+        return f"sqlite:///{storage}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def disk_full() -> Iterator[None]:
+    """The run directory's first write fails as on a full disk (ENOSPC), as a real full disk would."""
+    import accrot.cli as cli
+
+    def full(path: Path) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    saved, cli._write_probe = cli._write_probe, full
+    try:
+        yield
+    finally:
+        cli._write_probe = saved
+
+
+@dataclass(frozen=True)
+class Row:
+    """One bad input: what the user types (``input``, as in the README), the argv it becomes, and a fragment
+    of the one-line message it must produce."""
+
+    id: str
+    input: str
+    argv: Callable[[Fixtures], list[str] | None]  # None: this machine cannot pose the case (skipped)
+    expect: str | tuple[str, ...]  # every fragment must be in the message
+    simulate: Callable[[], contextlib.AbstractContextManager] | None = None
+
+
+CATALOGUE: list[Row] = [
+    # -- the command line and configs --------------------------------------------------------------------
+    Row("unknown-key", "--model.d_modle=3", lambda f: f.fit("--model.d_modle=3"),
+        "unknown key 'model.d_modle'; did you mean model.d_model"),
+    Row("unknown-value", "--model.scheme.rotation=bogus", lambda f: f.fit("--model.scheme.rotation=bogus"),
+        "model.scheme.rotation='bogus' is not valid; choose one of 'none', 'rope', 'accum', 'path'"),
+    Row("wrong-type", "--data.init_args.seq_len=abc", lambda f: f.fit("--data.init_args.seq_len=abc"),
+        "data.seq_len='abc' is not valid; expected int"),
+    Row("out-of-range-scheme", "--model.scheme.sigma=-1", lambda f: f.fit("--model.scheme.sigma=-1"),
+        "sigma=-1.0 is not valid; it must be a positive number"),
+    Row("out-of-range-model", "--model.d_model=0", lambda f: f.fit("--model.d_model=0"),
+        "d_model=0 is not valid; it must be a positive integer"),
+    Row("out-of-range-data", "--data.init_args.seq_len=0", lambda f: f.fit("--data.init_args.seq_len=0"),
+        "seq_len=0 is not valid; use an integer >= 1"),
+    Row("out-of-range-trainer", "--trainer.max_steps=-5", lambda f: f.fit("--trainer.max_steps=-5"),
+        "`max_steps` must be a non-negative integer or -1"),
+    Row("out-of-range-evaluation", "--extrapolation.multipliers=[0]", lambda f: f.fit("--extrapolation.multipliers=[0]"),
+        "multipliers=[0.0] is not valid; give positive multiples of the training length"),
+    Row("impossible-combination", "--model.scheme.increments=learned (no accum)",
+        lambda f: f.fit("--model.scheme.increments=learned"), "increments='learned' needs rotation='accum'"),
+    Row("impossible-values-with-path", "--model.scheme.rotation=path --model.scheme.rotate_values=true",
+        lambda f: f.fit("--model.scheme.rotation=path", "--model.scheme.rotate_values=true"),
+        "rotate_values=true needs an SO(2) rotation (rope or accum), not rotation='path'"),
+    Row("odd-head-dim", "--model.n_heads=8 --model.d_model=72 --model.scheme.rotation=rope",
+        lambda f: f.fit("--model.n_heads=8", "--model.d_model=72", "--model.scheme.rotation=rope"), "head dim 9"),
+    Row("missing-config", "--config=/nonexistent/x.yaml",
+        lambda f: ["fit", "--config=/nonexistent/x.yaml", f"--root={f.runs}"], "/nonexistent/x.yaml"),
+    Row("unknown-shipped-config", "--config=tinyy", lambda f: ["fit", "--config=tinyy", f"--root={f.runs}"],
+        "config 'tinyy' is neither a YAML file nor a shipped config; shipped: "),
+    Row("bad-wandb-mode", "--wandb=sometimes", lambda f: f.fit("--wandb=sometimes"),
+        "--wandb='sometimes' is not valid; choose auto, online, offline or disabled"),
+    # -- data ---------------------------------------------------------------------------------------------
+    Row("missing-data", "--data.init_args.root=/nonexistent/accrot",
+        lambda f: f.fit("--data.init_args.root=/nonexistent/accrot", corpus=False),
+        "data root '/nonexistent/accrot' does not exist"),
+    Row("empty-data-folder", "--data.init_args.root=EMPTY_DIR",
+        lambda f: f.fit(f"--data.init_args.root={f.empty_dir()}", corpus=False), "match glob '**/*.py'"),
+    Row("empty-data-files", "--data.init_args.root=DIR_OF_EMPTY_FILES",
+        lambda f: f.fit(f"--data.init_args.root={f.empty_files()}", corpus=False), "are empty; pass a directory of"),
+    Row("impossible-split", "--data.init_args.val_fraction=0.001 (20 files)",
+        lambda f: f.fit("--data.init_args.val_fraction=0.001"),
+        "val_fraction=0.001 puts none of the 20 files under '"),
+    Row("unreadable-data", "--data.init_args.root=DIR_WITH_UNREADABLE_FILE",
+        lambda f: None if f.unreadable() is None else f.fit(f"--data.init_args.root={f.unreadable()}",
+                                                              "--data.init_args.val_fraction=0.3", corpus=False),
+        "cannot read '"),
+    Row("non-utf8-data", "--data=data_modules.HFDataModule --data.init_args.path=latin1.txt",
+        lambda f: f.fit("--data=data_modules.HFDataModule", f"--data.init_args.path={f.non_utf8()}",
+                        f"--data.init_args.cache_dir={f.dir / 'cache'}", corpus=False),
+        "file 'latin1.txt' is not valid UTF-8 (byte 0xe9 at offset 3)"),
+    Row("missing-data-file", "--data=data_modules.HFDataModule --data.init_args.path=/nonexistent.jsonl",
+        lambda f: f.fit("--data=data_modules.HFDataModule", "--data.init_args.path=/nonexistent.jsonl", corpus=False),
+        "data path '/nonexistent.jsonl' does not exist"),
+    Row("dataset-column-missing", "--data=data_modules.HFDataModule --data.init_args.path=docs.jsonl "
+        "--data.init_args.column=content",
+        lambda f: f.fit("--data=data_modules.HFDataModule", f"--data.init_args.path={f.jsonl()}",
+                        "--data.init_args.column=content", f"--data.init_args.cache_dir={f.dir / 'cache'}",
+                        corpus=False),
+        "column 'content' is not in 'docs.jsonl'; columns: text, id"),
+    Row("evaluation-too-long", "--extrapolation.multipliers=[100000]",
+        lambda f: f.fit("--extrapolation.multipliers=[100000]"),
+        "evaluation length 12800000 needs 12800001 tokens per block but the validation stream has"),
+    Row("train-length-too-long", "--data.init_args.seq_len=100000", lambda f: f.fit("--data.init_args.seq_len=100000"),
+        "needs 100001 tokens per"),
+    # -- the output folder ----------------------------------------------------------------------------------
+    Row("root-under-a-file", "--root=A_FILE/runs", lambda f: [*f.fit(), f"--root={f.a_file()}/runs"],
+        "(Not a directory); pass a writable --root with free space"),
+    Row("read-only-root", "--root=READ_ONLY_DIR/runs",
+        lambda f: None if f.read_only() is None else [*f.fit(), f"--root={f.read_only()}/accrot-runs"],
+        "cannot write the run directory"),
+    Row("full-disk", "--root=FULL_DISK/runs (simulated: the first write fails with ENOSPC)",
+        lambda f: f.fit(), "(No space left on device); pass a writable --root with free space", simulate=disk_full),
+    # -- checkpoints ------------------------------------------------------------------------------------------
+    Row("missing-checkpoint", "accrot fit ... --ckpt_path=/nonexistent.ckpt", lambda f: f.fit("--ckpt_path=/nonexistent.ckpt"),
+        "checkpoint '/nonexistent.ckpt' does not exist"),
+    Row("corrupt-checkpoint", "accrot fit ... --ckpt_path=broken.ckpt",
+        lambda f: f.fit(f"--ckpt_path={f.corrupt_checkpoint()}"), "is not a readable accrot checkpoint"),
+    Row("checkpoint-of-another-scheme", "accrot fit ... --model.scheme.rotation=path --ckpt_path=ROPE_RUN.ckpt",
+        lambda f: f.fit("--model.scheme.rotation=path", f"--ckpt_path={f.rope_checkpoint()}"),
+        "is of another scheme (rotation=rope, far_mass=none) than the config (rotation=path, far_mass=none)"),
+    Row("checkpoint-of-another-shape", "accrot fit ... --model.d_model=32 --ckpt_path=ROPE_RUN.ckpt",
+        lambda f: f.fit("--model.scheme.rotation=rope", "--model.d_model=32", f"--ckpt_path={f.rope_checkpoint()}"),
+        "has model.d_model=64 but the config builds model.d_model=32"),
+    Row("eval-missing-checkpoint", "accrot eval --ckpt /nonexistent.ckpt",
+        lambda f: ["eval", "--ckpt", "/nonexistent.ckpt"], "checkpoint '/nonexistent.ckpt' does not exist"),
+    Row("eval-corrupt-checkpoint", "accrot eval --ckpt broken.ckpt",
+        lambda f: ["eval", "--ckpt", str(f.corrupt_in_run())], "is not a readable accrot checkpoint"),
+    Row("resume-missing-run", "accrot fit --resume /nonexistent/version_0",
+        lambda f: ["fit", "--resume", "/nonexistent/version_0"], "--resume '/nonexistent/version_0' is not a directory"),
+    Row("resume-before-first-checkpoint", "accrot fit --resume RUN_WITHOUT_CHECKPOINT",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint())], "has no checkpoints/last.ckpt"),
+    Row("resume-with-another-config", "accrot fit --resume RUN_DIR --config tiny",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), "--config", "tiny"],
+        "--resume takes the run's own config.yaml and last checkpoint; drop --config"),
+    # -- sweeps and storages ------------------------------------------------------------------------------------
+    Row("sweep-unknown-spec", "accrot sweep nope", lambda f: ["sweep", "nope", f"--root={f.sweeps}"],
+        "sweep spec 'nope' does not exist; give a YAML path or one of:"),
+    Row("sweep-unknown-key", "spec with trails: 3",
+        lambda f: ["sweep", str(f.spec("bad-key", trails=3)), f"--root={f.sweeps}"],
+        "unknown key 'trails'; did you mean 'trials'?"),
+    Row("sweep-search-key", "spec with space: {model.lrr: ...}",
+        lambda f: ["sweep", str(f.spec("bad-space", space={"model.lrr": {"type": "float", "low": 1e-3, "high": 1e-2}})),
+                   f"--root={f.sweeps}"],
+        "search-space key 'model.lrr' is not a key of the accrot fit config; did you mean model.lr"),
+    Row("sweep-objective-not-evaluated", "spec with objectives: [nll@16x] (runs evaluate at 1×, 2×)",
+        lambda f: ["sweep", str(f.spec("bad-objective", objectives=[{"metric": "nll@16x"}])), f"--root={f.sweeps}"],
+        "objective 'nll@16x' is never produced: the runs evaluate at multipliers 1, 2"),
+    Row("sweep-multi-device-trials", "spec with overrides: {trainer.devices: 2}",
+        lambda f: ["sweep", str(f.spec("devices", overrides={"trainer.devices": 2})), f"--root={f.sweeps}"],
+        "trainer.devices=2, trainer.num_nodes=1: a sweep trial runs on one device"),
+    Row("sweep-unreachable-storage", "--storage=postgresql://accrot:pw@127.0.0.1:FREE_PORT/accrot",
+        lambda f: ["sweep", str(f.spec("unreachable")), f"--root={f.sweeps}", "--workers=2",
+                   f"--storage=postgresql://accrot:pw@127.0.0.1:{free_port()}/accrot"],
+        ("accrot:***@127.0.0.1:", "' is unreachable: ")),
+    Row("sweep-duplicate-study", "a spec named like a study of the storage, with another space",
+        lambda f: ["sweep", str(f.spec("taken-second", space={"model.weight_decay": [0.0, 0.1]})),
+                   f"--root={f.sweeps}", "--workers=0", f"--storage={f.existing_study()}"],
+        "study 'taken' already exists in the storage from a different spec"),
+]
+
+
+def run_row(row: Row, fixtures: Fixtures, dry: bool = False) -> str | None:
+    """None when ``row`` is rejected cleanly; ``"skipped"`` when this machine cannot pose it; else what was wrong."""
+    from accrot.cli import main
+
+    argv = row.argv(fixtures)
+    if argv is None:
+        return "skipped"
+    if dry:
+        return None
+    err = io.StringIO()
+    simulate = row.simulate() if row.simulate else contextlib.nullcontext()
+    with simulate, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - an escaped exception is the finding
+            return f"raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    lines = err.getvalue().strip().splitlines()
+    last = lines[-1] if lines else ""
+    if rc != 2:
+        return f"exit status {rc}, expected 2 ({last[:300]})"
+    if any("Traceback" in ln for ln in lines):
+        return "a traceback was printed"
+    expect = (row.expect,) if isinstance(row.expect, str) else row.expect
+    if not last.startswith("accrot: error: ") or not all(e in last for e in expect):
+        return f"message {last!r} lacks {row.expect!r}"
+    if argv[0] == "sweep" and len(lines) != 1:  # the sweep parent prints nothing else before it refuses
+        return f"{len(lines)} lines on stderr: {lines[:3]}"
+    if ":pw@" in err.getvalue():
+        return "a storage password reached the output"
+    left = [p for d in (fixtures.runs, fixtures.sweeps) if d.exists() for p in d.rglob("*")]
+    if left:
+        return f"left behind {left[:3]}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Fixtures:
+    return Fixtures(tmp_path_factory.mktemp("bad-inputs"))
+
+
+@pytest.mark.parametrize("row", CATALOGUE, ids=[r.id for r in CATALOGUE])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(row: Row, fixtures: Fixtures, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(fixtures.dir / "xdg"))  # HF stream caches stay in tmp
+    problem = run_row(row, fixtures)
+    if problem == "skipped":
+        pytest.skip("this machine cannot pose the case (e.g. running as root with a writable /sys)")
+    assert problem is None, problem
+
+
+def test_every_row_is_in_the_readme():
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Bad input"):]
+    table = table[: table.index("\n## ", 3)]
+    missing = [r.id for r in CATALOGUE if f"`{r.input}`" not in table]
+    assert not missing, f"rows missing from the README's Bad input table: {missing}"
