@@ -2,9 +2,22 @@
 
 The bias of key s seen from query t ≤ s is b_ts = Σ_{j=s+1..t} log f_j = c_t − c_s with c = cumsum(log f),
 per batch and head (ALiBi: log f_j = −m_h, Press et al. 2022; FoX forget gate: log f_j = logsigmoid(·),
-Lin et al. 2025). The biased kernel never materialises a ``[T, T]`` bias: each query block of ``block_size``
-rows attends to keys ``[0, end of block)`` through one fused SDPA call with a ``[block, end]`` float mask, so
-memory stays O(T·block) under ``torch.no_grad``. Gradients flow to q, k, v and log f (through the cumsum).
+Lin et al. 2025). The biased kernel never materialises a ``[T, T]`` bias. It walks query blocks of
+``block_size`` rows; within block [t0, t1) it splits b_ts = (c_t − c_t0) + (c_t0 − c_s) and drops the first
+term, which is constant along the row and so leaves the softmax unchanged. What is left depends on the key
+only, and a key-only bias is a dot product with one extra coordinate: q' = [q, √D], k' = [k, c_t0 − c_s], so
+D^−1/2 q'·k' = D^−1/2 q·k + (c_t0 − c_s). Then:
+
+* on CPU (:class:`_KeyBiasAttention`): each block is two *unmasked or causal* fused flash-attention calls (keys
+  before t0: no mask; the diagonal tile: ``is_causal``, which skips its upper triangle), merged by their
+  log-sum-exps, the way ring attention merges key shards; the backward pass calls the fused backward of each
+  part with the merged output and log-sum-exp. No mask is built or read: ~1.3–1.8× the time of plain causal
+  attention at 4k–16k tokens, against 3.5× for a float mask (``accrot bench schemes``);
+* elsewhere (CUDA) or without the CPU flash op: one SDPA call per block with a ``[block, t1]`` float mask.
+
+Memory stays O(T·(D + block)) under ``torch.no_grad``. Gradients flow to q, k, v and log f (through the
+cumsum, in float64). Splitting around each block's own t0 keeps the float32 bias terms small wherever the
+bias is (near keys carry the mass), so the bias keeps its precision at T = 10⁶.
 
 :func:`naive_attention` and :func:`naive_decay_bias` are the test twins: a full ``[T, T]`` softmax and
 the bias as an explicit sum over the path.
@@ -12,8 +25,15 @@ the bias as an explicit sum over the path.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+# ATen's fused CPU flash attention returning (out, logsumexp), and its backward (private ops, present since
+# torch 2.3; the masked path below is the fallback when they are missing)
+_CPU_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_CPU_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
 def causal_attention(
@@ -46,19 +66,104 @@ def causal_attention(
         qw, kw, vw = q.to(work), k.to(work), v.to(work)  # [B, H, T, D]
         c = log_decay.to(torch.float64).cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
         blk = max(1, min(block_size, T))
-        future = torch.ones(blk, blk, dtype=torch.bool, device=q.device).triu_(1)  # [blk, blk] s > t
-        outs = []
-        for t0 in range(0, T, blk):
-            t1 = min(t0 + blk, T)
-            ref = c[..., t0 : t0 + 1]  # [B|1, H, 1]
-            row = (c[..., t0:t1] - ref).to(work)  # [B|1, H, blk]  c_t − c_t0
-            col = (ref - c[..., :t1]).to(work)  # [B|1, H, t1]   c_t0 − c_s
-            bias = row.unsqueeze(-1) + col.unsqueeze(-2)  # [B|1, H, blk, t1]
-            # only the diagonal tile holds future keys (s > t); keys before t0 are all visible
-            bias[..., t0:t1].masked_fill_(future[: t1 - t0, : t1 - t0], float("-inf"))
-            outs.append(F.scaled_dot_product_attention(qw[:, :, t0:t1], kw[:, :, :t1], vw[:, :, :t1], attn_mask=bias))
-        out = torch.cat(outs, dim=2) if outs else qw.new_empty(B, H, 0, v.shape[-1])  # [B, H, T, D]
+        if q.device.type == "cpu" and _CPU_FWD is not None and _CPU_BWD is not None and T > 0:
+            out = _KeyBiasAttention.apply(qw.contiguous(), kw.contiguous(), vw.contiguous(), c, blk)
+        else:
+            out = _masked_blocks(qw, kw, vw, c, blk)
     return out.to(q.dtype)
+
+
+def _masked_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, blk: int) -> torch.Tensor:
+    """The portable biased kernel: per query block one SDPA call with a ``[B|1, H, blk, t1]`` float bias."""
+    B, H, T, D = q.shape
+    future = torch.ones(blk, blk, dtype=torch.bool, device=q.device).triu_(1)  # [blk, blk] s > t
+    outs = []
+    for t0 in range(0, T, blk):
+        t1 = min(t0 + blk, T)
+        ref = c[..., t0 : t0 + 1]  # [B|1, H, 1]
+        row = (c[..., t0:t1] - ref).to(q.dtype)  # [B|1, H, blk]  c_t − c_t0
+        col = (ref - c[..., :t1]).to(q.dtype)  # [B|1, H, t1]   c_t0 − c_s
+        bias = row.unsqueeze(-1) + col.unsqueeze(-2)  # [B|1, H, blk, t1]
+        # only the diagonal tile holds future keys (s > t); keys before t0 are all visible
+        bias[..., t0:t1].masked_fill_(future[: t1 - t0, : t1 - t0], float("-inf"))
+        outs.append(F.scaled_dot_product_attention(q[:, :, t0:t1], k[:, :, :t1], v[:, :, :t1], attn_mask=bias))
+    return torch.cat(outs, dim=2) if outs else q.new_empty(B, H, 0, v.shape[-1])  # [B, H, T, D]
+
+
+def _augmented(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q' = [q, √D]``, ``k' = [k, 0]`` (the bias slot, filled per block), ``v' = [v, 0]`` (the fused kernel
+    wants one head size): ``[B, H, T, D + 1]`` each."""
+    B, H, T, D = q.shape
+    qa = torch.cat((q, q.new_full((B, H, T, 1), math.sqrt(D))), -1)
+    ka = torch.cat((k, k.new_zeros(B, H, T, 1)), -1)
+    va = torch.cat((v, v.new_zeros(B, H, T, 1)), -1)
+    return qa, ka, va
+
+
+def _blocks(T: int, blk: int):
+    """``(t0, t1, parts)`` per query block; a part is ``(s0, s1, is_causal)``: the diagonal tile, then the keys
+    before it (none for the first block)."""
+    for t0 in range(0, T, blk):
+        t1 = min(t0 + blk, T)
+        yield t0, t1, [(t0, t1, True)] + ([(0, t0, False)] if t0 else [])
+
+
+class _KeyBiasAttention(torch.autograd.Function):
+    """Biased causal attention from fused CPU flash-attention calls on augmented q, k, v (module docstring).
+
+    forward(q, k, v ``[B, H, T, D]`` float32/64 contiguous, c ``[B|1, H, T]`` float64 cumulative log f, blk)
+    → ``[B, H, T, D]``. Saves the merged output and log-sum-exp (O(T·D)); the backward pass rebuilds the
+    augmented tensors and calls the fused backward of every part with them.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, c, blk):
+        B, H, T, D = q.shape
+        qa, ka, va = _augmented(q, k, v)
+        out = qa.new_empty(B, H, T, D + 1)
+        lse = qa.new_empty(B, H, T)
+        for t0, t1, parts in _blocks(T, blk):
+            ka[..., :t1, D] = (c[..., t0 : t0 + 1] - c[..., :t1]).to(ka.dtype)  # c_t0 − c_s, keys of this block
+            merged_o = merged_l = None
+            for s0, s1, causal in parts:
+                o, l = _CPU_FWD(qa[:, :, t0:t1], ka[:, :, s0:s1], va[:, :, s0:s1], 0.0, causal, scale=D**-0.5)
+                if merged_o is None:
+                    merged_o, merged_l = o, l
+                else:  # softmax over the union of two key sets, from each set's normalised output and LSE
+                    both = torch.logaddexp(merged_l, l)  # [B, H, blk]
+                    merged_o = merged_o * (merged_l - both).exp().unsqueeze(-1) + o * (l - both).exp().unsqueeze(-1)
+                    merged_l = both
+            out[:, :, t0:t1], lse[:, :, t0:t1] = merged_o, merged_l
+        ctx.save_for_backward(q, k, v, c, out, lse)
+        ctx.blk = blk
+        return out[..., :D]
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, c, out, lse = ctx.saved_tensors
+        B, H, T, D = q.shape
+        qa, ka, va = _augmented(q, k, v)
+        ga = torch.cat((grad, grad.new_zeros(B, H, T, 1)), -1).to(q.dtype).contiguous()  # [B, H, T, D + 1]
+        dqa, dka, dva = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
+        dc = torch.zeros(B, H, T, dtype=torch.float64, device=q.device)
+        for t0, t1, parts in _blocks(T, ctx.blk):
+            ka[..., :t1, D] = (c[..., t0 : t0 + 1] - c[..., :t1]).to(ka.dtype)
+            dcol = torch.zeros(B, H, t1, dtype=q.dtype, device=q.device)
+            for s0, s1, causal in parts:
+                # each part's share of the gradient, from the *merged* output and LSE (its softmax weights are
+                # exp(score − merged LSE), exactly its entries of the full softmax)
+                dq_, dk_, dv_ = _CPU_BWD(ga[:, :, t0:t1], qa[:, :, t0:t1], ka[:, :, s0:s1], va[:, :, s0:s1],
+                                         out[:, :, t0:t1], lse[:, :, t0:t1], 0.0, causal, scale=D**-0.5)
+                dqa[:, :, t0:t1] += dq_
+                dka[:, :, s0:s1] += dk_
+                dva[:, :, s0:s1] += dv_
+                dcol[..., s0:s1] = dk_[..., D]
+            # bias slot c_t0 − c_s: −dcol to each c_s. The share of c_t0 (+Σ_s dcol) is exactly 0, since c_t0
+            # shifts every logit of a row alike; leaving it out keeps float32 cancellation noise out of it
+            dc[..., :t1] -= dcol.to(torch.float64)
+        if c.shape[0] != B:
+            dc = dc.sum(0, keepdim=True)
+        return dqa[..., :D], dka[..., :D], dva[..., :D], dc, None
 
 
 def naive_decay_bias(log_decay: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accrot.ops.attention import causal_attention, naive_attention, naive_decay_bias
+from accrot.ops.attention import _masked_blocks, causal_attention, naive_attention, naive_decay_bias
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -63,6 +63,20 @@ def test_blockwise_matches_naive_float64(case):
         assert rel(a, b) < 1e-10, name
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_masked_fallback_matches_naive_float64(case):
+    """The float-mask kernel (CUDA, or a torch without the fused CPU flash op) against the same twin."""
+    B, T, H, D, blk, Bd = case
+    q, k, v, log_f = make_inputs(B, T, H, D, decay_batch=Bd)
+    inputs = [t.requires_grad_() for t in (q, k, v, log_f)]
+    fast = _masked_blocks(q, k, v, log_f.double().cumsum(-1), max(1, min(blk, T)))
+    ref = naive_attention(q, k, v, naive_decay_bias(log_f))
+    assert rel(ref, fast) < 1e-10
+    g = torch.randn_like(ref)
+    for name, a, b in zip("q k v log_f".split(), grads(ref, inputs, g), grads(fast, inputs, g)):
+        assert rel(a, b) < 1e-10, name
+
+
 @pytest.mark.parametrize(
     "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], ids=lambda d: d
 )
@@ -78,8 +92,10 @@ def test_blockwise_matches_naive_float32(case, device):
     assert rel(ref, fast) < 1e-5
     g = torch.randn_like(ref)
     ref_grads = grads(ref, [q64, k64, v64, log_f], g)
+    # log f's gradient is a suffix sum over positions of per-key terms that sum to zero, so the fused flash
+    # kernel's float32 rounding (~1e-6 relative, as on the plain NoPE path) adds up in it: a looser bound
     for name, a, b in zip("q k v log_f".split(), ref_grads, grads(fast, inputs, g.float())):
-        assert rel(a, b) < 1e-5, name
+        assert rel(a, b) < (5e-5 if name == "log_f" else 1e-5), name
 
 
 def test_unbiased_path_matches_naive():
