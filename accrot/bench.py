@@ -6,7 +6,11 @@ Subcommands::
                          [--eval_repeats 1] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
                          [--out bench_schemes.json]
     accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--out bench_path.json]
-    accrot bench all     (both; one table each, one JSON report, default bench.json)
+    accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
+    accrot bench all     (all three; one table each, one JSON report, default bench.json)
+
+``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches
+(:mod:`accrot.bench_pipeline`).
 
 ``schemes`` builds the full :class:`~accrot.model.Transformer` once per built cell of the grid
 rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
@@ -643,19 +647,24 @@ def main(argv: list[str]) -> int:
     from accrot.cli import UsageError
     from accrot.report import atomic_write_text
 
-    commands = ("schemes", "path", "all")
+    commands = ("schemes", "path", "pipeline", "all")
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
     command, rest = argv[0], argv[1:]
     if command not in commands:
         raise UsageError(f"unknown bench {command!r}; choose one of {', '.join(commands)}")
-    default_out = {"schemes": "bench_schemes.json", "path": "bench_path.json", "all": "bench.json"}[command]
+    default_out = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
+                   "all": "bench.json"}[command]
     parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=__doc__)
     if command in ("schemes", "all"):
         _schemes_args(parser)
     if command in ("path", "all"):
         _path_args(parser)
+    if command in ("pipeline", "all"):
+        parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
+        parser.add_argument("--pipeline_rounds", type=int, default=3, help="alternating rounds of the two loops")
+        parser.add_argument("--with_logger", action="store_true", help="the Lightning loop also writes metrics.csv")
     parser.add_argument("--out", type=str, default=default_out, help="JSON report (written atomically)")
     args = parser.parse_args(rest)
     out = Path(args.out)
@@ -681,6 +690,14 @@ def main(argv: list[str]) -> int:
                 console.print(rows_table(report["path"]["memory"], "PaTH evaluation peak memory"))
         elif command == "path":
             return 0
+    if command in ("pipeline", "all"):
+        from accrot.bench_pipeline import pipeline_table, run_pipeline
+
+        if args.pipeline_steps < 10 or args.pipeline_rounds < 1:
+            raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
+        report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
+                                          with_logger=args.with_logger, log=log)
+        console.print(pipeline_table(report["pipeline"]))
     doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", **report}
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")

@@ -63,3 +63,37 @@ def test_path_without_bench_path_is_a_note(monkeypatch, capsys, tmp_path):
     assert main(["path", "--out", str(tmp_path / "p.json")]) == 0
     assert "not written yet" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_pipeline_bench_times_both_loops_on_the_same_model(tmp_path):
+    """Both loops train: the same number of timed steps each, positive times, the ratio their quotient."""
+    out = tmp_path / "pipe.json"
+    assert main(["pipeline", "--pipeline_steps=10", "--pipeline_rounds=1", f"--out={out}"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["bare_ms"] > 0 and doc["lightning_ms"] > 0 and len(doc["rounds"]) == 1
+    assert doc["ratio"] == pytest.approx(doc["rounds"][0])
+    assert doc["target"] == 1.10 and doc["meets_target"] == (doc["ratio"] <= 1.10)
+
+
+def test_pipeline_loops_reach_the_same_weights():
+    """The bare loop is the same training as Lightning's (same optimiser, schedule, clipping, batches): after a few
+    steps both models hold the same weights, so the ratio compares like with like."""
+    import copy
+
+    import lightning as L
+    import torch
+
+    from accrot.bench_pipeline import _bare, _batches, _lightning
+    from accrot.lit import LitLM
+
+    L.seed_everything(0, verbose=False)
+    base = LitLM(d_model=32, n_layers=1, n_heads=2, vocab_size=256, lr=3e-3, warmup_steps=2)
+    batches = _batches(256, 4, 16, 6, seed=0)
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    _bare(a, batches, 1.0, 6)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        _lightning(b, batches, 1.0, 6, False, root)
+    for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
