@@ -556,3 +556,27 @@ def test_report_of_two_objective_study_with_variants(tmp_path):
     for png in ("nll_vs_length.png", "importance-gauss.png", "importance-unif.png"):
         assert (out / png).is_file(), png
     assert len((out / "trials.csv").read_text().splitlines()) == 1 + 2 * 7
+
+
+def test_grid_sampler_lets_a_seed_copy_finish_while_the_last_grid_point_runs():
+    """Optuna's GridSampler raised KeyError('grid_id') in after_trial when an enqueued trial (a seed copy) finished
+    while the grid's last point still ran in another worker, killing that worker; ours does not."""
+    from accrot.sweep import SamplerSpec, load_spec
+
+    space = load_spec(write_spec(Path(tempfile.mkdtemp()), "g", space={"model.lr": [1.0e-3]}, trials=1,
+                                 sampler={"type": "grid"}, pruner={"type": "none"})).space
+    for sampler, fails in ((optuna.samplers.GridSampler({"model.lr": [1.0e-3]}), True),
+                           (SamplerSpec(type="grid").build(space), False)):
+        study = optuna.create_study(sampler=sampler)
+        running = study.ask()  # the grid's only point, still running elsewhere
+        running.suggest_categorical("model.lr", [1.0e-3])
+        study.enqueue_trial({"model.lr": 1.0e-3}, user_attrs={"seed": 1})
+        copy = study.ask()
+        copy.suggest_categorical("model.lr", [1.0e-3])
+        if fails:
+            with pytest.raises(KeyError, match="grid_id"):
+                study.tell(copy, 1.0)
+        else:
+            study.tell(copy, 1.0)
+            study.tell(running, 2.0)
+            assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
