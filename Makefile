@@ -16,8 +16,12 @@ WORKERS ?= 1
 STUDY ?= $(SWEEP)
 STORAGE ?=
 PORT ?= 8080
+# the study in one command: make ablation [SIZE=tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
+SIZE ?= tiny
+SEEDS ?=
+ABLATION_WORKERS ?= 2
 
-.PHONY: help install test test-fast faults demo lint bench sweep dashboard clean
+.PHONY: help install test test-fast faults demo ablation lint bench sweep dashboard clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -42,7 +46,10 @@ faults: $(STAMP) ## kill and resume runs, kill a sweep worker, try every bad inp
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo
 
-bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH)
+ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x seeds -> results/ablation-$(SIZE)/REPORT.md (resumable)
+	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)')
+
+bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)
 	$(BIN)/accrot bench all
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])

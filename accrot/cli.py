@@ -473,7 +473,8 @@ def _remove_if_incomplete(path: Path) -> None:
 # entry point
 # ---------------------------------------------------------------------------------------------------
 COMMANDS = {"diagnose": "accrot.diagnostics:diagnose_main", "eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main",
-            "sweep": "accrot.sweep:main", "report": "accrot.report:main"}
+            "sweep": "accrot.sweep:main", "report": "accrot.report:main",
+            "ablation": "accrot.ablation:main"}
 
 
 def _load_data_module(config_file: Path, overrides: dict | None = None):

@@ -155,6 +155,18 @@ class Fixtures:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
+    def existing_ablation(self) -> Path:
+        """A results folder holding ablation `taken-ablation` (2 seeds), created but not run (``--workers 0``)."""
+        out = self.dir / "ablations"
+        if not (out / "taken-ablation").exists():
+            from accrot.cli import main
+
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                rc = main(["ablation", "--study=taken-ablation", "--seeds=2", "--workers=0", "--variants=[NoPE]",
+                           "--datasets=[corpus]", f"--out={out}"])
+            assert rc == 0, "could not create the ablation the row needs"
+        return out
+
     def existing_study(self) -> str:
         """A SQLite storage that holds study `taken`, created from another spec than the row's."""
         storage = self.dir / "studies" / "taken.db"
@@ -319,6 +331,17 @@ CATALOGUE: list[Row] = [
         lambda f: ["sweep", str(f.spec("taken-second", space={"model.weight_decay": [0.0, 0.1]})),
                    f"--root={f.sweeps}", "--workers=0", f"--storage={f.existing_study()}"],
         "study 'taken' already exists in the storage from a different spec"),
+    # -- the ablation ----------------------------------------------------------------------------------------
+    Row("ablation-unknown-size", "accrot ablation --size=huge", lambda f: ["ablation", "--size=huge",
+                                                                          f"--out={f.sweeps}"],
+        "--size='huge' is not valid; choose one of tiny, small, paper"),
+    Row("ablation-unknown-variant", "accrot ablation --variants='[NoPE, Rope]'",
+        lambda f: ["ablation", "--variants=[NoPE, Rope]", f"--out={f.sweeps}"],
+        "unknown variant 'Rope'; choose from NoPE, RoPE"),
+    Row("ablation-other-options", "the same --study again with other options (here --seeds 3)",
+        lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
+                   f"--out={f.existing_ablation()}"],
+        ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
 ]
 
 

@@ -1,0 +1,247 @@
+"""``accrot ablation``: the paper's controlled experiment in one command (PAPER.md, issue #8).
+
+It trains every variant of :data:`VARIANTS` on each data set of :data:`DATASETS` with the same recipe, token
+budget, seeds and evaluation blocks, evaluates each run to 64× its training length, runs the theory
+diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.claims` builds it): the
+tables, the figures and every claim of PAPER.md marked supported / not supported / inconclusive.
+
+It is a sweep (:mod:`accrot.sweep`): one Optuna study per (data set, variant), a grid of one learning rate ×
+the seeds. The spec it generates is written beside the results (``<study>.yaml``), so
+
+* a second ``accrot ablation`` with the same options resumes: trials already complete are not run again (the
+  storage knows them), an interrupted one is retried;
+* ``--workers N`` runs N worker processes; ``--storage postgresql://...`` lets workers on other machines
+  (``accrot sweep <out>/<study>/<study>.yaml --worker --storage URL``, or ``accrot slurm sweep``) join;
+* ``--report_only`` rebuilds the report from whatever trials are complete.
+
+Sizes (:data:`SIZES`): ``tiny`` (the shipped tiny recipe, L = 128, 300 steps, 2 seeds; about 20 minutes on 2 CPU
+cores, 19 min measured on a shared machine), ``small`` (small.yaml, L = 512, 5000 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000
+steps and batch 32, 3 seeds: a GPU node or a cluster).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# label -> model.scheme overrides. The names are the report's; every variant shares everything else.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "NoPE": {},
+    "RoPE": {"rotation": "rope"},
+    "ALiBi": {"far_mass": "alibi"},
+    # zero-mean random increments whose mixing window is just under L (set per size below)
+    "accum-random": {"rotation": "accum", "increments": "random_position"},
+    # the control that breaks the regularity condition: increments drift with RoPE's frequencies
+    "accum-random-drift": {"rotation": "accum", "increments": "random_position", "increment_mean": "rope"},
+    "accum-token": {"rotation": "accum", "increments": "random_token"},
+    "accum-learned": {"rotation": "accum", "increments": "learned"},
+    "accum-learned+values": {"rotation": "accum", "increments": "learned", "rotate_values": True},
+    "PaTH": {"rotation": "path"},
+    "PaTH-FoX": {"rotation": "path", "far_mass": "forget"},
+    "accum-learned+values+forget": {"rotation": "accum", "increments": "learned", "rotate_values": True,
+                                    "far_mass": "forget"},
+}
+WINDOWED = ("accum-random", "accum-random-drift", "accum-token")  # random increments: window = 0.75 L
+
+# data set -> overrides. "corpus": the embedded stdlib bytes (the recipe's data); "local": the offset-copy task,
+# where only answers within K = 8 tokens are scored and only the distractors grow with the length.
+DATASETS: dict[str, dict[str, Any]] = {
+    "corpus": {},
+    "local": {"data": "data_modules.LocalDependencyDataModule"},
+}
+DATASET_TITLES = {"corpus": "embedded corpus (Python stdlib bytes)", "local": "local-dependency task (offset copy)"}
+
+
+@dataclass(frozen=True)
+class Size:
+    """A preset: the shipped config it starts from and what the ablation changes in it."""
+
+    base: str
+    seq_len: int
+    seeds: int
+    lr: float
+    overrides: dict[str, Any] = field(default_factory=dict)
+    multipliers: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
+    diagnostics: tuple[float, ...] = (1, 8, 64)
+    cost: str = ""
+
+
+SIZES: dict[str, Size] = {
+    "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
+                 overrides={"extrapolation.budget_tokens": 32768},
+                 cost="44 runs of 300 steps (d64, 2 layers, L = 128): about 20 min with 2 workers on 2 CPU cores"),
+    "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
+                  overrides={"extrapolation.budget_tokens": 131072},
+                  cost="66 runs of 5000 steps (d256, 6 layers, L = 512): a GPU; see the README"),
+    "paper": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
+                  overrides={"trainer.max_steps": 20000, "trainer.val_check_interval": 2000,
+                             "data.init_args.batch_size": 32, "extrapolation.budget_tokens": 262144},
+                  cost="66 runs of 20 000 steps × 32 × 512 tokens: a GPU node or a cluster; see the README"),
+}
+
+
+def checkpoint_callback(base: str) -> dict[str, Any]:
+    """The recipe's own checkpoint callback (a ``trainer.callbacks`` override replaces the whole list)."""
+    from accrot.cli import config_path
+
+    doc = yaml.safe_load(Path(config_path(base)).read_text())
+    (ckpt,) = [c for c in doc["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
+    return ckpt
+
+
+def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets: list[str],
+               wandb: str = "auto", max_steps: int | None = None,
+               multipliers: list[float] | None = None) -> dict[str, Any]:
+    """The sweep spec of the ablation (``accrot sweep`` reads the same YAML)."""
+    multipliers = list(multipliers or size.multipliers)
+    longest = max(multipliers)
+    diag = sorted({m for m in size.diagnostics if m <= longest} | {1, longest})
+    common = {**size.overrides, "extrapolation.multipliers": multipliers}
+    if max_steps is not None:
+        common["trainer.max_steps"] = max_steps
+    ckpt = checkpoint_callback(size.base)
+    diagnostics = {"class_path": "callbacks.diagnostics.DiagnosticsCallback",
+                   "init_args": {"multipliers": diag, "blocks": 2}}
+    strata: dict[str, dict[str, Any]] = {}
+    for data in datasets:
+        for label in variants:
+            over = {f"model.scheme.{k}": v for k, v in VARIANTS[label].items()}
+            if label in WINDOWED:
+                over["model.scheme.window"] = 0.75 * size.seq_len
+            over.update(DATASETS[data])
+            # the theory diagnostics (T1–T4) on the corpus models
+            over["trainer.callbacks"] = [ckpt, diagnostics] if data == "corpus" else [ckpt]
+            strata[f"{data}.{label}"] = over
+    return {
+        "name": study,
+        "description": "accrot ablation: the variants of PAPER.md on each data set, same recipe, budget and seeds",
+        "base": size.base,
+        "overrides": common,
+        "space": {"model.lr": [size.lr]},  # one point: the grid is variants × seeds, nothing is tuned
+        "variants": strata,
+        "objectives": [{"metric": "nll@1x", "direction": "minimize"}],
+        "sampler": {"type": "grid", "seed": 0},
+        "pruner": {"type": "none"},
+        "seeds": list(range(seeds)),
+        "wandb": wandb,
+        "retries": 2,
+    }
+
+
+def main(argv: list[str]) -> int:
+    """``accrot ablation [--size tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
+    from jsonargparse import ArgumentParser
+
+    from accrot.cli import UsageError
+
+    parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=__doc__)
+    parser.add_argument("--size", type=str, default="tiny", help="tiny, small or paper (see the README for costs)")
+    parser.add_argument("--seeds", type=int | None, default=None, help="seeds per variant (default: the size's)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes on this machine (0: none)")
+    parser.add_argument("--storage", type=str | None, default=None,
+                        help="Optuna storage URL (default: sqlite under <out>/<study>/)")
+    parser.add_argument("--out", type=str, default="results", help="results folder")
+    parser.add_argument("--study", type=str | None, default=None, help="study name (default: ablation-<size>)")
+    parser.add_argument("--variants", type=list[str] | None, default=None, help=f"subset of: {', '.join(VARIANTS)}")
+    parser.add_argument("--datasets", type=list[str] | None, default=None, help=f"subset of: {', '.join(DATASETS)}")
+    parser.add_argument("--max_steps", type=int | None, default=None, help="override the size's training steps")
+    parser.add_argument("--multipliers", type=list[float] | None, default=None,
+                        help="evaluation lengths as multiples of L (default: 1 2 4 ... 64)")
+    parser.add_argument("--wandb", type=str, default="auto", help="auto, online, offline or disabled")
+    parser.add_argument("--report_only", action="store_true", help="only rebuild REPORT.md from complete trials")
+    args = parser.parse_args(argv)
+
+    if args.size not in SIZES:
+        raise UsageError(f"--size={args.size!r} is not valid; choose one of {', '.join(SIZES)}")
+    size = SIZES[args.size]
+    seeds = size.seeds if args.seeds is None else args.seeds
+    if seeds < 1:
+        raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
+    if args.workers < 0:
+        raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
+    variants = args.variants or list(VARIANTS)
+    datasets = args.datasets or list(DATASETS)
+    for given, known, what in ((variants, VARIANTS, "variant"), (datasets, DATASETS, "data set")):
+        unknown = [v for v in given if v not in known]
+        if unknown:
+            raise UsageError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
+        if len(set(given)) != len(given):
+            raise UsageError(f"a {what} is listed twice: {', '.join(given)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max_steps={args.max_steps} is not valid; a positive number of steps")
+    if args.multipliers is not None and (not args.multipliers or 1 not in args.multipliers
+                                         or any(m <= 0 for m in args.multipliers)):
+        raise UsageError(f"--multipliers={args.multipliers} is not valid; positive multiples of L that include 1")
+    study = args.study or f"ablation-{args.size}"
+    out = Path(args.out).resolve()
+    folder = out / study
+    spec_doc = build_spec(study, size, seeds, variants, datasets, args.wandb, args.max_steps, args.multipliers)
+    spec_path = folder / f"{study}.yaml"
+
+    from accrot.claims import build_report
+    from accrot.sweep import StorageRef, load_spec, run_sweep
+
+    started = time.time()
+    if not args.report_only:
+        _write_spec(spec_path, spec_doc)
+        spec = load_spec(spec_path)
+        ref = StorageRef.parse(args.storage, spec.name, out)
+        with _sigterm_as_interrupt():
+            rc = run_sweep(spec, ref, out, args.workers)
+        if rc != 0 or args.workers == 0:
+            return rc
+    elif not spec_path.is_file():
+        raise UsageError(f"no ablation study at {folder} (no {spec_path.name}); run it first without --report_only")
+    spec = load_spec(spec_path)
+    ref = StorageRef.parse(args.storage, spec.name, out)
+    meta = {"command": "accrot ablation " + " ".join(argv), "size": args.size, "size_cost": size.cost,
+            "seeds": seeds, "workers": args.workers, "started": started}
+    report = build_report(spec, ref, folder, meta)
+    print(f"report: {report}")
+    return 0
+
+
+def _write_spec(path: Path, doc: dict[str, Any]) -> None:
+    """Write the generated spec; an existing one with other content means other options: refuse, one line."""
+    from accrot.cli import UsageError
+    from accrot.report import atomic_write_text
+
+    text = ("# generated by `accrot ablation`; `accrot sweep` reads it too (workers on other machines)\n"
+            + yaml.safe_dump(doc, sort_keys=False))
+    if path.is_file():
+        old = yaml.safe_load(path.read_text())
+        if old != doc:
+            changed = sorted(k for k in set(old) | set(doc) if old.get(k) != doc.get(k))
+            raise UsageError(f"{path.parent} holds an ablation with other options ({', '.join(changed)} differ); "
+                             "pass --study NAME for a new one, or the same options to resume it")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (a scheduler, ``kill``) stops the sweep the way Ctrl-C does: workers are stopped and their running
+    trials failed and re-queued, so the next ``accrot ablation`` picks them up."""
+
+    def __enter__(self) -> None:
+        self._old = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._raise)
+
+    @staticmethod
+    def _raise(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self._old)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m accrot.ablation`
+    from accrot.cli import main as cli_main
+
+    sys.exit(cli_main(["ablation", *sys.argv[1:]]))

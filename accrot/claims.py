@@ -1,0 +1,695 @@
+"""The ablation's report: tables, figures and every claim of PAPER.md checked against the runs (issue #8).
+
+:func:`collect` reads the complete trials of an ablation study (their ``extrapolation.json`` and, for corpus
+models, ``diagnostics/diagnostics.json``) into :class:`Run` records; :func:`check_claims` turns them into one
+:class:`Claim` per row of PAPER.md's table; :func:`write_report` writes ``REPORT.md``, ``results.csv``,
+``claims.json`` and the PNGs.
+
+How a verdict is decided (also printed in the report). Every comparison is over seeds:
+
+* two variants at one length: the difference of their mean NLLs against the *spread*, the sum of their
+  sample standard deviations over seeds. ``|Δ| ≤ spread`` is *inside the spread*; otherwise the difference is
+  resolved, for or against the claim;
+* one variant against itself (NLL at 16× vs 1×, far mass at 64× vs 1×): the per-seed differences (or ratios),
+  resolved when ``|mean| > std``;
+* a threshold (within 5 %, flat within 2 %): supported when ``mean + std`` is under it, not supported when
+  ``mean − std`` is over it, inconclusive between.
+
+A claim is *supported* when every comparison it rests on is resolved in its favour, *not supported* when any is
+resolved against it, and *inconclusive* otherwise — in particular with one seed (no spread) or when a variant
+or length it needs was not run.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from accrot.report import _pyplot, atomic_savefig, atomic_write_text
+
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+C2_TOLERANCE = 0.05  # "within a few %": NLL(16×) at most 5 % above NLL(1×)
+C5_TOLERANCE = 0.02  # "flat": no length more than 2 % above NLL(1×)
+T1_TOLERANCE = 0.10  # share of (layer, head, Δ ≤ L) where measured and predicted coherence disagree
+T1_SLACK = 0.05  # coherence points agree within 2 standard errors plus this (the estimator's finite-block bias)
+T2_TOLERANCE = 0.25  # relative change of the mean mixing window from L to the longest length
+T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than the linear sum (1)
+ROTATION_ONLY = ("accum-random", "accum-token", "accum-learned", "accum-learned+values", "PaTH")
+CONTROLLED = {"ALiBi": "NoPE", "PaTH-FoX": "PaTH", "accum-learned+values+forget": "accum-learned+values"}
+
+
+@dataclass
+class Run:
+    """One complete trial: its evaluation per multiplier and, for corpus models, its diagnostics."""
+
+    dataset: str
+    variant: str
+    seed: int
+    run_dir: str
+    lengths: dict[float, dict[str, Any]]  # multiplier -> the extrapolation.json row
+    train_length: int
+    diagnostics: dict | None = None
+
+    def value(self, field_: str, mult: float) -> float | None:
+        row = self.lengths.get(float(mult))
+        return None if row is None or row.get(field_) is None else float(row[field_])
+
+
+# ---------------------------------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------------------------------
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None below two values)."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None)
+
+
+def fmt(values: Sequence[float], digits: int = 3) -> str:
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+@dataclass
+class Comparison:
+    """One comparison a claim rests on: what, its numbers, and ``for`` / ``against`` / ``inside`` / ``missing``."""
+
+    what: str
+    numbers: str
+    outcome: str
+
+
+def compare_variants(what: str, a: str, va: Sequence[float], b: str, vb: Sequence[float], lower_is_for: bool = True,
+                     digits: int = 3) -> Comparison:
+    """Variant a against variant b on one quantity; the claim says a < b (``lower_is_for``) or a > b."""
+    if not va or not vb:
+        missing = a if not va else b
+        return Comparison(what, f"{missing} not run", "missing")
+    (ma, sa), (mb, sb) = mean_std(va), mean_std(vb)
+    diff = ma - mb
+    if sa is None or sb is None:
+        return Comparison(what, f"{a} {fmt(va, digits)} vs {b} {fmt(vb, digits)}: one seed, no spread", "inside")
+    spread = sa + sb
+    numbers = (f"{a} {fmt(va, digits)} vs {b} {fmt(vb, digits)} (Δ {diff:+.{digits}f}, spread {spread:.{digits}f})")
+    if abs(diff) <= spread:
+        return Comparison(what, numbers, "inside")
+    return Comparison(what, numbers, "for" if (diff < 0) == lower_is_for else "against")
+
+
+def compare_paired(what: str, diffs: Sequence[float], positive_is_for: bool = True, digits: int = 3,
+                   label: str = "Δ") -> Comparison:
+    """Per-seed differences of one variant against itself; the claim says they are positive (or negative)."""
+    if not diffs:
+        return Comparison(what, "not run", "missing")
+    mean, std = mean_std(diffs)
+    if std is None:
+        return Comparison(what, f"{label}{mean:+.{digits}f}: one seed, no spread", "inside")
+    numbers = f"{label}{mean:+.{digits}f} ± {std:.{digits}f}"
+    if abs(mean) <= std:
+        return Comparison(what, numbers, "inside")
+    return Comparison(what, numbers, "for" if (mean > 0) == positive_is_for else "against")
+
+
+def compare_threshold(what: str, values: Sequence[float], limit: float, below_is_for: bool = True,
+                      digits: int = 3, label: str = "") -> Comparison:
+    """Per-seed values against a threshold; the claim says they lie below it (or above)."""
+    if not values:
+        return Comparison(what, "not run", "missing")
+    mean, std = mean_std(values)
+    head = f"{label}{mean:.{digits}f}"
+    if std is None:
+        return Comparison(what, f"{head} (limit {limit:g}): one seed, no spread", "inside")
+    numbers = f"{head} ± {std:.{digits}f} (limit {limit:g})"
+    if mean + std <= limit:
+        return Comparison(what, numbers, "for" if below_is_for else "against")
+    if mean - std > limit:
+        return Comparison(what, numbers, "against" if below_is_for else "for")
+    return Comparison(what, numbers, "inside")
+
+
+@dataclass
+class Claim:
+    id: str
+    claim: str
+    test: str
+    comparisons: list[Comparison] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        outcomes = [c.outcome for c in self.comparisons]
+        if not outcomes:
+            return INCONCLUSIVE
+        if "against" in outcomes:
+            return NOT_SUPPORTED
+        if all(o == "for" for o in outcomes):
+            return SUPPORTED
+        return INCONCLUSIVE
+
+    def why(self) -> str:
+        outcomes = [c.outcome for c in self.comparisons]
+        if not outcomes:
+            return "nothing to compare"
+        if "against" in outcomes:
+            return "a comparison is resolved against it"
+        if "missing" in outcomes:
+            return "a variant or length it needs was not run"
+        if any("no spread" in c.numbers for c in self.comparisons):
+            return "one seed: no spread to tell a difference from noise"
+        if "inside" in outcomes:
+            return "a difference lies inside the seeds' spread"
+        return "every comparison is resolved in its favour"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the claims
+# ---------------------------------------------------------------------------------------------------
+class Results:
+    """The runs of one ablation, indexed by (data set, variant)."""
+
+    def __init__(self, runs: Iterable[Run]) -> None:
+        self.runs = sorted(runs, key=lambda r: (r.dataset, r.variant, r.seed))
+        self.by: dict[tuple[str, str], list[Run]] = {}
+        for r in self.runs:
+            self.by.setdefault((r.dataset, r.variant), []).append(r)
+
+    def datasets(self) -> list[str]:
+        return sorted({r.dataset for r in self.runs}, key=lambda d: (d != "corpus", d))
+
+    def variants(self, dataset: str) -> list[str]:
+        from accrot.ablation import VARIANTS
+
+        present = {v for d, v in self.by if d == dataset}
+        return [v for v in VARIANTS if v in present] + sorted(present - set(VARIANTS))
+
+    def multipliers(self, dataset: str) -> list[float]:
+        return sorted({m for r in self.runs if r.dataset == dataset for m in r.lengths})
+
+    def values(self, dataset: str, variant: str, field_: str, mult: float) -> list[float]:
+        out = [r.value(field_, mult) for r in self.by.get((dataset, variant), [])]
+        return [v for v in out if v is not None and math.isfinite(v)]
+
+    def per_seed(self, dataset: str, variant: str, fn: Callable[[Run], float | None]) -> list[float]:
+        out = [fn(r) for r in self.by.get((dataset, variant), [])]
+        return [v for v in out if v is not None and math.isfinite(v)]
+
+
+def _lengths(res: Results, dataset: str, wanted: Sequence[float]) -> list[float]:
+    have = res.multipliers(dataset)
+    return [m for m in wanted if m in have]
+
+
+def _x(m: float) -> str:
+    return f"{m:g}×"
+
+
+def check_claims(res: Results) -> list[Claim]:
+    d = "corpus"
+    longest = max(res.multipliers(d), default=1.0)
+    claims = []
+
+    c = Claim("C1", "random accumulated rotations extrapolate much better than RoPE",
+              "NLL at 4×–16× L: accum-random below RoPE (corpus)")
+    for m in _lengths(res, d, (4, 8, 16)) or [4.0]:
+        c.comparisons.append(compare_variants(f"NLL {_x(m)}", "accum-random", res.values(d, "accum-random", "nll", m),
+                                              "RoPE", res.values(d, "RoPE", "nll", m)))
+    claims.append(c)
+
+    c = Claim("C2", "learned token-dependent rotations keep near-L perplexity far beyond L",
+              f"accum-learned: NLL(16×) / NLL(1×) − 1 ≤ {C2_TOLERANCE:.0%} (per seed)")
+    rise = res.per_seed(d, "accum-learned", lambda r: _ratio(r.value("nll", 16), r.value("nll", 1)))
+    c.comparisons.append(compare_threshold("NLL 16× vs 1×", rise, C2_TOLERANCE, label="rise "))
+    claims.append(c)
+
+    c = Claim("C3", "rotating values helps over q/k alone",
+              "NLL at 16×, 32×, 64×: accum-learned+values at most accum-learned (corpus)")
+    for m in _lengths(res, d, (16, 32, 64)) or [16.0]:
+        c.comparisons.append(compare_variants(
+            f"NLL {_x(m)}", "accum-learned+values", res.values(d, "accum-learned+values", "nll", m),
+            "accum-learned", res.values(d, "accum-learned", "nll", m)))
+    claims.append(c)
+
+    c = Claim("C4", "rotation-only models still degrade at extreme lengths",
+              f"per rotation-only variant: NLL({_x(longest)}) above its best NLL up to 16× (per seed)",
+              note="local task, as distractors grow: " + _local_rise(res, longest))
+    for v in ROTATION_ONLY:
+        c.comparisons.append(compare_paired(v, res.per_seed(d, v, lambda r: _rise_after(r, longest, 16)),
+                                            label="rise "))
+    claims.append(c)
+
+    c = Claim("C5", "ALiBi stays length-stable",
+              f"ALiBi: max over lengths of NLL(m) / NLL(1×) − 1 ≤ {C5_TOLERANCE:.0%} (per seed)")
+    c.comparisons.append(compare_threshold("ALiBi curve", res.per_seed(d, "ALiBi", _max_rise), C5_TOLERANCE,
+                                           label="max rise "))
+    claims.append(c)
+
+    c = Claim("T1", "products become incoherent after finitely many steps",
+              "accum-random: measured coherence E[q·Mk] follows the prediction |φ|^Δ — at most "
+              f"{T1_TOLERANCE:.0%} of (layer, head, 1 ≤ Δ ≤ L) points outside 2 standard errors + {T1_SLACK:g} — "
+              "and every head has a finite window")
+    dev = res.per_seed(d, "accum-random", _coherence_disagreement)
+    c.comparisons.append(compare_threshold("coherence vs |φ|^Δ", dev, T1_TOLERANCE, label="share outside "))
+    finite = res.per_seed(d, "accum-random", lambda r: _finite_windows(r))
+    c.comparisons.append(compare_threshold("heads without a finite window", finite, 0.0, label="share "))
+    claims.append(c)
+
+    c = Claim("T2", "a finite mixing window independent of context length",
+              f"per accumulated-rotation variant: |window({_x(longest)}) / window(1×) − 1| ≤ {T2_TOLERANCE:g}")
+    for v in ("accum-random", "accum-token", "accum-learned", "accum-learned+values"):
+        c.comparisons.append(compare_threshold(v, res.per_seed(d, v, _window_change), T2_TOLERANCE,
+                                               label="change "))
+    claims.append(c)
+
+    c = Claim("T3", "far-mass lower bound",
+              f"attention mass beyond L/4 at {_x(longest)} vs 1×: grows for rotation-only variants; lower with "
+              "far-mass control than without (ALiBi vs NoPE, PaTH-FoX vs PaTH, +forget vs +values)")
+    for v in ("accum-random", "accum-learned", "accum-learned+values", "PaTH"):
+        c.comparisons.append(compare_paired(f"{v} grows", res.per_seed(
+            d, v, lambda r: _far_mass_at(r, longest, rel=True)), label="Δ far mass "))
+    for ctl, base in CONTROLLED.items():
+        c.comparisons.append(compare_variants(
+            f"{ctl} vs {base} at {_x(longest)}", ctl, res.per_seed(d, ctl, lambda r: _far_mass_at(r, longest)),
+            base, res.per_seed(d, base, lambda r: _far_mass_at(r, longest))))
+    claims.append(c)
+
+    c = Claim("T4", "value rotation makes far contributions incoherent",
+              f"+values variants at {_x(longest)}: (rotated − random walk) / (linear sum − random walk) of the far "
+              f"output norm below {T4_MIDPOINT:g}")
+    for v in ("accum-learned+values", "accum-learned+values+forget"):
+        c.comparisons.append(compare_threshold(v, res.per_seed(d, v, lambda r: _value_position(r, longest)),
+                                               T4_MIDPOINT, label="position "))
+    claims.append(c)
+    return claims
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b - 1.0
+
+
+def _rise_after(run: Run, longest: float, upto: float) -> float | None:
+    best = [run.value("nll", m) for m in run.lengths if m <= upto]
+    best = [b for b in best if b is not None]
+    last = run.value("nll", longest)
+    return None if not best or last is None else last - min(best)
+
+
+def _max_rise(run: Run) -> float | None:
+    base = run.value("nll", 1)
+    rises = [_ratio(run.value("nll", m), base) for m in run.lengths]
+    rises = [r for r in rises if r is not None]
+    return max(rises) if rises else None
+
+
+def _local_rise(res: Results, longest: float) -> str:
+    parts = []
+    for v in ROTATION_ONLY + ("ALiBi",):
+        a, b = res.values("local", v, "nll", 1), res.values("local", v, "nll", longest)
+        if a and b:
+            parts.append(f"{v} {fmt(a)} → {fmt(b)}")
+    return "; ".join(parts) + f" (answer NLL, 1× → {_x(longest)})" if parts else "not run"
+
+
+def _diag_layers(run: Run) -> list[dict]:
+    return (run.diagnostics or {}).get("layers") or []
+
+
+def _mean(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _coherence_disagreement(run: Run) -> float | None:
+    """Share of (layer, head, 1 ≤ Δ ≤ L) where |measured − predicted| > 2 stderr + :data:`T1_SLACK`."""
+    outside = []
+    L = (run.diagnostics or {}).get("train_length")
+    for layer in _diag_layers(run):
+        pred = layer.get("predicted")
+        first = next((c for c in layer["coherence"] if c["length"] == L), None)
+        if not pred or first is None:
+            continue
+        predicted = {d: [h[i] for h in pred["curve"]] for i, d in enumerate(pred["distances"])}
+        for i, dist in enumerate(first["distances"]):
+            if dist in predicted and 1 <= dist <= L:
+                for h, curve in enumerate(first["curve"]):
+                    err = first["stderr"][h][i]
+                    if None not in (curve[i], predicted[dist][h], err):
+                        outside.append(abs(curve[i] - predicted[dist][h]) > 2 * err + T1_SLACK)
+    return sum(outside) / len(outside) if outside else None
+
+
+def _finite_windows(run: Run) -> float | None:
+    """Share of (layer, head) whose coherence at L never fell below ε (0 = every head mixes)."""
+    L = (run.diagnostics or {}).get("train_length")
+    flags = [w is None for layer in _diag_layers(run) for c in layer["coherence"] if c["length"] == L
+             for w in c["window"]]
+    return sum(flags) / len(flags) if flags else None
+
+
+def _mean_window(run: Run, length: int) -> float | None:
+    ws = [w for layer in _diag_layers(run) for c in layer["coherence"] if c["length"] == length for w in c["window"]]
+    if not ws or any(w is None for w in ws):
+        return None  # a head that never mixed: no finite mean window
+    return sum(ws) / len(ws)
+
+
+def _window_change(run: Run) -> float | None:
+    diag = run.diagnostics or {}
+    lengths = diag.get("lengths") or []
+    if not lengths:
+        return None
+    w1, w2 = _mean_window(run, diag.get("train_length")), _mean_window(run, max(lengths))
+    return None if w1 is None or w2 is None or w1 == 0 else abs(w2 / w1 - 1.0)
+
+
+def _far_mass(run: Run, length: int) -> float | None:
+    return _mean(m for layer in _diag_layers(run) for f in layer["far_mass"] if f["length"] == length
+                 for m in f["mass"])
+
+
+def _far_mass_at(run: Run, mult: float, rel: bool = False) -> float | None:
+    diag = run.diagnostics or {}
+    L = diag.get("train_length")
+    if L is None:
+        return None
+    far = _far_mass(run, int(round(L * mult)))
+    if not rel:
+        return far
+    base = _far_mass(run, L)
+    return None if far is None or base is None else far - base
+
+
+def _value_position(run: Run, mult: float) -> float | None:
+    diag = run.diagnostics or {}
+    L = diag.get("train_length")
+    if L is None:
+        return None
+    length = int(round(L * mult))
+    pos = []
+    for layer in _diag_layers(run):
+        for v in layer["value_far_norm"]:
+            if v["length"] != length:
+                continue
+            for rot, lin, inc in zip(v["rotated"], v["unrotated"], v["incoherent"]):
+                if None not in (rot, lin, inc) and lin - inc > 1e-9:
+                    pos.append((rot - inc) / (lin - inc))
+    return sum(pos) / len(pos) if pos else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading a study
+# ---------------------------------------------------------------------------------------------------
+def collect(spec, ref) -> Results:
+    """The complete trials of every stratum of an ablation spec, with their evaluation and diagnostics."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from accrot.sweep import open_storage
+
+    storage = open_storage(ref)
+    runs = []
+    for stratum in spec.strata():
+        dataset, _, variant = (stratum.variant or "corpus.?").partition(".")
+        try:
+            study = optuna.load_study(study_name=stratum.study_name, storage=storage)
+        except KeyError:
+            continue  # not created yet
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            run_dir = Path(t.user_attrs.get("run_dir", ""))
+            ext = run_dir / "extrapolation.json"
+            if not ext.is_file():
+                continue
+            doc = json.loads(ext.read_text())
+            diag_path = run_dir / "diagnostics" / "diagnostics.json"
+            runs.append(Run(
+                dataset=dataset, variant=variant, seed=int(t.user_attrs.get("seed", 0)), run_dir=str(run_dir),
+                lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
+                train_length=int(doc["train_length"]),
+                diagnostics=json.loads(diag_path.read_text()) if diag_path.is_file() else None,
+            ))
+    return Results(runs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# writing the report
+# ---------------------------------------------------------------------------------------------------
+RULES = """How a verdict is decided. Every comparison is over seeds:
+
+- two variants at one length: the difference of their means against the *spread*, the sum of their sample
+  standard deviations over seeds; |Δ| ≤ spread is *inside* the spread, otherwise the difference is resolved,
+  *for* or *against* the claim;
+- one variant against itself (NLL at 16× vs 1×, far mass at 64× vs 1×): the per-seed differences, resolved
+  when |mean| > std;
+- a threshold (within 5 %, flat within 2 %, ...): *for* when mean + std is under it, *against* when mean − std is
+  over it, *inside* between.
+
+A claim is *supported* when every comparison is *for*, *not supported* when any is *against*, and
+*inconclusive* otherwise: a difference inside the spread, one seed (no spread), or a variant or length that
+was not run."""
+
+
+def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
+    mults = res.multipliers(dataset)
+    head = "| variant | seeds | " + " | ".join(_x(m) for m in mults) + " |"
+    lines = [head, "|" + "---|" * (len(mults) + 2)]
+    for v in res.variants(dataset):
+        seeds = len(res.by.get((dataset, v), []))
+        cells = [fmt(res.values(dataset, v, field_, m), digits) for m in mults]
+        lines.append(f"| {v} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _claims_md(claims: Sequence[Claim]) -> str:
+    lines = ["| # | claim | test | verdict | why |", "|---|---|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c.id} | {c.claim} | {c.test} | **{c.verdict}** | {c.why()} |")
+    lines.append("")
+    for c in claims:
+        lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Test: {c.test}.")
+        for comp in c.comparisons:
+            lines.append(f"- {comp.what}: {comp.numbers} → *{comp.outcome}*")
+        if c.note:
+            lines.append(f"- {c.note}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _color(variant: str):
+    """One fixed colour per variant in every figure (matplotlib's default cycle repeats after 10 lines)."""
+    from matplotlib import colormaps
+
+    from accrot.ablation import VARIANTS
+
+    names = list(VARIANTS)
+    i = names.index(variant) if variant in names else len(names) + sum(map(ord, variant)) % 9
+    return colormaps["tab20"]((2 * i if i < 10 else 2 * (i - 10) + 1) % 20)
+
+
+def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for v in res.variants(dataset):
+        xs, ms, ss = [], [], []
+        for m in res.multipliers(dataset):
+            vals = res.values(dataset, v, field_, m)
+            if vals:
+                mean, std = mean_std(vals)
+                xs.append(m), ms.append(mean), ss.append(std or 0.0)
+        line, = ax.plot(xs, ms, marker="o", ms=3, label=v, color=_color(v))
+        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
+                        color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.axvline(1, color="grey", ls=":", lw=1)
+    ax.set_xlabel("evaluation length / training length L")
+    ax.set_ylabel("NLL (nats/token)" if field_ == "nll" else field_)
+    ax.set_title(f"{DATASET_TITLE(dataset)}: mean ± std over seeds")
+    ax.legend(fontsize=7, ncol=2)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def DATASET_TITLE(dataset: str) -> str:  # noqa: N802 - reads like the constant it wraps
+    from accrot.ablation import DATASET_TITLES
+
+    return DATASET_TITLES.get(dataset, dataset)
+
+
+def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
+    mults = res.multipliers(dataset)
+    if not mults:
+        return None
+    longest = max(mults)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drawn = False
+    for v in res.variants(dataset):
+        curves, width = [], None
+        for r in res.by.get((dataset, v), []):
+            row = r.lengths.get(longest) or {}
+            buckets = row.get("bucket_nll")
+            if buckets:
+                curves.append(buckets[1] if isinstance(buckets[0], int) else buckets)
+                width = row.get("bucket_width")
+        if not curves or width is None:
+            continue
+        n = min(len(c) for c in curves)
+        mean = [sum(c[i] for c in curves if c[i] is not None) / max(1, sum(c[i] is not None for c in curves))
+                for i in range(n)]
+        ax.plot([(i + 0.5) * width for i in range(n)], mean, lw=1, label=v, color=_color(v))
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    train_length = res.runs[0].train_length
+    ax.axvline(train_length, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the block (tokens)")
+    ax.set_ylabel("NLL (nats/token)")
+    ax.set_title(f"{DATASET_TITLE(dataset)}: per-position NLL at {_x(longest)} L (mean over seeds)")
+    ax.legend(fontsize=7, ncol=2)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_theory(res: Results, folder: Path) -> list[Path]:
+    """Coherence curves (seed 0, layer 0, mean over heads; prediction dashed) and far mass vs length."""
+    plt = _pyplot()
+    out = []
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    drawn = False
+    for v in res.variants("corpus"):
+        runs = [r for r in res.by.get(("corpus", v), []) if r.diagnostics]
+        if not runs:
+            continue
+        layer = runs[0].diagnostics["layers"][0]
+        for ax, coh in zip(axes, (layer["coherence"][0], layer["coherence"][-1])):
+            dist = coh["distances"]
+            curve = [_mean(h[i] for h in coh["curve"]) for i in range(len(dist))]
+            line, = ax.plot([max(d, 0.5) for d in dist], curve, lw=1, label=v, color=_color(v))
+            ax.set_title(f"coherence at {coh['length']} tokens (layer 0, seed {runs[0].seed})")
+            pred = layer.get("predicted")
+            if pred:
+                ax.plot([max(d, 0.5) for d in pred["distances"]], [_mean(h[i] for h in pred["curve"])
+                        for i in range(len(pred["distances"]))], ls="--", lw=1, color=line.get_color())
+        drawn = True
+    if drawn:
+        for ax in axes:
+            ax.set_xscale("log", base=2)
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.set_xlabel("distance Δ = t − s (tokens)")
+            ax.set_ylabel("E[q·M k] / E[q·k]")
+        axes[1].legend(fontsize=7, ncol=2)
+        path = folder / "coherence.png"
+        atomic_savefig(fig, path)
+        out.append(path)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drawn = False
+    for v in res.variants("corpus"):
+        runs = [r for r in res.by.get(("corpus", v), []) if r.diagnostics]
+        if not runs:
+            continue
+        lengths = runs[0].diagnostics["lengths"]
+        xs, ms, ss = [], [], []
+        for length in lengths:
+            vals = [x for x in (_far_mass(r, length) for r in runs) if x is not None]
+            if vals:
+                mean, std = mean_std(vals)
+                xs.append(length / runs[0].train_length), ms.append(mean), ss.append(std or 0.0)
+        line, = ax.plot(xs, ms, marker="o", ms=3, label=v, color=_color(v))
+        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
+                        color=line.get_color(), alpha=0.15)
+        drawn = True
+    if drawn:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("length / L")
+        ax.set_ylabel("attention mass beyond L/4 (last queries)")
+        ax.set_title("far mass vs length (mean over layers and heads; ± std over seeds)")
+        ax.legend(fontsize=7, ncol=2)
+        path = folder / "far_mass.png"
+        atomic_savefig(fig, path)
+        out.append(path)
+    plt.close(fig)
+    return out
+
+
+def results_csv(res: Results) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["dataset", "variant", "seed", "multiplier", "length", "nll", "accuracy", "last_window_nll", "run_dir"])
+    for r in res.runs:
+        for m, row in sorted(r.lengths.items()):
+            w.writerow([r.dataset, r.variant, r.seed, m, row.get("length"), row.get("nll"), row.get("accuracy"),
+                        row.get("last_window_nll"), r.run_dir])
+    return buf.getvalue()
+
+
+def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
+    """``REPORT.md`` + ``results.csv`` + ``claims.json`` + PNGs into ``folder``; returns the report's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    claims = check_claims(res)
+    figures: list[Path] = []
+    sections = []
+    for dataset in res.datasets():
+        figures.append(plot_nll(res, dataset, folder / f"nll_{dataset}.png"))
+        pp = plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
+        if pp:
+            figures.append(pp)
+        part = [f"## {DATASET_TITLE(dataset)}", "",
+                "NLL (nats/token; on the local task: answers only) per evaluation length, mean ± std over seeds.", "",
+                _table(res, dataset, "nll")]
+        if dataset == "local":
+            part += ["", "Answer accuracy:", "", _table(res, dataset, "accuracy")]
+        part += ["", f"![NLL vs length](nll_{dataset}.png)"]
+        if pp:
+            part += ["", f"![per-position NLL]({pp.name})"]
+        sections.append("\n".join(part))
+    theory = plot_theory(res, folder)
+    figures += theory
+    train_length = res.runs[0].train_length if res.runs else None
+    wall = time.time() - meta["started"] if meta.get("started") else None
+    head = [
+        f"# {meta.get('study', folder.name)}: does accumulation explain extrapolation?", "",
+        f"- command: `{meta.get('command', '')}`",
+        f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
+        f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {len(res.runs)}",
+        f"- revision: {_revision()}; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+        + (f"; this invocation took {wall / 60:.1f} min" if wall else ""),
+        "- every variant: the same recipe, data, token budget, seeds and evaluation blocks; only the position "
+        "scheme differs. Runs, configs and checkpoints: `runs/` below this folder; every number: `results.csv`.",
+        "",
+    ]
+    claims_md = ["## Claims (PAPER.md)", "", _claims_md(claims), RULES, ""]
+    if theory:
+        claims_md += [f"![{p.stem}]({p.name})" for p in theory]
+    text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"
+    atomic_write_text(folder / "results.csv", results_csv(res))
+    atomic_write_text(folder / "claims.json", json.dumps(
+        [{**asdict(c), "verdict": c.verdict, "why": c.why()} for c in claims], indent=1))
+    atomic_write_text(folder / "REPORT.md", text)
+    return folder / "REPORT.md"
+
+
+def _revision() -> str:
+    from callbacks.run_record import git_revision
+
+    try:
+        return git_revision() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_report(spec, ref, folder: Path, meta: Mapping[str, Any]) -> Path:
+    return write_report(collect(spec, ref), folder, {**meta, "study": spec.name})

@@ -1,0 +1,196 @@
+"""The ablation (issue #8): the claim rules, the report builder on a synthetic study, the generated spec, and a
+real interrupted-and-resumed ablation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from accrot.ablation import SIZES, VARIANTS, build_spec
+from accrot.claims import (
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
+    SUPPORTED,
+    Results,
+    Run,
+    check_claims,
+    compare_paired,
+    compare_threshold,
+    compare_variants,
+    write_report,
+)
+from accrot.sweep import StorageRef, SweepSpec, open_storage
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the comparison rules
+# ---------------------------------------------------------------------------------------------------
+def test_difference_inside_the_spread_is_inside_and_outside_is_resolved():
+    inside = compare_variants("x", "a", [2.00, 2.10], "b", [2.05, 2.12])  # Δ −0.035, spread 0.085
+    assert inside.outcome == "inside" and "spread" in inside.numbers
+    assert compare_variants("x", "a", [2.00, 2.01], "b", [2.50, 2.52]).outcome == "for"
+    assert compare_variants("x", "a", [2.50, 2.52], "b", [2.00, 2.01]).outcome == "against"
+    assert compare_variants("x", "a", [2.0], "b", [3.0]).outcome == "inside"  # one seed: no spread
+    assert compare_variants("x", "a", [], "b", [3.0, 3.1]).outcome == "missing"
+
+
+def test_paired_and_threshold_rules():
+    assert compare_paired("x", [0.2, 0.3]).outcome == "for"
+    assert compare_paired("x", [0.2, -0.3]).outcome == "inside"
+    assert compare_paired("x", [-0.2, -0.3]).outcome == "against"
+    assert compare_threshold("x", [0.01, 0.02], 0.05).outcome == "for"
+    assert compare_threshold("x", [0.08, 0.09], 0.05).outcome == "against"
+    assert compare_threshold("x", [0.01, 0.09], 0.05).outcome == "inside"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the report builder on a synthetic study
+# ---------------------------------------------------------------------------------------------------
+def fake_run(variant: str, seed: int, nll: dict[float, float], dataset: str = "corpus") -> Run:
+    rows = {m: {"multiplier": m, "length": int(128 * m), "nll": v, "accuracy": 0.5, "bucket_width": 128,
+                "bucket_nll": [int(m), [v] * int(m)]} for m, v in nll.items()}
+    return Run(dataset, variant, seed, f"/runs/{variant}/{seed}", rows, 128)
+
+
+def synthetic(rope_far: tuple[float, float], random_far: tuple[float, float]) -> Results:
+    """Two variants × two seeds at 1×, 2×, 4×: RoPE and accum-random, NLL at 4× as given."""
+    runs = []
+    for seed in (0, 1):
+        runs.append(fake_run("RoPE", seed, {1: 2.0, 2: 2.2, 4: rope_far[seed]}))
+        runs.append(fake_run("accum-random", seed, {1: 2.0, 2: 2.05, 4: random_far[seed]}))
+    return Results(runs)
+
+
+def test_report_marks_a_difference_inside_the_spread_inconclusive(tmp_path):
+    res = synthetic(rope_far=(2.40, 2.60), random_far=(2.30, 2.60))  # Δ −0.05, spread 0.35
+    report = write_report(res, tmp_path, {"command": "test", "size": "tiny", "seeds": 2, "started": time.time()})
+    text = report.read_text()
+    assert "| variant | seeds | 1× | 2× | 4× |" in text
+    assert "| RoPE | 2 | 2.000 ± 0.000 | 2.200 ± 0.000 | 2.500 ± 0.141 |" in text
+    assert "| accum-random | 2 | 2.000 ± 0.000 | 2.050 ± 0.000 | 2.450 ± 0.212 |" in text
+    (c1,) = [c for c in check_claims(res) if c.id == "C1"]
+    assert c1.verdict == INCONCLUSIVE and c1.why() == "a difference lies inside the seeds' spread"
+    assert "| C1 | random accumulated rotations extrapolate much better than RoPE |" in text
+    assert "**C1 — inconclusive.**" in text and "→ *inside*" in text
+    claims = json.loads((tmp_path / "claims.json").read_text())
+    assert [c["id"] for c in claims] == ["C1", "C2", "C3", "C4", "C5", "T1", "T2", "T3", "T4"]
+    assert all(c["verdict"] == INCONCLUSIVE for c in claims if c["id"] != "C1")  # their variants were not run
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 3 and rows[0].startswith("dataset,variant,seed,multiplier")
+    for png in ("nll_corpus.png", "per_position_corpus.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+
+
+def test_report_resolves_a_clear_difference_either_way(tmp_path):
+    better = synthetic(rope_far=(3.00, 3.02), random_far=(2.10, 2.12))
+    assert [c.verdict for c in check_claims(better) if c.id == "C1"] == [SUPPORTED]
+    worse = synthetic(rope_far=(2.10, 2.12), random_far=(3.00, 3.02))
+    assert [c.verdict for c in check_claims(worse) if c.id == "C1"] == [NOT_SUPPORTED]
+
+
+def test_length_stability_claim_uses_the_threshold():
+    flat = Results([fake_run("ALiBi", s, {1: 2.0, 2: 2.01, 4: 2.0 + 0.005 * s}) for s in (0, 1)])
+    rising = Results([fake_run("ALiBi", s, {1: 2.0, 2: 2.2, 4: 2.4 + 0.01 * s}) for s in (0, 1)])
+    assert [c.verdict for c in check_claims(flat) if c.id == "C5"] == [SUPPORTED]
+    assert [c.verdict for c in check_claims(rising) if c.id == "C5"] == [NOT_SUPPORTED]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the generated spec
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", sorted(SIZES))
+def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp_path):
+    doc = build_spec(f"ablation-{size}", SIZES[size], SIZES[size].seeds, list(VARIANTS), ["corpus", "local"])
+    spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc)))
+    assert spec.budget == SIZES[size].seeds  # one configuration × the seeds per study
+    strata = spec.strata()
+    assert len(strata) == 2 * len(VARIANTS)
+    # equal budgets and recipe: strata differ only in the scheme, the data set and the corpus diagnostics
+    for st in strata:
+        assert set(st.overrides) - {"data", "trainer.callbacks"} <= {
+            k for k in st.overrides if k.startswith("model.scheme.")}
+    drift = next(s for s in strata if s.variant == "corpus.accum-random-drift").overrides
+    assert drift["model.scheme.increment_mean"] == "rope"
+    assert drift["model.scheme.window"] == 0.75 * SIZES[size].seq_len
+    assert max(spec.overrides["extrapolation.multipliers"]) == 64
+
+
+# ---------------------------------------------------------------------------------------------------
+# a real ablation, interrupted and resumed
+# ---------------------------------------------------------------------------------------------------
+ABLATE = ["ablation", "--variants=[NoPE, RoPE]", "--datasets=[corpus]", "--seeds=2", "--max_steps=4",
+          "--multipliers=[1, 2]", "--workers=1", "--study=t", "--wandb=disabled"]
+
+
+def _complete(url: str) -> dict[tuple[str, int], tuple[int, str]]:
+    storage = open_storage(StorageRef.parse(url, "t", "."))
+    out = {}
+    for name in ("t/corpus.NoPE", "t/corpus.RoPE"):
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            continue
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = (name, t.user_attrs["seed"])
+            assert key not in out, f"{key} completed twice"
+            out[key] = (t.number, str(t.datetime_complete))
+    return out
+
+
+@pytest.mark.slow
+def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
+    out = tmp_path / "results"
+    cmd = [sys.executable, "-m", "accrot.cli", *ABLATE, f"--out={out}"]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    url = f"sqlite:///{out}/t/study.db"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline, before = time.time() + 300, {}
+    while time.time() < deadline and proc.poll() is None and len(before) < 1:
+        time.sleep(0.5)
+        if (out / "t" / "workers").exists():
+            try:
+                before = _complete(url)
+            except Exception:  # noqa: BLE001 - the storage is being written: poll again
+                before = {}
+    assert proc.poll() is None and 1 <= len(before) < 4, "the ablation finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)  # what a scheduler or `kill` sends: the sweep stops as on Ctrl-C
+    first = proc.communicate(timeout=120)[0]
+    assert proc.returncode != 0, first[-2000:]
+    assert not (out / "t" / "REPORT.md").exists()
+    done = _complete(url)
+
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    after = _complete(url)
+    assert sorted(after) == [(n, s) for n in ("t/corpus.NoPE", "t/corpus.RoPE") for s in (0, 1)]
+    for key, value in done.items():  # complete before the interruption: untouched, not run again
+        assert after[key] == value
+    report = (out / "t" / "REPORT.md").read_text()
+    assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
+
+
+def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
+    from accrot.cli import main
+
+    for argv, expect in [
+        (["--size=huge"], "--size='huge' is not valid; choose one of tiny, small, paper"),
+        (["--variants=[NoPE, Rope]"], "unknown variant 'Rope'; choose from NoPE, RoPE"),
+        (["--seeds=0"], "--seeds=0 is not valid"),
+        (["--multipliers=[2, 4]"], "positive multiples of L that include 1"),
+    ]:
+        assert main(["ablation", *argv, f"--out={tmp_path}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("accrot: error: ") and expect in err[0], err
+    assert not any(tmp_path.iterdir())  # nothing written
