@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a script: make `tests` and the packages importable
-    sys.path.insert(0, str(REPO))
+# run as a script, sys.path[0] is tests/, whose data_modules/ (the tests' package) would shadow the real one:
+# the repository goes first, whatever PYTHONPATH holds
+sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() not in (REPO, REPO / "tests")]
 
 # a tiny run that still checkpoints, validates and evaluates mid-run: every 10 of 40 steps
 RUN = ["fit", "--config", "tiny", "--trainer.max_steps=40", "--model.d_model=32", "--trainer.limit_val_batches=1",
