@@ -42,8 +42,9 @@ def wrap_angle(theta: torch.Tensor) -> torch.Tensor:
     return torch.remainder(theta + math.pi, TWO_PI) - math.pi
 
 
-def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """:func:`rotate_pairs` from precomputed ``cos, sin`` (``[B|1, H|1, T, D/2]``); pass ``-sin`` to rotate by −θ.
+def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """:func:`rotate_pairs` from precomputed ``cos, sin`` (``[B|1, H|1, T, D/2]``); ``inverse`` rotates by −θ
+    (as passing ``-sin`` would, without the negation).
 
     One fused autograd node (:class:`_Rotate`): four multiply-adds into the two output halves forward, the
     inverse rotation of the gradient backward, and the angle gradient only when ``cos``/``sin`` need one
@@ -52,7 +53,7 @@ def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     training step.
     """
     work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
-    return _Rotate.apply(x.to(work), cos.to(work), sin.to(work)).to(x.dtype)
+    return _Rotate.apply(x.to(work), cos.to(work), sin.to(work), -1.0 if inverse else 1.0).to(x.dtype)
 
 
 def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -62,28 +63,31 @@ def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)  # [B, H, T, D]
 
 
-def _rotate_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """out = [a cos − b sin, a sin + b cos] written into the two halves of ``out`` (no concatenation)."""
+def _rotate_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 sign: float = 1.0) -> None:
+    """out = [a cos − s b sin, s a sin + b cos] (s = ``sign``: +1 rotates by θ, −1 by −θ without negating
+    ``sin``) written into the two halves of ``out`` (no concatenation)."""
     oa, ob = out.chunk(2, dim=-1)
     torch.mul(a, cos, out=oa)
-    oa.addcmul_(b, sin, value=-1.0)
-    torch.mul(a, sin, out=ob)
-    ob.addcmul_(b, cos)
+    oa.addcmul_(b, sin, value=-sign)
+    torch.mul(b, cos, out=ob)
+    ob.addcmul_(a, sin, value=sign)
 
 
 class _Rotate(torch.autograd.Function):
-    """y = R(θ) x per pair from (x ``[B, H, T, D]``, cos, sin ``[B|1, H|1, T, D/2]``), one dtype.
+    """y = R(sθ) x per pair from (x ``[B, H, T, D]``, cos, sin ``[B|1, H|1, T, D/2]``, s = ±1), one dtype.
 
-    Backward: dx = R(−θ) dy; with (a, b) the halves of x and (g_a, g_b) of dy, d cos = a g_a + b g_b and
-    d sin = a g_b − b g_a, summed over the dimensions cos and sin were broadcast along.
+    Backward: dx = R(−sθ) dy; with (a, b) the halves of x and (g_a, g_b) of dy, d cos = a g_a + b g_b and
+    d sin = s (a g_b − b g_a), summed over the dimensions cos and sin were broadcast along.
     """
 
     @staticmethod
-    def forward(ctx, x, cos, sin):
+    def forward(ctx, x, cos, sin, sign):
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         a, b = x.chunk(2, dim=-1)
-        _rotate_into(out, a, b, cos, sin)
+        _rotate_into(out, a, b, cos, sin, sign)
         ctx.save_for_backward(x if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None, cos, sin)
+        ctx.sign = sign
         return out
 
     @staticmethod
@@ -93,14 +97,15 @@ class _Rotate(torch.autograd.Function):
         dx = dcos = dsin = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-            _rotate_into(dx, ga, gb, cos, -sin)  # R(−θ) dy
+            _rotate_into(dx, ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
         if x is not None:
             a, b = x.chunk(2, dim=-1)
             if ctx.needs_input_grad[1]:
                 dcos = torch.addcmul(a * ga, b, gb).sum_to_size(cos.shape)
             if ctx.needs_input_grad[2]:
-                dsin = torch.addcmul(a * gb, b, ga, value=-1.0).sum_to_size(sin.shape)
-        return dx, dcos, dsin
+                dsin = torch.addcmul(a * gb, b, ga, value=-1.0)
+                dsin = (dsin if ctx.sign > 0 else -dsin).sum_to_size(sin.shape)
+        return dx, dcos, dsin, None
 
 
 def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:

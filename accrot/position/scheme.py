@@ -100,7 +100,7 @@ class PositionScheme(nn.Module):
             cos, sin = cs = cos_sin(theta, q.dtype)  # one evaluation shared by q, k, v and the output
             q, k = rotate_pairs_cs(q, cos, sin), rotate_pairs_cs(k, cos, sin)
             if self.cfg.rotate_values:
-                v = rotate_pairs_cs(v, cos, -sin)  # value of s leaves at −θ_s ...
+                v = rotate_pairs_cs(v, cos, sin, inverse=True)  # value of s leaves at −θ_s ...
         out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]
         if cs is not None and self.cfg.rotate_values:
             out = rotate_pairs_cs(out, *cs)  # ... and arrives at t rotated by +θ_t

@@ -40,6 +40,21 @@ def test_fused_rotation_keeps_the_input_dtype_and_rotates_in_float32():
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)  # bf16 rounding of the output only
 
 
+@pytest.mark.parametrize("angles_learned", [True, False], ids=["learned", "fixed"])
+def test_inverse_rotation_matches_negated_sine(angles_learned):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    theta = torch.randn(1, 3, 5, 3, generator=gen, dtype=torch.float64).requires_grad_(angles_learned)
+    g = torch.randn(2, 3, 5, 6, generator=gen, dtype=torch.float64)
+    wrt = [x, theta] if angles_learned else [x]
+    cos, sin = cos_sin(theta, x.dtype)
+    fast = rotate_pairs_cs(x, cos, sin, inverse=True)
+    ref = rotate_pairs_reference(x, cos, -sin)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(fast, wrt, g), torch.autograd.grad(ref, wrt, g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 def test_second_rotation_by_minus_theta_undoes_the_first_with_gradients():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
