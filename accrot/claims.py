@@ -470,8 +470,11 @@ def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
 
 def _claims_md(claims: Sequence[Claim]) -> str:
     lines = ["| # | claim | test | verdict | why |", "|---|---|---|---|---|"]
+    def cell(text: str) -> str:  # |φ|^Δ and |Δ| would split a markdown table's cells
+        return text.replace("|", "\\|")
+
     for c in claims:
-        lines.append(f"| {c.id} | {c.claim} | {c.test} | **{c.verdict}** | {c.why()} |")
+        lines.append(f"| {c.id} | {cell(c.claim)} | {cell(c.test)} | **{c.verdict}** | {cell(c.why())} |")
     lines.append("")
     for c in claims:
         lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Test: {c.test}.")
