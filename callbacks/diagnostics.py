@@ -102,8 +102,8 @@ class DiagnosticsCallback(L.Callback):
                 metrics[f"diag/far_mass@{n / self.train_length:g}x@layer{i}"] = row[f"far_mass@{n}"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+        out = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname  # a broadcast under DDP: every rank
         if trainer.is_global_zero:
-            out = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname
             out.mkdir(parents=True, exist_ok=True)
             plot_diagnostics(result, out)
             atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))

@@ -115,8 +115,9 @@ class ExtrapolationCallback(L.Callback):
             logger.log_metrics(metrics, step=trainer.global_step)
             if type(logger).__name__ == "WandbLogger":
                 self._log_wandb_curves(logger, results, trainer.global_step)
+        out = self.run_dir(trainer)  # every rank asks: under DDP trainer.log_dir is a broadcast from rank 0
         if trainer.is_global_zero:
-            self.write(trainer, pl_module)
+            self.write(trainer, pl_module, out)
         return results
 
     def _log_wandb_curves(self, logger, results: list[LengthResult], step: int) -> None:
@@ -160,8 +161,8 @@ class ExtrapolationCallback(L.Callback):
     def run_dir(self, trainer: L.Trainer) -> Path:
         return Path(trainer.log_dir or trainer.default_root_dir)
 
-    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        out = self.run_dir(trainer)
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule, out: Path | None = None) -> None:
+        out = self.run_dir(trainer) if out is None else out
         out.mkdir(parents=True, exist_ok=True)
         dm = trainer.datamodule
         doc = {
