@@ -58,6 +58,22 @@ sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smok
 dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [PORT=8080])
 	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --host 127.0.0.1 --port $(PORT)
 
+# SLURM: make slurm-train NODES=2 TASKS=4 [PARTITION=p] [TIME=04:00:00] [ACCOUNT=a] [MASTER_ADDR=ip] [DRY_RUN=1] ARGS='--config small'
+#        make slurm-sweep SWEEP=lr STORAGE=postgresql://... WORKERS=4 NODES=2 TASKS=4 [...]
+NODES ?= 1
+TASKS ?= 1
+TIME ?= 01:00:00
+ARGS ?= --config tiny
+SLURM_OPTS = --nodes $(NODES) --tasks_per_node $(TASKS) --time $(TIME) $(if $(PARTITION),--partition $(PARTITION)) \
+	$(if $(ACCOUNT),--account $(ACCOUNT)) $(if $(MASTER_ADDR),--master_addr $(MASTER_ADDR)) $(if $(DRY_RUN),--dry-run)
+.PHONY: slurm-train slurm-sweep
+
+slurm-train: $(STAMP) ## sbatch one DDP run on NODES x TASKS ranks (ARGS='--config small ...'; DRY_RUN=1 prints it)
+	$(BIN)/accrot slurm train $(SLURM_OPTS) -- $(ARGS)
+
+slurm-sweep: $(STAMP) ## sbatch WORKERS multi-node sweep workers as a job array (SWEEP=lr STORAGE=url NODES= TASKS=)
+	$(BIN)/accrot slurm sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(SLURM_OPTS)
+
 lint: $(STAMP) ## ruff over the code and tests
 	$(BIN)/ruff check accrot data_modules callbacks tests
 

@@ -120,8 +120,10 @@ def _make_cli_class():
         read_checkpoint,
         remove_partials,
     )
+    from accrot.slurm import check_launch
     from callbacks.checkpoint import make_resumable
     from callbacks.extrapolation import ExtrapolationCallback
+    from callbacks.preemption import Preemption
     from callbacks.run_record import RunRecord
     from data_modules import TokenStreamDataModule
 
@@ -143,6 +145,7 @@ def _make_cli_class():
         directory instead of opening a new version."""
 
         resume_dir: Path | None = None
+        launch_argv: list[str] | None = None  # the command as typed (``trainer.devices>1`` re-runs it per rank)
 
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
             parser.add_argument("--name", type=str | None, default=None,
@@ -234,6 +237,9 @@ def _make_cli_class():
             callbacks = [make_resumable(c) for c in (trainer_cfg.get("callbacks") or [])]
             start = {"ckpt_path": str(cfg.get("ckpt_path")), "step": checkpoint.get("global_step")} if checkpoint else None
             callbacks.append(RunRecord(resumed=resumed, start=start))
+            if not any(isinstance(c, Preemption) for c in callbacks):  # checkpoint + requeue on SIGUSR1/SIGTERM
+                callbacks.append(Preemption())
+            check_launch(trainer_cfg)  # `srun -n1` with devices=2 would silently train on one rank
             if trainer_cfg.get("enable_progress_bar") is not False:
                 from lightning.pytorch.callbacks import RichProgressBar
 
@@ -298,7 +304,10 @@ def _make_cli_class():
             else:
                 csv = ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=name)
             self.run_dir = _LAST_RUN_DIR = Path(csv.log_dir)
-            _make_run_dir(self.run_dir)
+            from lightning.pytorch.utilities import rank_zero_only
+
+            if rank_zero_only.rank == 0:  # other ranks of a DDP launch: rank 0's directory (trainer.log_dir)
+                _make_run_dir(self.run_dir)
             loggers = [csv]
             mode = wandb_mode(cfg.get("wandb", "auto"))
             if mode != "disabled" and self.subcommand == "fit":
@@ -316,6 +325,8 @@ def _make_cli_class():
             for cb in self.trainer.callbacks:
                 if isinstance(cb, ExtrapolationCallback):
                     cb.prepare(self.datamodule)
+            if self.launch_argv is not None:  # Lightning's DDP launcher re-runs sys.argv once per extra device
+                sys.argv = list(self.launch_argv)
 
     AccrotCLI.save_config_class = AccrotSaveConfig
     return AccrotCLI, LitLM, TokenStreamDataModule
@@ -386,6 +397,7 @@ def run_lightning(args: list[str]):
     AccrotCLI, LitLM, TokenStreamDataModule = _make_cli_class()
     _CREATED.clear()
     _LAST_RUN_DIR = None
+    AccrotCLI.launch_argv = [sys.argv[0], *args]
     args, AccrotCLI.resume_dir = resume_args(list(args))
     args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
@@ -473,8 +485,7 @@ def _remove_if_incomplete(path: Path) -> None:
 # entry point
 # ---------------------------------------------------------------------------------------------------
 COMMANDS = {"diagnose": "accrot.diagnostics:diagnose_main", "eval": "accrot.cli:eval_main", "demo": "accrot.demo:main", "bench": "accrot.bench:main",
-            "sweep": "accrot.sweep:main", "report": "accrot.report:main",
-            "ablation": "accrot.ablation:main"}
+            "sweep": "accrot.sweep:main", "report": "accrot.report:main", "ablation": "accrot.ablation:main", "slurm": "accrot.slurm:main"}
 
 
 def _load_data_module(config_file: Path, overrides: dict | None = None):

@@ -1039,8 +1039,11 @@ def load_studies(spec: SweepSpec, storage, worker_index: int = 0) -> list[_Study
 
 
 def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0,
-               deadline: float | None = None) -> int:
-    """Run trials until every study's budget is spent (or the deadline passes)."""
+               deadline: float | None = None, ranks=None) -> int:
+    """Run trials until every study's budget is spent (or the deadline passes).
+
+    ``ranks`` (:class:`accrot.sweep_ddp.Ranks`, global rank 0 of a multi-process worker): every trial is a DDP
+    run over all ranks; the other ranks follow with :func:`accrot.sweep_ddp.follow`."""
     from accrot.cli import run_lightning
     from accrot.report import metric_value, metrics_of
     from callbacks.extrapolation import ExtrapolationCallback
@@ -1058,7 +1061,10 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
 
         def objective(trial):
             attr(trial, "worker", me)
-            values = retry_storage(lambda: sample_space(trial, spec.space, context), "sampling")
+            if ranks is not None:  # the other ranks mirror the suggestions (optuna's TorchDistributedTrial)
+                values = ranks.sample(entry, trial, context)
+            else:
+                values = retry_storage(lambda: sample_space(trial, spec.space, context), "sampling")
             seed = trial.user_attrs.get("seed")
             if seed is None:  # a fresh configuration: queue its other seeds with the same params
                 seed = spec.seeds[0]
@@ -1068,6 +1074,8 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                     retry_storage(lambda s=s: study.enqueue_trial(dict(trial.params), user_attrs={"seed": s, "config": trial.number}), "queueing a seed")
             lock.release()  # the trial (and its seed copies) now count against the budget
             args = trial_args(spec, stratum, root, trial.number, seed, values)
+            if ranks is not None:
+                args += ranks.launch(trial, seed, values)
             os.environ["WANDB_RUN_GROUP"] = stratum.study_name  # a study's runs form one wandb group
             trial_root = runs_root(spec, root, stratum) / f"trial_{trial.number:04d}"
             beat = (_JournalHeartbeat(storage, trial._trial_id, spec.heartbeat.interval) if ref.kind == "journal"
@@ -1088,7 +1096,8 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                 raise TrialFailed(reason) from err
             finally:
                 _end_run()
-            run_dir = Path(cli.trainer.log_dir).resolve()
+            # trainer.log_dir is a broadcast under DDP, which the other ranks (done with the run) would not join
+            run_dir = Path(cli.trainer.loggers[0].log_dir if ranks is not None else cli.trainer.log_dir).resolve()
             ext = next(c for c in cli.trainer.callbacks if isinstance(c, ExtrapolationCallback))
             final = ext.history[-1]
             metrics = metrics_of(final["lengths"])
@@ -1118,6 +1127,9 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
     while deadline is None or time.time() < deadline:
         try:
             lock.acquire()
+            if ranks is not None and ranks.continue_requeued(studies, objective_for):
+                ran += 1  # the trial this SLURM job ran before it was requeued, under its own number
+                continue
             for entry in studies:  # orphans of dead workers elsewhere count against the budget until failed
                 recover_stale(entry.study, storage, ref, spec)
             entry = _next_study(studies, spec.budget)
@@ -1136,6 +1148,8 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
         finally:
             with contextlib.suppress(Exception):
                 lock.release()
+    if ranks is not None:
+        ranks.stop()
     print(f"worker {me}: done after {ran} trial(s)", flush=True)
     return 0
 
@@ -1415,7 +1429,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worker", action="store_true",
                         help="run as a worker on an existing study (other nodes; the driver starts these itself)")
     parser.add_argument("--worker_index", type=int, default=0, help="offsets the sampler seed of a worker")
+    parser.add_argument("--distributed", action="store_true",
+                        help="with --worker, under srun/torchrun: this process is one rank; every trial is a DDP run "
+                             "over all ranks (rank 0 talks to Optuna; accrot.sweep_ddp)")
+    parser.add_argument("--nodes", type=int | None, default=None, help="--distributed: nodes (default: SLURM_NNODES)")
+    parser.add_argument("--tasks_per_node", type=int | None, default=None,
+                        help="--distributed: ranks per node (default: SLURM_NTASKS_PER_NODE or LOCAL_WORLD_SIZE)")
     args = parser.parse_args(argv)
+    if args.distributed and not args.worker:
+        raise UsageError("--distributed is an option of a worker: accrot sweep SPEC --worker --distributed --storage URL")
     if args.workers < 0:
         raise UsageError(f"worker count {args.workers} is not valid; use 0 (create the study only) or more")
     spec = load_spec(args.spec)
@@ -1425,5 +1447,9 @@ def main(argv: list[str]) -> int:
     if args.worker:
         deadline = os.environ.get("ACCROT_SWEEP_DEADLINE")
         deadline = float(deadline) if deadline else (time.time() + spec.timeout if spec.timeout else None)
+        if args.distributed:
+            from accrot.sweep_ddp import run_distributed_worker
+
+            return run_distributed_worker(spec, ref, root, args.worker_index, deadline, args.nodes, args.tasks_per_node)
         return run_worker(spec, ref, root, args.worker_index, deadline)
     return run_sweep(spec, ref, root, args.workers)

@@ -1,8 +1,9 @@
 """Record what produced a run (STYLE §12): git revision, data fingerprint, versions, seed, scheme facts.
 
-``run.json`` also says how the run went: ``status`` (``running``, ``finished``, ``failed`` with ``error``), the
-checkpoint it started from, and ``resumes`` (how often ``accrot fit --resume`` continued it, with the step and
-command of each). Every checkpoint carries the ``accrot`` section a resumed run needs: how many rows
+``run.json`` also records the launch (``launch``: ranks, nodes, strategy, SLURM job) and says how the run went:
+``status`` (``running``, ``finished``, ``preempted``, ``failed`` with ``error``), the checkpoint it started from,
+and ``resumes`` (how often ``accrot fit --resume`` or a requeued ``--ckpt_path last`` continued it, with the step
+and command of each). Every checkpoint carries the ``accrot`` section a resumed run needs: how many rows
 ``metrics.csv`` held when it was taken (flushed first) and the wandb run to continue.
 """
 
@@ -80,6 +81,7 @@ class RunRecord(L.Callback):
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},
             "scheme": schemes[0].describe() if schemes else {},
             "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "launch": _launch(trainer),
             "started_from": previous.get("started_from", None if self.resumed else self.start),
             "resumes": int(previous.get("resumes", 0)) + int(self.resumed),
             "resume_history": list(previous.get("resume_history", [])) + (
@@ -113,6 +115,11 @@ class RunRecord(L.Callback):
         self._finish(trainer, status="finished", step=trainer.global_step)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if isinstance(exception, SIGTERMException):  # SLURM's warning signal or SIGTERM (callbacks.preemption)
+            self._finish(trainer, status="preempted", step=trainer.global_step)
+            return
         self._finish(trainer, status="failed", step=trainer.global_step,
                      error=f"{type(exception).__name__}: {' '.join(str(exception).split())[:500]}")
 
@@ -129,6 +136,19 @@ class RunRecord(L.Callback):
             elif type(logger).__name__ == "WandbLogger" and trainer.is_global_zero:
                 section["wandb_id"] = logger.version
         checkpoint[RECORD_KEY] = section
+
+
+def _launch(trainer: L.Trainer) -> dict[str, Any]:
+    """How the processes were laid out: ranks, nodes, strategy, cluster environment, the SLURM job."""
+    import os
+
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    out = {"world_size": trainer.world_size, "num_nodes": trainer.num_nodes, "devices": trainer.num_devices,
+           "strategy": type(trainer.strategy).__name__, "environment": type(env).__name__ if env else None}
+    if os.environ.get("SLURM_JOB_ID"):
+        out.update(slurm_job=os.environ["SLURM_JOB_ID"], slurm_nodes=os.environ.get("SLURM_JOB_NODELIST"),
+                   slurm_restarts=int(os.environ.get("SLURM_RESTART_COUNT", 0)))
+    return out
 
 
 def _read(path: Path) -> dict:

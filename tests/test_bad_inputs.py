@@ -55,6 +55,18 @@ class Fixtures:
         data = [f"--data.init_args.root={self.corpus}", "--data.init_args.val_fraction=0.3"] if corpus else []
         return ["fit", "--config", "tiny", f"--root={self.runs}", *QUICK, *data, *extra]
 
+    def devices_config(self) -> Path:
+        """tiny.yaml asking for 4 devices."""
+        def make(p: Path) -> None:
+            p.write_text((REPO / "accrot" / "configs" / "tiny.yaml").read_text().replace("devices: 1", "devices: 4"))
+        return self._once("devices4.yaml", make)
+
+    def local_runs(self) -> bool:
+        """The runs folder is on a node-local filesystem (tmpfs, ext4, ...), as a workstation's /tmp is."""
+        from accrot.slurm import LOCAL_FS, filesystem_type
+
+        return filesystem_type(self.runs) in LOCAL_FS
+
     def empty_dir(self) -> Path:
         return self._once("empty", lambda p: p.mkdir())
 
@@ -331,6 +343,22 @@ CATALOGUE: list[Row] = [
         lambda f: ["sweep", str(f.spec("taken-second", space={"model.weight_decay": [0.0, 0.1]})),
                    f"--root={f.sweeps}", "--workers=0", f"--storage={f.existing_study()}"],
         "study 'taken' already exists in the storage from a different spec"),
+    # -- SLURM launches (tests/test_slurm.py has a real cluster; here the cluster's answers are simulated) ------
+    Row("slurm-layout-mismatch", "accrot slurm train --tasks_per_node 2 -- --config CONFIG_WITH_DEVICES_4",
+        lambda f: ["slurm", "train", "--tasks_per_node=2", "--dry-run", "--", *f.fit("--config", str(f.devices_config()))[1:]],
+        "the config asks for trainer.devices=4 x trainer.num_nodes=1, but the job has --nodes=1 x --tasks_per_node=2"),
+    Row("slurm-no-partition", "accrot slurm train -- ... (on a cluster without a default partition)",
+        lambda f: ["slurm", "train", "--", *f.fit()[1:]], "this cluster has no default partition; pass --partition",
+        simulate=lambda: _patched(partitions=lambda: (["cpu", "gpu"], None))),
+    Row("slurm-local-root", "accrot slurm train --nodes 2 -- ... --root=LOCAL_DISK/runs",
+        lambda f: ["slurm", "train", "--nodes=2", "--partition=gpu", "--", *f.fit()[1:]] if f.local_runs() else None,
+        ("is on a node-local filesystem", "pass --root on a shared filesystem"),
+        simulate=lambda: _patched(partitions=lambda: (["gpu"], "gpu"), cluster_is_this_machine=lambda: False)),
+    Row("slurm-srun-mismatch", "srun -n1 accrot fit ... --trainer.devices=2",
+        lambda f: f.fit("--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.accelerator=cpu"),
+        "trainer.devices=2 x trainer.num_nodes=1 = 2 ranks, but srun started 1 task(s)",
+        simulate=lambda: _patched_env(SLURM_NTASKS="1", SLURM_JOB_ID="7", SLURM_PROCID="0", SLURM_LOCALID="0",
+                                      SLURM_NODEID="0", SLURM_NNODES="1", SLURM_JOB_NAME="accrot")),
     # -- the ablation ----------------------------------------------------------------------------------------
     Row("ablation-unknown-size", "accrot ablation --size=huge", lambda f: ["ablation", "--size=huge",
                                                                           f"--out={f.sweeps}"],
@@ -343,6 +371,32 @@ CATALOGUE: list[Row] = [
                    f"--out={f.existing_ablation()}"],
         ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
 ]
+
+
+@contextlib.contextmanager
+def _patched(**targets) -> Iterator[None]:
+    """Replace functions of accrot.slurm (the cluster's answers) for one row."""
+    import accrot.slurm as mod
+
+    saved = {name: getattr(mod, name) for name in targets}
+    for name, value in targets.items():
+        setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(mod, name, value)
+
+
+@contextlib.contextmanager
+def _patched_env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def run_row(row: Row, fixtures: Fixtures, dry: bool = False) -> str | None:

@@ -1,0 +1,366 @@
+"""``accrot slurm train|sweep``: render the sbatch templates of ``sweeps/slurm/`` and submit them.
+
+``accrot slurm train [options] -- FIT ARGS`` runs ``accrot fit FIT ARGS`` on ``--nodes`` × ``--tasks_per_node``
+DDP ranks (``srun``; Lightning's SLURMEnvironment); ``accrot slurm sweep SPEC --storage URL --workers K
+[options]`` creates the study, then submits K array tasks, each a multi-node worker whose trials are DDP runs
+(:mod:`accrot.sweep_ddp`). ``--dry-run`` prints the script and submits nothing.
+
+Everything is checked before submission, one line each (exit status 2): the fit arguments (parsed and built
+by the real CLI, without training), ranks that do not match the config's ``trainer.devices`` /
+``trainer.num_nodes``, a partition the cluster lacks or needs, a run root on a node-local filesystem for a
+multi-node job, a storage a job array cannot share (SQLite). :func:`check_launch` catches at run time what
+SLURM cannot: ``srun -n1`` with ``trainer.devices=2`` silently trains one rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import socket
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from accrot.cli import UsageError, bad_input_message
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "sweeps" / "slurm"
+_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M[:S]
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# filesystems only the node that mounts them sees (a run directory on one cannot be shared across nodes)
+LOCAL_FS = {"tmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "vfat", "zfs"}
+
+
+class _Template(string.Template):
+    delimiter = "@"  # the scripts are bash: `$` stays bash's
+
+
+def render(name: str, values: dict[str, Any]) -> str:
+    """The template ``sweeps/slurm/<name>.sbatch`` with ``@{key}`` replaced (a missing key is a bug)."""
+    text = (TEMPLATES / f"{name}.sbatch").read_text()
+    lines = _Template(text).substitute({k: str(v) for k, v in values.items()}).splitlines()
+    return "\n".join(ln for ln in lines if ln.strip() or not ln) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+# run time: the launch must match the trainer
+# ---------------------------------------------------------------------------------------------------
+def _count(devices: Any) -> int | None:
+    if isinstance(devices, bool):
+        return None
+    if isinstance(devices, int):
+        return devices if devices > 0 else None
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    text = str(devices).strip()
+    if re.fullmatch(r"\d+", text):
+        return int(text)
+    if "," in text:
+        return len([d for d in text.split(",") if d.strip()])
+    return None  # "auto", -1: Lightning takes what the launch gives
+
+
+def check_launch(trainer_cfg) -> None:
+    """Under ``srun``, ``trainer.devices × trainer.num_nodes`` must equal the job step's task count; Lightning
+    only compares ``--ntasks-per-node`` and ``--nodes`` when SLURM sets them (``srun -n1`` does not)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    tasks = os.environ.get("SLURM_NTASKS")
+    if tasks is None or not tasks.isdigit() or not SLURMEnvironment.detect():
+        return
+    devices, nodes = _count(trainer_cfg.get("devices")), _count(trainer_cfg.get("num_nodes") or 1)
+    if devices is None or nodes is None:
+        return
+    if devices * nodes != int(tasks):
+        raise UsageError(
+            f"trainer.devices={devices} x trainer.num_nodes={nodes} = {devices * nodes} ranks, but srun started "
+            f"{tasks} task(s) (SLURM_NTASKS={tasks}); launch srun with --nodes={nodes} --ntasks-per-node={devices}, "
+            f"or set --trainer.devices and --trainer.num_nodes to the job's layout")
+
+
+# ---------------------------------------------------------------------------------------------------
+# submission time: the cluster
+# ---------------------------------------------------------------------------------------------------
+def _tool(name: str) -> str | None:
+    return shutil.which(name)
+
+
+def partitions() -> tuple[list[str], str | None] | None:
+    """(partitions, the default one) from ``sinfo``; None without SLURM's tools or a reachable controller."""
+    if _tool("sinfo") is None:
+        return None
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    names = [p.strip() for p in out.stdout.split() if p.strip()]
+    default = next((p[:-1] for p in names if p.endswith("*")), None)
+    return sorted({p.rstrip("*") for p in names}), default
+
+
+def cluster_is_this_machine() -> bool:
+    """Every node of the cluster is this machine (a test cluster, or slurmd daemons on one workstation)."""
+    if _tool("scontrol") is None:
+        return False
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "nodes"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    addrs = re.findall(r"\bNodeAddr=(\S+)", out.stdout)
+    local = {"127.0.0.1", "localhost", "::1", socket.gethostname(), socket.getfqdn()}
+    return bool(addrs) and all(a in local for a in addrs)
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` (or its nearest existing parent) lives on, from /proc/mounts."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    p = p.resolve()
+    try:
+        mounts = [ln.split() for ln in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    best = ("", None)
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (str(p) == point or str(p).startswith(point.rstrip("/") + "/")) and len(point) >= len(best[0]):
+            best = (point, fields[2])
+    return best[1]
+
+
+def check_shared(root: Path, nodes: int) -> None:
+    """A multi-node job's run root must be on a filesystem every node sees (rank 0 may change node on requeue)."""
+    if nodes <= 1:
+        return
+    fs = filesystem_type(root)
+    if fs in LOCAL_FS and not cluster_is_this_machine():
+        raise UsageError(f"run root {str(root)!r} is on a node-local filesystem ({fs}), which the other {nodes - 1} "
+                         "node(s) do not see; pass --root on a shared filesystem (NFS, Lustre, GPFS, ...)")
+
+
+def check_partition(partition: str | None, dry_run: bool) -> None:
+    found = partitions()
+    if found is None:
+        if not dry_run:
+            raise UsageError("sbatch/sinfo not found or the SLURM controller is unreachable; run on a login node "
+                             "of the cluster (or use --dry-run to print the script)")
+        return
+    names, default = found
+    if partition is not None and partition not in names:
+        raise UsageError(f"partition {partition!r} does not exist on this cluster; choose one of {', '.join(names)}")
+    if partition is None and default is None:
+        raise UsageError(f"this cluster has no default partition; pass --partition (one of {', '.join(names)})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------------
+def _parser(kind: str):
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog=f"accrot slurm {kind}", exit_on_error=False, description=__doc__)
+    if kind == "sweep":
+        parser.add_argument("spec", type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
+        parser.add_argument("--storage", type=str | None, default=None,
+                            help="postgresql://USER@HOST/DB or journal:///SHARED/PATH.log (every node must reach it); "
+                                 "default: $ACCROT_SWEEP_STORAGE")
+        parser.add_argument("--workers", type=int, default=1, help="array tasks = workers running trials at once")
+        parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes per run (a sweep: per trial)")
+    parser.add_argument("--tasks_per_node", type=int, default=1, help="ranks per node: one per GPU")
+    parser.add_argument("--gpus_per_node", type=int, default=0, help="GPUs per node (#SBATCH --gpus-per-node)")
+    parser.add_argument("--cpus_per_task", type=int | None, default=None, help="#SBATCH --cpus-per-task")
+    parser.add_argument("--partition", type=str | None, default=None, help="partition (default: the cluster's)")
+    parser.add_argument("--account", type=str | None, default=None, help="account to charge")
+    parser.add_argument("--time", type=str, default="01:00:00", help="time limit (sbatch --time: HH:MM:SS, D-HH, M)")
+    parser.add_argument("--signal_seconds", type=int, default=90,
+                        help="send USR1 this long before the time limit: checkpoint and requeue")
+    parser.add_argument("--job_name", type=str | None, default=None, help="job name (default: accrot-train / the spec)")
+    parser.add_argument("--master_addr", type=str | None, default=None,
+                        help="export MASTER_ADDR (e.g. 127.0.0.1 where node names do not resolve); "
+                             "default: Lightning's, the first node of the job")
+    parser.add_argument("--assume_shared", type=bool, default=False,
+                        help="trust that the run root is shared by every node although its filesystem looks local")
+    parser.add_argument("--out", type=str | None, default=None,
+                        help="where to write the script (default: <root>/slurm/<job>-<time>.sbatch)")
+    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                        help="print the script, submit nothing")
+    return parser
+
+
+def _check_common(args) -> None:
+    for name in ("nodes", "tasks_per_node"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name}={getattr(args, name)} is not valid; use an integer >= 1")
+    if args.gpus_per_node < 0 or (args.cpus_per_task is not None and args.cpus_per_task < 1):
+        raise UsageError("--gpus_per_node must be >= 0 and --cpus_per_task >= 1")
+    if not _TIME.match(args.time):
+        raise UsageError(f"--time={args.time!r} is not valid; use minutes, HH:MM:SS or D-HH:MM:SS (sbatch --time)")
+    if args.signal_seconds < 1 or args.signal_seconds > 65535:
+        raise UsageError(f"--signal_seconds={args.signal_seconds} is not valid; use 1 to 65535 seconds")
+    for name in ("partition", "account", "job_name"):
+        value = getattr(args, name)
+        if value is not None and not _NAME.match(value):
+            raise UsageError(f"--{name}={value!r} is not valid; use letters, digits and _.+-")
+    if args.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", args.master_addr):
+        raise UsageError(f"--master_addr={args.master_addr!r} is not valid; pass a host name or an IP address")
+
+
+def _values(args, root: Path, job_name: str) -> dict[str, Any]:
+    extra = []
+    for flag, value in (("partition", args.partition), ("account", args.account)):
+        if value:
+            extra.append(f"#SBATCH --{flag}={value}")
+    if args.gpus_per_node:
+        extra.append(f"#SBATCH --gpus-per-node={args.gpus_per_node}")
+    if args.cpus_per_task:
+        extra.append(f"#SBATCH --cpus-per-task={args.cpus_per_task}")
+    logs = root / "slurm"
+    return {
+        "job_name": job_name, "nodes": args.nodes, "tasks_per_node": args.tasks_per_node,
+        "world": args.nodes * args.tasks_per_node, "time": args.time, "signal": f"USR1@{args.signal_seconds}",
+        "log": str(logs / ("%x-%A_%a.out" if "sweep" in job_name else "%x-%j.out")), "sbatch_extra": "\n".join(extra),
+        "workdir": shlex.quote(os.getcwd()), "python": shlex.quote(sys.executable),
+        "master_addr": f"export MASTER_ADDR={args.master_addr}" if args.master_addr else
+        "# MASTER_ADDR: Lightning's SLURMEnvironment takes the first node of the job (--master_addr sets it)",
+        "threads": args.cpus_per_task or 1,
+    }
+
+
+def _flat_fit(fit_args: list[str]) -> dict[str, Any]:
+    from accrot.sweep import probe
+
+    try:
+        return probe(["fit", *fit_args])
+    except Exception as err:  # noqa: BLE001 - the fit arguments' own bad input, one line
+        message = bad_input_message(err)
+        if message is None:
+            raise
+        raise UsageError(message) from None
+
+
+def _check_layout(flat: dict, nodes: int, tasks: int) -> None:
+    devices, num_nodes = _count(flat.get("trainer.devices")), _count(flat.get("trainer.num_nodes") or 1)
+    if devices not in (None, 1, tasks) or num_nodes not in (None, 1, nodes):
+        raise UsageError(
+            f"the config asks for trainer.devices={flat.get('trainer.devices')} x trainer.num_nodes="
+            f"{flat.get('trainer.num_nodes')}, but the job has --nodes={nodes} x --tasks_per_node={tasks}; "
+            "make them match (one task per device), or drop trainer.devices/num_nodes from the config")
+
+
+def _submit(script: str, out: Path, env: dict | None = None) -> str:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(script)
+    try:
+        result = subprocess.run(["sbatch", "--parsable", str(out)], capture_output=True, text=True, timeout=60,
+                                env=env)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise UsageError(f"sbatch failed: {err}") from None
+    if result.returncode:
+        raise UsageError(f"sbatch refused {out}: {' '.join(result.stderr.split())[:300]}")
+    return result.stdout.strip().split(";")[0]
+
+
+def train_main(argv: list[str]) -> int:
+    """``accrot slurm train [options] -- FIT ARGS``: one DDP training run on nodes × tasks per node."""
+    head, fit_args = _split(argv)
+    args = _parser("train").parse_args(head)
+    _check_common(args)
+    if not fit_args:
+        raise UsageError("give the accrot fit arguments after --: accrot slurm train --nodes 2 -- --config tiny")
+    clash = [a for a in fit_args if a.split("=")[0] in ("--resume", "--ckpt_path", "--trainer.num_nodes",
+                                                       "--trainer.devices", "--trainer.strategy")]
+    if clash:
+        raise UsageError(f"{clash[0].split('=')[0]} is set by accrot slurm train (--ckpt_path last resumes a requeued "
+                         "job; the ranks come from --nodes and --tasks_per_node); drop it")
+    flat = _flat_fit(fit_args)
+    _check_layout(flat, args.nodes, args.tasks_per_node)
+    root = Path(_root_arg(fit_args) or "runs").absolute()  # (probe builds in a temporary root)
+    if not args.assume_shared:
+        check_shared(root, args.nodes)
+    check_partition(args.partition, args.dry_run)
+    world = args.nodes * args.tasks_per_node
+    launch = [f"--trainer.num_nodes={args.nodes}", f"--trainer.devices={args.tasks_per_node}",
+              f"--trainer.strategy={'ddp' if world > 1 else 'auto'}", "--ckpt_path=last"]
+    job_name = args.job_name or "accrot-train"
+    values = _values(args, root, job_name)
+    values["fit_args"] = shlex.join([*fit_args, *launch])
+    script = render("train", values)
+    return _emit(script, args, root, job_name)
+
+
+def sweep_main(argv: list[str]) -> int:
+    """``accrot slurm sweep SPEC --storage URL --workers K [options]``: K workers as a job array."""
+    from accrot.sweep import StorageRef, load_spec, run_sweep
+
+    head, rest = _split(argv)
+    if rest:
+        raise UsageError("accrot slurm sweep takes no arguments after --; put overrides in the spec")
+    args = _parser("sweep").parse_args(head)
+    _check_common(args)
+    if args.workers < 1:
+        raise UsageError(f"--workers={args.workers} is not valid; use an integer >= 1 (array tasks)")
+    spec = load_spec(args.spec)
+    root = Path(args.root or spec.root).absolute()
+    url = args.storage or os.environ.get("ACCROT_SWEEP_STORAGE") or spec.storage
+    if not url or url.startswith("sqlite"):
+        raise UsageError(f"storage {url or '(none: SQLite under the run root)'!r} cannot serve a job array; pass "
+                         "--storage postgresql://USER@HOST/DB or journal:///SHARED/PATH.log")
+    ref = StorageRef.parse(url, spec.name, root)
+    if not args.assume_shared:  # trials of different workers run on different nodes too
+        check_shared(root, args.nodes if args.workers == 1 else max(args.nodes, 2))
+    check_partition(args.partition, args.dry_run)
+    job_name = args.job_name or f"accrot-sweep-{spec.name}"
+    values = _values(args, root, job_name)
+    values.update(spec=shlex.quote(str(spec.path)), workers=args.workers, last_worker=args.workers - 1,
+                  root=shlex.quote(str(root)))
+    script = render("sweep", values)
+    if not args.dry_run:  # validate the spec and create the study (and schema) once, before any worker starts
+        run_sweep(spec, ref, root, 0)
+        os.environ["ACCROT_SWEEP_STORAGE"] = ref.url  # the workers read it from the job's environment
+    return _emit(script, args, root, job_name)
+
+
+def _emit(script: str, args, root: Path, job_name: str) -> int:
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+    out = Path(args.out) if args.out else root / "slurm" / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    job = _submit(script, out)
+    print(f"submitted job {job} ({out}); logs: {root / 'slurm'}")
+    return 0
+
+
+def _root_arg(fit_args: list[str]) -> str | None:
+    root = None
+    for i, a in enumerate(fit_args):
+        if a == "--root" and i + 1 < len(fit_args):
+            root = fit_args[i + 1]
+        elif a.startswith("--root="):
+            root = a.split("=", 1)[1]
+    return root
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def main(argv: list[str]) -> int:
+    """``accrot slurm train|sweep ...``"""
+    if not argv or argv[0] not in ("train", "sweep"):
+        got = f" (got {argv[0]!r})" if argv and not argv[0].startswith("-") else ""
+        raise UsageError(f"accrot slurm needs a command: train or sweep{got}; e.g. accrot slurm train --nodes 2 "
+                         "--tasks_per_node 4 -- --config small")
+    return train_main(argv[1:]) if argv[0] == "train" else sweep_main(argv[1:])

@@ -1,0 +1,140 @@
+"""Preemption: on SLURM's warning signal (``#SBATCH --signal=USR1@90``) or SIGTERM, checkpoint and requeue.
+
+Lightning's :class:`~lightning.fabric.plugins.environments.SLURMEnvironment` names the warning signal
+(``requeue_signal``) and whether the job requeues itself (``auto_requeue``); its own handler, though, saves an
+``hpc_ckpt_N.ckpt`` *inside the signal handler*, in the middle of a step (a resumed run is then not the
+uninterrupted one), and under DDP runs collectives from a handler that may fire while another rank is inside an
+all-reduce. This callback takes the signal instead and acts between steps, with every rank together:
+
+1. the handler (installed once training starts, over Lightning's) only raises Lightning's own SIGTERM flag
+   (``trainer.received_sigterm``) on the rank it hit;
+2. at the start of the next batch Lightning broadcasts global rank 0's flag and every rank raises
+   ``SIGTERMException`` at the same point (with one process, this callback raises it);
+3. :meth:`on_exception` then writes ``checkpoints/last.ckpt`` exactly as a step-triggered
+   :class:`callbacks.checkpoint.ResumableCheckpoint` of the last finished step would have it, and global rank 0
+   runs ``scontrol requeue`` (when SLURM's ``auto_requeue`` is on).
+
+The requeued job runs the same command, whose ``--ckpt_path last`` continues the newest run of that name in
+the same directory; ``run.json`` counts the resume (``resumes``) and said ``"status": "preempted"`` meanwhile.
+Outside SLURM (a laptop, torchrun) SIGTERM still checkpoints; nothing is requeued. Under SLURM the warning
+signal reaches the tasks alone; SIGTERM (preemption, ``scontrol requeue``) also reaches ``srun``, which may
+SIGKILL the tasks before they finish the checkpoint, so there it is best effort and the periodic checkpoints
+bound what is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from callbacks.checkpoint import as_batch_end
+
+
+def slurm_job_id() -> str | None:
+    """``<array job>_<task>`` inside an array job, else ``SLURM_JOB_ID`` (what ``scontrol requeue`` takes)."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array is not None and os.environ.get("SLURM_ARRAY_TASK_ID") is not None:
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def requeue(job_id: str) -> bool:
+    """``scontrol requeue JOB``; False (with a warning) if it fails, e.g. the job is already being requeued."""
+    if not re.fullmatch(r"[0-9_]+", job_id):
+        return False
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        rank_zero_warn(f"could not requeue SLURM job {job_id}: {err}")
+        return False
+    if result.returncode:
+        rank_zero_warn(f"could not requeue SLURM job {job_id}: {result.stderr.strip() or result.returncode}")
+        return False
+    rank_zero_info(f"requeued SLURM job {job_id}")
+    return True
+
+
+class Preemption(L.Callback):
+    """Checkpoint between steps and requeue on SLURM's warning signal or SIGTERM (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal: int | None = None  # the signal that asked for the stop, once one has
+        self._step: tuple[int, int, int] | None = None  # (global step, epoch, batches of the epoch) last finished
+        self._requeue = False
+
+    # -- signals ----------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Replace the handlers Lightning has just registered (its teardown restores the ones from before fit,
+        whatever way fit ends): its SIGTERM handler broadcasts from inside the handler, which pairs with
+        whatever collective another rank is in."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        env = getattr(trainer.strategy, "cluster_environment", None)  # single-device strategies have none
+        self._requeue = isinstance(env, SLURMEnvironment) and env.auto_requeue
+        warn = env.requeue_signal if isinstance(env, SLURMEnvironment) else signal.SIGUSR1
+        for signum in {int(warn or signal.SIGUSR1), int(signal.SIGTERM)}:
+            signal.signal(signum, self._handler(trainer))
+            # restart interrupted system calls: Python's default (EINTR) can fail a gloo collective on one rank,
+            # which Lightning's per-batch SIGTERM broadcast swallows, and the ranks fall out of step
+            signal.siginterrupt(signum, False)
+
+    def _handler(self, trainer: L.Trainer):
+        def handle(signum, frame) -> None:  # no collective, no I/O: Lightning's loop picks the flag up
+            self.signal = self.signal or signum
+            trainer._signal_connector.received_sigterm = True
+
+        return handle
+
+    # -- stopping between steps -------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        self._step = (trainer.global_step, trainer.current_epoch, progress.processed)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
+        # under DDP Lightning has already broadcast rank 0's flag and raised on every rank; one process: here
+        if trainer.world_size == 1 and trainer.received_sigterm:
+            raise SIGTERMException()
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        path = self.checkpoint_path(trainer)
+        self._patch = self._step if self._step is not None and self._step[0] == trainer.global_step else None
+        try:
+            trainer.save_checkpoint(path)  # every rank calls it; the strategy writes once
+        finally:
+            self._patch = None
+        name = signal.Signals(self.signal).name if self.signal else "SIGTERM"
+        rank_zero_info(f"{name}: saved {path} at step {trainer.global_step}")
+        if self._requeue and trainer.is_global_zero and slurm_job_id():
+            requeue(slurm_job_id())
+
+    _patch: tuple[int, int, int] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self._patch is None:
+            return
+        fit = checkpoint["loops"]["fit_loop"]["epoch_progress"]["total"]
+        if fit["processed"] == fit["ready"]:  # stopped at an epoch's end, before the next began: as it is
+            return
+        as_batch_end(checkpoint, *self._patch)
+
+    @staticmethod
+    def checkpoint_path(trainer: L.Trainer) -> Path:
+        """``last.ckpt`` of the run's ``save_last`` checkpoint callback, else ``<run>/checkpoints/last.ckpt``."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        for cb in trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath:
+                return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
+        return Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints" / "last.ckpt"
