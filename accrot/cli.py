@@ -29,6 +29,7 @@ from accrot.position.config import ConfigError
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1  # the input was fine but the run failed (it diverged)
+EXIT_STOPPED = 128 + 15  # stopped by SIGTERM / the SLURM warning signal, checkpointed (the shell's code for SIGTERM)
 # an output directory that cannot be written (read-only, not a directory, full) is bad input, not a bug
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
 
@@ -608,7 +609,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"accrot: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except SystemExit as err:  # --help and argparse's own exits
+    except KeyboardInterrupt:  # Ctrl-C: whatever was running has stopped (a sweep re-queued its trials)
+        print("accrot: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as err:  # --help and argparse's own exits; a run stopped by a signal
+        if type(err).__name__ == "SIGTERMException":  # callbacks.preemption checkpointed it: not a success
+            kept = f" {str(_LAST_RUN_DIR)!r}" if _LAST_RUN_DIR else ""
+            print(f"accrot: stopped by a signal (SIGTERM or the SLURM warning); the run{kept} is checkpointed: "
+                  "continue it with `accrot fit --resume RUN_DIR`", file=sys.stderr)
+            return EXIT_STOPPED
         return int(err.code or 0) if isinstance(err.code, int) else 0
 
 

@@ -1087,6 +1087,16 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                 _record_run_dir(trial, trial_root)
                 attr(trial, "pruned_reason", str(err))
                 raise
+            except SystemExit as err:
+                if type(err).__name__ != "SIGTERMException" or ranks is not None:
+                    raise  # a multi-rank SLURM worker is requeued and continues this trial (accrot.sweep_ddp)
+                # this worker was told to stop (SIGTERM: the sweep interrupted, a scheduler): the run is
+                # checkpointed; fail the trial with the reason and queue its retry, then end the worker
+                _record_run_dir(trial, trial_root)
+                attr(trial, "fail_reason", f"worker {me} was stopped by SIGTERM during the trial (checkpointed)")
+                RetryTrial(spec.retries)(study, retry_storage(lambda: study._storage.get_trial(trial._trial_id),
+                                                              "reading the stopped trial"))
+                raise
             except Exception as err:  # noqa: BLE001 - every failure of a run is this trial's result
                 _record_run_dir(trial, trial_root)
                 reason = bad_input_message(err) or f"{type(err).__name__}: {one_line(str(err))}"
@@ -1135,7 +1145,13 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
             entry = _next_study(studies, spec.budget)
             if entry is None:
                 break
-            entry.study.optimize(objective_for(entry), n_trials=1, catch=(Exception,), gc_after_trial=True)
+            try:
+                entry.study.optimize(objective_for(entry), n_trials=1, catch=(Exception,), gc_after_trial=True)
+            except SystemExit as err:
+                if type(err).__name__ != "SIGTERMException" or ranks is not None:
+                    raise
+                print(f"worker {me}: stopped by SIGTERM; its trial is failed and queued again", flush=True)
+                return 128 + 15
             ran += 1
             reconcile_orphans(studies, storage, me, spec.retries)  # a storage error Optuna swallowed
         except Exception as err:

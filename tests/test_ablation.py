@@ -167,19 +167,23 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
                 before = _complete(url)
             except Exception:  # noqa: BLE001 - the storage is being written: poll again
                 before = {}
-    assert proc.poll() is None and 1 <= len(before) < 4, "the ablation finished before it could be interrupted"
+    if proc.poll() is not None or not 1 <= len(before) < 4:
+        proc.kill()
+        pytest.fail(f"could not interrupt the ablation mid-way ({len(before)} trials complete, exit "
+                    f"{proc.poll()}):\n{proc.communicate()[0][-3000:]}")
     proc.send_signal(signal.SIGTERM)  # what a scheduler or `kill` sends: the sweep stops as on Ctrl-C
     first = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, first[-2000:]
-    assert not (out / "t" / "REPORT.md").exists()
+    assert not (out / "t" / "REPORT.md").exists(), first[-3000:]
     done = _complete(url)
 
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     after = _complete(url)
-    assert sorted(after) == [(n, s) for n in ("t/corpus.NoPE", "t/corpus.RoPE") for s in (0, 1)]
+    logs = first[-2000:] + again.stdout[-2000:]
+    assert sorted(after) == [(n, s) for n in ("t/corpus.NoPE", "t/corpus.RoPE") for s in (0, 1)], logs
     for key, value in done.items():  # complete before the interruption: untouched, not run again
-        assert after[key] == value
+        assert after[key] == value, logs
     report = (out / "t" / "REPORT.md").read_text()
     assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
 

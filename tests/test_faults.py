@@ -21,7 +21,8 @@ import torch
 
 from accrot.cli import main
 from accrot.resume import PARTIAL, AtomicCheckpointIO
-from tests.fault_injection import SCHEMES, differences, kill_and_resume, numbers, rows
+from tests.fault_injection import REPO, RUN, SCHEMES, differences, kill_and_resume, numbers, rows, start, wait
+from tests.fault_injection import env as run_env
 
 QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--model.d_model=32",
          "--extrapolation.multipliers=[1,2]", "--extrapolation.budget_tokens=512", "--trainer.limit_val_batches=1"]
@@ -96,6 +97,32 @@ def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(scheme, tmp_pat
     assert result.resumes == 1
     assert result.match, result.differences
     assert not list((tmp_path / "killed").glob("version_1"))  # resumed in place, not into a new version
+
+
+def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_path):
+    """SIGTERM (a scheduler, `kill`, the sweep parent) mid-run: the run saves last.ckpt between two steps, says
+    so in one line and exits 143 (never 0: it did not finish); resumed, it ends with the uninterrupted metrics."""
+    args = [*RUN, *SCHEMES["NoPE"], f"--root={tmp_path}"]
+    log = tmp_path / "log"
+    reference = start([*args, "--name=reference"], log)
+    cut = subprocess.Popen([sys.executable, "-m", "accrot.cli", *args, "--name=stopped"], cwd=REPO, env=run_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "stopped" / "version_0"
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / "last.ckpt").exists():  # training has started (handlers installed)
+        assert cut.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.01)
+    cut.send_signal(signal.SIGTERM)
+    err = cut.communicate(timeout=300)[1]
+    assert cut.returncode == 143, err[-2000:]
+    assert "accrot: stopped by a signal" in err and "accrot fit --resume" in err
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "preempted"
+    step = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+    wait(reference, log)
+    if step >= 40:
+        pytest.skip("the run finished before SIGTERM arrived: nothing to resume")
+    wait(start(["fit", "--resume", str(run_dir)], log), log)
+    assert differences(tmp_path / "reference" / "version_0", run_dir) == []
 
 
 class CrashOnce(L.Callback):
