@@ -42,9 +42,14 @@ def wrap_angle(theta: torch.Tensor) -> torch.Tensor:
     return torch.remainder(theta + math.pi, TWO_PI) - math.pi
 
 
-def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False,
+                    theta: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`rotate_pairs` from precomputed ``cos, sin`` (``[B|1, H|1, T, D/2]``); ``inverse`` rotates by −θ
     (as passing ``-sin`` would, without the negation).
+
+    With ``theta`` (the angles ``cos, sin`` were computed from, detached), the angle gradient goes to ``theta``
+    directly, from the output: dθ = ±(y_a g_b − y_b g_a), two passes instead of d cos, d sin and the backward
+    of cos/sin. The scheme uses this; without it, gradients flow through ``cos`` and ``sin``.
 
     One fused autograd node (:class:`_Rotate`): four multiply-adds into the two output halves forward, the
     inverse rotation of the gradient backward, and the angle gradient only when ``cos``/``sin`` need one
@@ -53,7 +58,7 @@ def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inver
     training step.
     """
     work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
-    return _Rotate.apply(x.to(work), cos.to(work), sin.to(work), -1.0 if inverse else 1.0).to(x.dtype)
+    return _Rotate.apply(x.to(work), cos.to(work), sin.to(work), -1.0 if inverse else 1.0, theta).to(x.dtype)
 
 
 def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -78,23 +83,27 @@ class _Rotate(torch.autograd.Function):
     """y = R(sθ) x per pair from (x ``[B, H, T, D]``, cos, sin ``[B|1, H|1, T, D/2]``, s = ±1), one dtype.
 
     Backward: dx = R(−sθ) dy; with (a, b) the halves of x and (g_a, g_b) of dy, d cos = a g_a + b g_b and
-    d sin = s (a g_b − b g_a), summed over the dimensions cos and sin were broadcast along.
+    d sin = s (a g_b − b g_a); with ``theta`` given, dθ = s (y_a g_b − y_b g_a) from the output y. Each is
+    summed over the dimensions the angles were broadcast along.
     """
 
     @staticmethod
-    def forward(ctx, x, cos, sin, sign):
+    def forward(ctx, x, cos, sin, sign, theta):
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         a, b = x.chunk(2, dim=-1)
         _rotate_into(out, a, b, cos, sin, sign)
-        ctx.save_for_backward(x if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None, cos, sin)
+        want_cs = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        want_theta = theta is not None and ctx.needs_input_grad[4]
+        ctx.save_for_backward(x if want_cs else None, out if want_theta else None, cos, sin)
         ctx.sign = sign
+        ctx.theta_shape = None if theta is None else (theta.shape, theta.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        x, cos, sin = ctx.saved_tensors
+        x, y, cos, sin = ctx.saved_tensors
         ga, gb = grad.chunk(2, dim=-1)
-        dx = dcos = dsin = None
+        dx = dcos = dsin = dtheta = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
             _rotate_into(dx, ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
@@ -105,7 +114,12 @@ class _Rotate(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 dsin = torch.addcmul(a * gb, b, ga, value=-1.0)
                 dsin = (dsin if ctx.sign > 0 else -dsin).sum_to_size(sin.shape)
-        return dx, dcos, dsin, None
+        if y is not None:
+            ya, yb = y.chunk(2, dim=-1)
+            dtheta = torch.addcmul(ya * gb, yb, ga, value=-1.0)
+            shape, dtype = ctx.theta_shape
+            dtheta = (dtheta if ctx.sign > 0 else -dtheta).sum_to_size(shape).to(dtype)
+        return dx, dcos, dsin, None, dtheta
 
 
 def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,12 +129,46 @@ def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -
         delta: ``[..., T, P]`` increments (any float dtype).
         offset: ``[..., 1, P]`` angle carried in from earlier positions (float64 keeps chunked sums exact).
     Returns:
-        ``[..., T, P]`` float32; differentiable w.r.t. delta (the wrap has gradient 1).
+        ``[..., T, P]`` float32; differentiable w.r.t. delta and offset (the wrap has gradient 1).
+
+    One autograd node (:class:`_AccumulateWrap`): the float64 sum and the wrap run in place, and the backward
+    pass is a reverse cumulative sum of the gradient. :func:`accumulate_angles_reference` (the same formula
+    through autograd, five nodes and their float64 copies) is its test twin.
     """
+    return _AccumulateWrap.apply(delta, offset)
+
+
+def accumulate_angles_reference(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """Test twin of :func:`accumulate_angles`, differentiated by autograd."""
     theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P]
     if offset is not None:
         theta = theta + offset.to(torch.float64)
     return wrap_angle(theta).to(torch.float32)
+
+
+class _AccumulateWrap(torch.autograd.Function):
+    """forward: float64 cumsum (+ offset), wrapped to [−π, π) in place, cast to float32.
+    backward: d delta_j = Σ_{t≥j} dθ_t; d offset = Σ_t dθ_t (over the dimensions it was broadcast along)."""
+
+    @staticmethod
+    def forward(ctx, delta, offset):
+        theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P] a fresh float64 buffer
+        if offset is not None:
+            theta = theta + offset.to(torch.float64)
+        theta.add_(math.pi).remainder_(TWO_PI).sub_(math.pi)
+        ctx.delta_dtype = delta.dtype
+        ctx.offset_shape = None if offset is None else (offset.shape, offset.dtype)
+        return theta.to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad):
+        d_delta = d_offset = None
+        if ctx.needs_input_grad[0]:
+            d_delta = grad.flip(-2).cumsum(-2).flip(-2).to(ctx.delta_dtype)  # suffix sums
+        if ctx.offset_shape is not None and ctx.needs_input_grad[1]:
+            shape, dtype = ctx.offset_shape
+            d_offset = grad.sum(-2, keepdim=True).sum_to_size(shape).to(dtype)
+        return d_delta, d_offset
 
 
 def naive_so2_attention(

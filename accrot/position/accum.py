@@ -274,6 +274,7 @@ class LearnedIncrements(nn.Module):
         omega = rope_frequencies(head_dim, cfg.rope_base)  # [P] float64
         ladder = omega / omega[0] if cfg.learned_ladder else torch.ones_like(omega)
         mean = omega if cfg.increment_mean == "rope" else torch.zeros_like(omega)
+        self.zero_mean = cfg.increment_mean != "rope"
         self.consts = _DeviceConstants(
             scale=(cfg.max_increment * ladder).to(torch.float32), mean=mean.to(torch.float32)  # [P] each
         )
@@ -291,7 +292,8 @@ class LearnedIncrements(nn.Module):
             u = F.linear(h, self.up.weight.float(), self.up.bias.float())  # [B, T, H·P]
             u = u.view(B, T, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, T, P]
             c = self.consts.on(x.device)
-            return c["mean"] + c["scale"] * torch.tanh(u)  # [B, H, T, P]
+            delta = torch.tanh(u) * c["scale"]  # [B, H, T, P]
+            return delta if self.zero_mean else delta + c["mean"]  # a zero mean costs no pass
 
 
 def _check_options(cfg: SchemeConfig) -> None:

@@ -97,13 +97,16 @@ class PositionScheme(nn.Module):
         if self.rotation.kind == "so2":
             # one draw per forward: random increments redrawn in training must rotate q, k, v alike
             theta = self.rotation.angles(x, tokens)  # [B|1, H, T, D/2] float32
-            cos, sin = cs = cos_sin(theta, q.dtype)  # one evaluation shared by q, k, v and the output
-            q, k = rotate_pairs_cs(q, cos, sin), rotate_pairs_cs(k, cos, sin)
+            # one evaluation of cos/sin shared by q, k, v and the output; learned angles get their gradient
+            # from each rotation directly (rotate_pairs_cs's theta), never through cos/sin
+            cos, sin = cs = cos_sin(theta.detach(), q.dtype)
+            th = theta if theta.requires_grad else None
+            q, k = rotate_pairs_cs(q, cos, sin, theta=th), rotate_pairs_cs(k, cos, sin, theta=th)
             if self.cfg.rotate_values:
-                v = rotate_pairs_cs(v, cos, sin, inverse=True)  # value of s leaves at −θ_s ...
+                v = rotate_pairs_cs(v, cos, sin, inverse=True, theta=th)  # value of s leaves at −θ_s ...
         out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]
         if cs is not None and self.cfg.rotate_values:
-            out = rotate_pairs_cs(out, *cs)  # ... and arrives at t rotated by +θ_t
+            out = rotate_pairs_cs(out, *cs, theta=th)  # ... and arrives at t rotated by +θ_t
         return out
 
 

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from accrot.ops.rotary import cos_sin, rotate_pairs_cs, rotate_pairs_reference
+from accrot.ops.rotary import (
+    accumulate_angles,
+    accumulate_angles_reference,
+    cos_sin,
+    rotate_pairs_cs,
+    rotate_pairs_reference,
+)
 
 
 @pytest.mark.parametrize("angle_shape", ["full", "batch-broadcast", "batch-and-head-broadcast"])
@@ -63,3 +71,36 @@ def test_second_rotation_by_minus_theta_undoes_the_first_with_gradients():
     torch.testing.assert_close(back, x, rtol=0, atol=1e-12)
     (grad,) = torch.autograd.grad(back.sum(), x)
     torch.testing.assert_close(grad, torch.ones_like(x), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_offset", [False, True], ids=["no-offset", "offset"])
+def test_fused_accumulation_matches_reference(with_offset):
+    """Angles (float64 sum, wrap) and the gradients to the increments and the carried offset."""
+    gen = torch.Generator().manual_seed(3)
+    delta = (2 * torch.randn(2, 3, 50, 4, generator=gen)).requires_grad_()  # float32, big enough to wrap often
+    offset = (100 * torch.randn(1, 3, 1, 4, generator=gen, dtype=torch.float64)).requires_grad_() if with_offset else None
+    g = torch.randn(2, 3, 50, 4, generator=gen)
+    wrt = [delta] + ([offset] if with_offset else [])
+    fast, ref = accumulate_angles(delta, offset), accumulate_angles_reference(delta, offset)
+    assert fast.dtype == torch.float32 and fast.shape == ref.shape
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+    assert float(fast.detach().min()) >= -math.pi and float(fast.detach().max()) < math.pi
+    for a, b in zip(torch.autograd.grad(fast, wrt, g), torch.autograd.grad(ref, wrt, g)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+def test_angle_gradient_from_the_output_matches_the_one_through_cos_and_sin(inverse):
+    """The scheme's path: cos/sin of detached angles, the gradient routed to theta from the rotated output."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 7, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    theta = (3 * torch.randn(1, 3, 7, 4, generator=gen, dtype=torch.float64)).requires_grad_()
+    g = torch.randn(2, 3, 7, 8, generator=gen, dtype=torch.float64)
+    fast = rotate_pairs_cs(x, *cos_sin(theta.detach(), x.dtype), inverse=inverse, theta=theta)
+    cos, sin = cos_sin(theta, x.dtype)
+    ref = rotate_pairs_reference(x, cos, -sin if inverse else sin)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(fast, [x, theta], g), torch.autograd.grad(ref, [x, theta], g)):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
