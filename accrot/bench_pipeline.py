@@ -18,6 +18,7 @@ the ratio of the minima. Target: ≤ 1.10×.
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 import time
 import warnings
@@ -80,14 +81,22 @@ def _lightning(module, batches, clip: float, max_steps: int, with_logger: bool, 
         from lightning.pytorch.loggers import CSVLogger
 
         logger = CSVLogger(root, name="bench_pipeline")
-    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=logger,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        gradient_clip_val=clip, num_sanity_val_steps=0, limit_val_batches=0,
-                        callbacks=[Stamp()], default_root_dir=root)
     loader = DataLoader(batches, batch_size=None, shuffle=False)  # the same pre-built batches, in order
+    quiet = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in quiet]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's hints (no val loader, few workers) are not results
-        trainer.fit(module, train_dataloaders=loader)
+        warnings.simplefilter("ignore")  # Lightning's hints (srun, no val loader, few workers) are not results
+        for lg in quiet:
+            lg.setLevel(logging.WARNING)  # nor its "GPU available" banners, three per round
+        try:
+            trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=logger,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                gradient_clip_val=clip, num_sanity_val_steps=0, limit_val_batches=0,
+                                callbacks=[Stamp()], default_root_dir=root)
+            trainer.fit(module, train_dataloaders=loader)
+        finally:
+            for lg, level in zip(quiet, levels):
+                lg.setLevel(level)
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
