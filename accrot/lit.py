@@ -110,7 +110,12 @@ class LitLM(L.LightningModule):
         named = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
         if not named:
             return
-        finite = torch.stack([torch.isfinite(g).all() for _, g in named])  # [n_params] bool, one sync below
+        # fast path: one fused norm over every gradient (what clipping computes anyway) and one sync; a NaN or
+        # Inf anywhere makes it non-finite. Only then look for the parameter (a huge finite norm can overflow
+        # to inf in float32: the search then finds nothing and training goes on)
+        if bool(torch.isfinite(torch.nn.utils.get_total_norm([g for _, g in named]))):
+            return
+        finite = torch.stack([torch.isfinite(g).all() for _, g in named])  # [n_params] bool
         if bool(finite.all()):
             return
         name, grad = named[int((~finite).nonzero()[0])]
