@@ -520,16 +520,14 @@ def resolve_run(ckpt: str, config: str | None) -> tuple[Path, Path, Path]:
 def load_checkpoint(path: str | Path):
     """``(LitLM, checkpoint dict)`` from an accrot checkpoint, or a one-line UsageError (corrupt, not accrot's,
     or weights that do not fit the scheme it names)."""
-    import torch
 
     from accrot.lit import LitLM
+    from accrot.resume import read_checkpoint
 
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any failure to read is the same bad input
-        raise UsageError(f"checkpoint {str(path)!r} is not a readable accrot checkpoint ({type(err).__name__})") from err
-    if not isinstance(state, dict) or "state_dict" not in state or "hyper_parameters" not in state:
-        raise UsageError(f"checkpoint {str(path)!r} is not a readable accrot checkpoint (no weights or hyperparameters)")
+        state = read_checkpoint(path)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         # LightningCLI adds bookkeeping keys (``_instantiator``, ``_class_path``) beside the init arguments
         hparams = {k: v for k, v in state["hyper_parameters"].items() if not k.startswith("_")}

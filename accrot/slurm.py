@@ -89,30 +89,33 @@ def _tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def partitions() -> tuple[list[str], str | None] | None:
-    """(partitions, the default one) from ``sinfo``; None without SLURM's tools or a reachable controller."""
-    if _tool("sinfo") is None:
+def _query(cmd: list[str]) -> str | None:
+    """The standard output of a SLURM query, or None without the tool or a reachable controller."""
+    if _tool(cmd[0]) is None:
         return None
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode:
+    return None if out.returncode else out.stdout
+
+
+def partitions() -> tuple[list[str], str | None] | None:
+    """(partitions, the default one) from ``sinfo``; None without SLURM's tools or a reachable controller."""
+    stdout = _query(["sinfo", "-h", "-o", "%P"])
+    if stdout is None:
         return None
-    names = [p.strip() for p in out.stdout.split() if p.strip()]
+    names = [p.strip() for p in stdout.split() if p.strip()]
     default = next((p[:-1] for p in names if p.endswith("*")), None)
     return sorted({p.rstrip("*") for p in names}), default
 
 
 def cluster_is_this_machine() -> bool:
     """Every node of the cluster is this machine (a test cluster, or slurmd daemons on one workstation)."""
-    if _tool("scontrol") is None:
+    stdout = _query(["scontrol", "-o", "show", "nodes"])
+    if stdout is None:
         return False
-    try:
-        out = subprocess.run(["scontrol", "-o", "show", "nodes"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    addrs = re.findall(r"\bNodeAddr=(\S+)", out.stdout)
+    addrs = re.findall(r"\bNodeAddr=(\S+)", stdout)
     local = {"127.0.0.1", "localhost", "::1", socket.gethostname(), socket.getfqdn()}
     return bool(addrs) and all(a in local for a in addrs)
 

@@ -23,6 +23,12 @@ for key, value in {
 }.items():
     os.environ[key] = value
 
+# Lightning attaches a StreamHandler to the sys.stderr of its first import. Imported inside a test that uses
+# capsys, that is capsys's stream, closed after the test: every later Lightning log line then prints a
+# "--- Logging error ---" traceback into other tests' stderr (test_slurm.py before test_bad_inputs.py did).
+# Imported here, it binds to pytest's session-long capture instead.
+import lightning.pytorch  # noqa: E402,F401
+
 
 @pytest.fixture(autouse=True)
 def _hygiene():
