@@ -155,7 +155,7 @@ def _check_signal_checkpoint(record: dict, log: str, exact: bool) -> None:
 def test_two_node_ddp_run_under_slurm(slurm, tmp_path, capsys):
     root = tmp_path / "runs"
     job = _submit(slurm, root, "--trainer.max_steps=6", capsys=capsys)
-    info = slurm.wait(job, timeout=150)
+    info = slurm.wait(job, timeout=480)  # generous: a loaded 2-core machine runs these DDP jobs slowly
     assert info["JobState"] == "COMPLETED", (info, _log(root))
     assert info["NodeList"] in ("n[1-2]", "n1,n2")
     runs = list((root / "ddp").glob("version_*"))
@@ -187,7 +187,7 @@ def test_requeued_job_resumes_from_its_checkpoint(how, slurm, tmp_path, capsys):
         slurm.run("scontrol", "requeue", job)
     else:
         slurm.run("scancel", "--signal=USR1", job)  # the job steps' tasks, as --signal=USR1@T does
-    info = slurm.wait(job, timeout=240)
+    info = slurm.wait(job, timeout=480)
     assert info["JobState"] == "COMPLETED", (info, _log(root))
     assert int(info["Restarts"]) >= 1
     runs = list((root / "ddp").glob("version_*"))
@@ -253,7 +253,7 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     # outside is the training test's case; here, with the worker's own requeue racing it, the restarted array
     # task failed once in a full CI run.)
     slurm.run("scancel", "--signal=USR1", task)
-    info = slurm.wait(task, timeout=240)
+    info = slurm.wait(task, timeout=480)
     assert info["JobState"] == "COMPLETED", (info, _log(root))
     assert int(info["Restarts"]) >= 1
     trials = optuna.load_study(study_name="slurm-trial", storage=optuna.storages.JournalStorage(
