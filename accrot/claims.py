@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accrot.report import _pyplot, atomic_savefig, atomic_write_text
+from accrot.report import _pyplot, atomic_savefig, atomic_write_text, mean_std, pm
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 C2_TOLERANCE = 0.05  # "within a few %": NLL(16×) at most 5 % above NLL(1×)
@@ -66,18 +66,8 @@ class Run:
 # ---------------------------------------------------------------------------------------------------
 # statistics
 # ---------------------------------------------------------------------------------------------------
-def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None below two values)."""
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None)
-
-
 def fmt(values: Sequence[float], digits: int = 3) -> str:
-    if not values:
-        return "–"
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return pm(values, digits, empty="–")
 
 
 @dataclass
@@ -497,31 +487,35 @@ def _color(variant: str):
     return colormaps["tab20"]((2 * i if i < 10 else 2 * (i - 10) + 1) % 20)
 
 
+def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]]) -> None:
+    """The mean over seeds at each x as a line, ± one standard deviation as a shaded band."""
+    xs, ms, ss = [], [], []
+    for x, vals in points:
+        if vals:
+            mean, std = mean_std(vals)
+            xs.append(x), ms.append(mean), ss.append(std or 0.0)
+    line, = ax.plot(xs, ms, marker="o", ms=3, label=variant, color=_color(variant))
+    ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
+                    color=line.get_color(), alpha=0.15)
+
+
 def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for v in res.variants(dataset):
-        xs, ms, ss = [], [], []
-        for m in res.multipliers(dataset):
-            vals = res.values(dataset, v, field_, m)
-            if vals:
-                mean, std = mean_std(vals)
-                xs.append(m), ms.append(mean), ss.append(std or 0.0)
-        line, = ax.plot(xs, ms, marker="o", ms=3, label=v, color=_color(v))
-        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
-                        color=line.get_color(), alpha=0.15)
+        _band(ax, v, [(m, res.values(dataset, v, field_, m)) for m in res.multipliers(dataset)])
     ax.set_xscale("log", base=2)
     ax.axvline(1, color="grey", ls=":", lw=1)
     ax.set_xlabel("evaluation length / training length L")
     ax.set_ylabel("NLL (nats/token)" if field_ == "nll" else field_)
-    ax.set_title(f"{DATASET_TITLE(dataset)}: mean ± std over seeds")
+    ax.set_title(f"{_title(dataset)}: mean ± std over seeds")
     ax.legend(fontsize=7, ncol=2)
     atomic_savefig(fig, path)
     plt.close(fig)
     return path
 
 
-def DATASET_TITLE(dataset: str) -> str:  # noqa: N802 - reads like the constant it wraps
+def _title(dataset: str) -> str:
     from accrot.ablation import DATASET_TITLES
 
     return DATASET_TITLES.get(dataset, dataset)
@@ -558,7 +552,7 @@ def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the block (tokens)")
     ax.set_ylabel("NLL (nats/token)")
-    ax.set_title(f"{DATASET_TITLE(dataset)}: per-position NLL at {_x(longest)} L (mean over seeds)")
+    ax.set_title(f"{_title(dataset)}: per-position NLL at {_x(longest)} L (mean over seeds)")
     ax.legend(fontsize=7, ncol=2)
     atomic_savefig(fig, path)
     plt.close(fig)
@@ -605,15 +599,8 @@ def plot_theory(res: Results, folder: Path) -> list[Path]:
         if not runs:
             continue
         lengths = runs[0].diagnostics["lengths"]
-        xs, ms, ss = [], [], []
-        for length in lengths:
-            vals = [x for x in (_far_mass(r, length) for r in runs) if x is not None]
-            if vals:
-                mean, std = mean_std(vals)
-                xs.append(length / runs[0].train_length), ms.append(mean), ss.append(std or 0.0)
-        line, = ax.plot(xs, ms, marker="o", ms=3, label=v, color=_color(v))
-        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
-                        color=line.get_color(), alpha=0.15)
+        _band(ax, v, [(length / runs[0].train_length,
+                       [x for x in (_far_mass(r, length) for r in runs) if x is not None]) for length in lengths])
         drawn = True
     if drawn:
         ax.set_xscale("log", base=2)
@@ -650,7 +637,7 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         pp = plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
         if pp:
             figures.append(pp)
-        part = [f"## {DATASET_TITLE(dataset)}", "",
+        part = [f"## {_title(dataset)}", "",
                 "NLL (nats/token; on the local task: answers only) per evaluation length, mean ± std over seeds.", "",
                 _table(res, dataset, "nll")]
         if dataset == "local":

@@ -140,7 +140,7 @@ def metric_value(lengths: Sequence[Mapping], name: str) -> float:
 # ---------------------------------------------------------------------------------------------------
 # study reports: `accrot report --study NAME`
 # ---------------------------------------------------------------------------------------------------
-def _mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     """Mean and sample standard deviation (None for a single value)."""
     n = len(values)
     mean = sum(values) / n
@@ -149,11 +149,12 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float | None]:
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 
 
-def _pm(values: Sequence[float]) -> str:
+def pm(values: Sequence[float], digits: int = 4, empty: str = "-") -> str:
+    """``mean ± std`` over seeds (just the mean for one value, ``empty`` for none)."""
     if not values:
-        return "-"
-    mean, std = _mean_std(values)
-    return f"{mean:.4f}" if std is None else f"{mean:.4f} ± {std:.4f}"
+        return empty
+    mean, std = mean_std(values)
+    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def _fmt_params(params: Mapping) -> str:
@@ -209,7 +210,7 @@ def _best_configs(rows: Sequence[dict]) -> dict[str, dict]:
         obj = rows[0]["_objectives"][0]
         sign = -1.0 if rows[0]["_directions"][0] == "maximize" else 1.0
         key = f"objective:{obj}"
-        best_cfg = min(configs.values(), key=lambda rs: sign * _mean_std([r[key] for r in rs])[0])
+        best_cfg = min(configs.values(), key=lambda rs: sign * mean_std([r[key] for r in rs])[0])
         best_trial = min((r for rs in configs.values() for r in rs), key=lambda r: sign * r[key])
         out[variant] = {"config": best_cfg, "best_trial": best_trial, "n_configs": len(configs),
                         "n_trials": sum(len(rs) for rs in configs.values())}
@@ -223,7 +224,7 @@ def plot_study_nll(best: Mapping[str, dict], path: str | Path, title: str = "") 
     for variant, b in best.items():
         rs = b["config"]
         mults = _multipliers(rs[0])
-        stats = [_mean_std([r[metric_key("nll", m)] for r in rs if metric_key("nll", m) in r]) for m in mults]
+        stats = [mean_std([r[metric_key("nll", m)] for r in rs if metric_key("nll", m) in r]) for m in mults]
         ax.errorbar(mults, [s[0] for s in stats], yerr=[s[1] or 0.0 for s in stats], marker="o", capsize=3,
                     label=f"{variant} (#{rs[0]['config']}, {len(rs)} seed{'s' if len(rs) > 1 else ''})")
     ax.set_xscale("log", base=2)
@@ -319,7 +320,7 @@ def study_report(study: str, storage_url: str | None = None, root: str | Path = 
         rs, bt = b["config"], b["best_trial"]
         obj = f"objective:{objectives[0]}"
         cells = [variant, str(b["n_trials"]), f"#{bt['number']} {bt[obj]:.4f}", f"#{rs[0]['config']}", str(len(rs)),
-                 *(_pm([r[metric_key('nll', m)] for r in rs if metric_key("nll", m) in r]) for m in mults),
+                 *(pm([r[metric_key('nll', m)] for r in rs if metric_key("nll", m) in r]) for m in mults),
                  _fmt_params(rs[0]["_params"]).replace("|", "\\|")]
         lines.append("| " + " | ".join(cells) + " |")
     if not best:
