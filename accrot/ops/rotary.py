@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from accrot.ops import cpu_kernels
+
 TWO_PI = 2.0 * math.pi
 
 
@@ -55,7 +57,8 @@ def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inver
     inverse rotation of the gradient backward, and the angle gradient only when ``cos``/``sin`` need one
     (learned increments). Autograd through the elementwise formula (:func:`rotate_pairs_reference`, the test
     twin) records seven nodes and a concatenation per call, which cost the rotation schemes ~5% of a tiny
-    training step.
+    training step. On the CPU each direction is one pass of a compiled kernel (:mod:`accrot.ops.cpu_kernels`)
+    instead of four to six eager ones.
     """
     work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     return _Rotate.apply(x.to(work), cos.to(work), sin.to(work), -1.0 if inverse else 1.0, theta).to(x.dtype)
@@ -79,19 +82,46 @@ def _rotate_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, cos: torch
     ob.addcmul_(a, sin, value=sign)
 
 
+def _kernels(*tensors: torch.Tensor):
+    """The compiled CPU kernels when they apply to these tensors (4-d, CPU, float32/float64), else None."""
+    if all(t.device.type == "cpu" and t.dim() == 4 and t.dtype in (torch.float32, torch.float64) for t in tensors):
+        return cpu_kernels.ops()
+    return None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when ``t`` covers its storage without gaps or overlaps in some dimension order (a permuted
+    contiguous tensor), so ``torch.empty_strided(t.shape, t.stride())`` is a valid fresh tensor."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 class _Rotate(torch.autograd.Function):
     """y = R(sθ) x per pair from (x ``[B, H, T, D]``, cos, sin ``[B|1, H|1, T, D/2]``, s = ±1), one dtype.
 
     Backward: dx = R(−sθ) dy; with (a, b) the halves of x and (g_a, g_b) of dy, d cos = a g_a + b g_b and
     d sin = s (a g_b − b g_a); with ``theta`` given, dθ = s (y_a g_b − y_b g_a) from the output y. Each is
-    summed over the dimensions the angles were broadcast along.
+    summed over the dimensions the angles were broadcast along. On the CPU, y and (dx, dθ) each come from one
+    kernel pass; d cos and d sin (asked for only when a caller differentiates through cos/sin) stay eager.
     """
 
     @staticmethod
     def forward(ctx, x, cos, sin, sign, theta):
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        a, b = x.chunk(2, dim=-1)
-        _rotate_into(out, a, b, cos, sin, sign)
+        kernels = _kernels(x, cos, sin)
+        if kernels is not None:
+            out = kernels.rotate(_last_contiguous(x), _last_contiguous(cos), _last_contiguous(sin), sign)
+        else:
+            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            a, b = x.chunk(2, dim=-1)
+            _rotate_into(out, a, b, cos, sin, sign)
         want_cs = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         want_theta = theta is not None and ctx.needs_input_grad[4]
         ctx.save_for_backward(x if want_cs else None, out if want_theta else None, cos, sin)
@@ -104,9 +134,20 @@ class _Rotate(torch.autograd.Function):
         x, y, cos, sin = ctx.saved_tensors
         ga, gb = grad.chunk(2, dim=-1)
         dx = dcos = dsin = dtheta = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-            _rotate_into(dx, ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
+        kernels = _kernels(grad, cos, sin)
+        if kernels is not None and (ctx.needs_input_grad[0] or y is not None):
+            dx, dtheta = kernels.rotate_backward(_last_contiguous(grad), y, _last_contiguous(cos),
+                                                 _last_contiguous(sin), ctx.sign, ctx.needs_input_grad[0])
+            dx = dx if ctx.needs_input_grad[0] else None
+            dtheta = dtheta if y is not None else None
+        else:
+            if ctx.needs_input_grad[0]:
+                dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+                _rotate_into(dx, ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
+            if y is not None:
+                ya, yb = y.chunk(2, dim=-1)
+                dtheta = torch.addcmul(ya * gb, yb, ga, value=-1.0)
+                dtheta = dtheta if ctx.sign > 0 else -dtheta
         if x is not None:
             a, b = x.chunk(2, dim=-1)
             if ctx.needs_input_grad[1]:
@@ -114,11 +155,9 @@ class _Rotate(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 dsin = torch.addcmul(a * gb, b, ga, value=-1.0)
                 dsin = (dsin if ctx.sign > 0 else -dsin).sum_to_size(sin.shape)
-        if y is not None:
-            ya, yb = y.chunk(2, dim=-1)
-            dtheta = torch.addcmul(ya * gb, yb, ga, value=-1.0)
+        if dtheta is not None:
             shape, dtype = ctx.theta_shape
-            dtheta = (dtheta if ctx.sign > 0 else -dtheta).sum_to_size(shape).to(dtype)
+            dtheta = dtheta.sum_to_size(shape).to(dtype)
         return dx, dcos, dsin, None, dtheta
 
 
@@ -131,9 +170,10 @@ def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -
     Returns:
         ``[..., T, P]`` float32; differentiable w.r.t. delta and offset (the wrap has gradient 1).
 
-    One autograd node (:class:`_AccumulateWrap`): the float64 sum and the wrap run in place, and the backward
-    pass is a reverse cumulative sum of the gradient. :func:`accumulate_angles_reference` (the same formula
-    through autograd, five nodes and their float64 copies) is its test twin.
+    One autograd node (:class:`_AccumulateWrap`): the float64 sum and the wrap run in place (on the CPU, one
+    kernel pass), and the backward pass is a reverse cumulative sum of the gradient.
+    :func:`accumulate_angles_reference` (the same formula through autograd, five nodes and their float64
+    copies) is its test twin.
     """
     return _AccumulateWrap.apply(delta, offset)
 
@@ -152,19 +192,30 @@ class _AccumulateWrap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, delta, offset):
-        theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P] a fresh float64 buffer
-        if offset is not None:
-            theta = theta + offset.to(torch.float64)
-        theta.add_(math.pi).remainder_(TWO_PI).sub_(math.pi)
+        kernels = _kernels(delta) if delta.dtype in (torch.float32, torch.float64) else None
+        if kernels is not None and (offset is None or torch.broadcast_shapes(offset.shape, delta.shape) == delta.shape):
+            theta = kernels.accumulate_wrap(delta, offset)  # [..., T, P] float32, one pass
+        else:
+            theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P] a fresh float64 buffer
+            if offset is not None:
+                theta = theta + offset.to(torch.float64)
+            theta = theta.add_(math.pi).remainder_(TWO_PI).sub_(math.pi).to(torch.float32)
         ctx.delta_dtype = delta.dtype
+        ctx.delta_strides = delta.stride() if _dense(delta) else None
         ctx.offset_shape = None if offset is None else (offset.shape, offset.dtype)
-        return theta.to(torch.float32)
+        return theta
 
     @staticmethod
     def backward(ctx, grad):
         d_delta = d_offset = None
         if ctx.needs_input_grad[0]:
-            d_delta = grad.flip(-2).cumsum(-2).flip(-2).to(ctx.delta_dtype)  # suffix sums
+            kernels = _kernels(grad)
+            if kernels is not None:  # in delta's own layout: the increments' backward then needs no copy
+                strides = ctx.delta_strides if ctx.delta_strides and ctx.delta_strides[-1] == 1 else None
+                suffix = kernels.suffix_sum(grad, strides)
+            else:
+                suffix = grad.flip(-2).cumsum(-2).flip(-2)
+            d_delta = suffix.to(ctx.delta_dtype)  # suffix sums
         if ctx.offset_shape is not None and ctx.needs_input_grad[1]:
             shape, dtype = ctx.offset_shape
             d_offset = grad.sum(-2, keepdim=True).sum_to_size(shape).to(dtype)

@@ -1,12 +1,18 @@
-"""The fused rotation node against the elementwise formula differentiated by autograd (its twin)."""
+"""The fused rotation node against the elementwise formula differentiated by autograd (its twin).
+
+Every test runs twice: through the compiled CPU kernels (``ACCROT_CPU_KERNELS=on``) and through the eager
+formulas they replace (``off``), so both paths stay checked against the twins.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 
+from accrot.ops import cpu_kernels
 from accrot.ops.rotary import (
     accumulate_angles,
     accumulate_angles_reference,
@@ -14,6 +20,24 @@ from accrot.ops.rotary import (
     rotate_pairs_cs,
     rotate_pairs_reference,
 )
+
+
+def kernels_or_skip():
+    """The compiled kernels; a test skips with the reason where they do not build, and fails under CI=true."""
+    try:
+        return cpu_kernels.ops()
+    except RuntimeError as err:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+
+
+@pytest.fixture(autouse=True, params=["on", "off"], ids=["kernels", "eager"])
+def kernel_mode(request, monkeypatch):
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", request.param)
+    if request.param == "on":
+        kernels_or_skip()
+    return request.param
 
 
 @pytest.mark.parametrize("angle_shape", ["full", "batch-broadcast", "batch-and-head-broadcast"])
@@ -104,3 +128,69 @@ def test_angle_gradient_from_the_output_matches_the_one_through_cos_and_sin(inve
     for a, b in zip(torch.autograd.grad(fast, [x, theta], g), torch.autograd.grad(ref, [x, theta], g)):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def _layouts(B, H, T, D, gen):
+    """q, k, v as the backbone makes them (views of one [B, T, 3, H, D] projection), attention's [B, T, H, D]
+    output, and a plain contiguous tensor: the kernels walk each in its own memory order."""
+    qkv = torch.randn(B, T, 3, H, D, generator=gen, dtype=torch.float64)
+    return {
+        "qkv-view": qkv.permute(2, 0, 3, 1, 4)[1],
+        "bthd": torch.randn(B, T, H, D, generator=gen, dtype=torch.float64).transpose(1, 2),
+        "contiguous": torch.randn(B, H, T, D, generator=gen, dtype=torch.float64),
+    }
+
+
+@pytest.mark.parametrize("layout", ["qkv-view", "bthd", "contiguous"])
+@pytest.mark.parametrize("angle_layout", ["bhtp", "bthp", "batch-broadcast"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_rotation_of_strided_inputs_matches_reference(layout, angle_layout, dtype):
+    """Outputs and gradients (x and the angles, forward and inverse) for every layout the model produces."""
+    B, H, T, D = 2, 3, 9, 10
+    gen = torch.Generator().manual_seed(5)
+    x = _layouts(B, H, T, D, gen)[layout].to(dtype).requires_grad_()
+    theta = {"bhtp": lambda: torch.randn(B, H, T, D // 2, generator=gen, dtype=torch.float64),
+             "bthp": lambda: torch.randn(B, T, H, D // 2, generator=gen, dtype=torch.float64).transpose(1, 2),
+             "batch-broadcast": lambda: torch.randn(1, H, T, D // 2, generator=gen, dtype=torch.float64)}[angle_layout]()
+    theta = (3 * theta).to(dtype).requires_grad_()
+    g = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64).to(dtype)
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for inverse in (False, True):
+        fast = rotate_pairs_cs(x, *cos_sin(theta.detach(), dtype), inverse=inverse, theta=theta)
+        cos, sin = cos_sin(theta, dtype)
+        ref = rotate_pairs_reference(x, cos, -sin if inverse else sin)
+        torch.testing.assert_close(fast, ref, rtol=0, atol=tol)
+        for a, b in zip(torch.autograd.grad(fast, [x, theta], g), torch.autograd.grad(ref, [x, theta], g)):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a, b, rtol=0, atol=20 * tol)
+
+
+def test_accumulation_in_the_learned_increments_layout_matches_reference():
+    """Learned increments arrive as a [B, T, H, P] permuted view; the sum runs along its strided time axis."""
+    gen = torch.Generator().manual_seed(6)
+    delta = (4 * torch.randn(2, 300, 3, 4, generator=gen)).transpose(1, 2).requires_grad_()  # [B, H, T, P] view
+    g = torch.randn(2, 3, 300, 4, generator=gen)
+    fast, ref = accumulate_angles(delta, None), accumulate_angles_reference(delta, None)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+    (d_fast,), (d_ref,) = torch.autograd.grad(fast, [delta], g), torch.autograd.grad(ref, [delta], g)
+    torch.testing.assert_close(d_fast, d_ref, rtol=1e-6, atol=1e-5)
+
+
+def test_kernel_mode_decides_which_path_runs(kernel_mode):
+    """With the kernels on, the compiled ops run (no silent fallback); with them off, none does."""
+    x = torch.randn(2, 3, 8, 6, requires_grad=True)
+    theta = torch.randn(2, 3, 8, 3, requires_grad=True)
+    with torch.autograd.profiler.profile() as prof:
+        angles = accumulate_angles(theta, None)
+        out = rotate_pairs_cs(x, *cos_sin(angles.detach()), theta=angles)
+        out.sum().backward()
+    names = {e.name for e in prof.function_events}
+    compiled = {"accrot_cpu::rotate", "accrot_cpu::rotate_backward", "accrot_cpu::accumulate_wrap",
+                "accrot_cpu::suffix_sum"}
+    assert (compiled <= names) if kernel_mode == "on" else not (compiled & names)
+
+
+def test_kernel_mode_rejects_an_unknown_value(monkeypatch):
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match="ACCROT_CPU_KERNELS='fast' is not valid; choose one of auto, on, off"):
+        cpu_kernels.ops()

@@ -1,0 +1,100 @@
+"""The fused CPU kernels of the SO(2) path (``csrc/rotary_cpu.cpp``), compiled once per install and source.
+
+:func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate``, ``rotate_backward``, ``accumulate_wrap``,
+``suffix_sum``) or None, in which case :mod:`accrot.ops.rotary` runs its eager formulas: the same math in more
+passes (the kernels are tested against them). ``ACCROT_CPU_KERNELS`` chooses:
+
+* ``auto`` (default): build with torch's C++ extension tooling (a C++ compiler and ninja) on first use; if that
+  fails, say so once on stderr and stay eager;
+* ``off``: always eager (e.g. to compare, or on a machine without a compiler);
+* ``on``: build or raise.
+
+The library lands in ``<venv>/accrot-kernels/<torch version>-<source hash>`` (``ACCROT_KERNEL_DIR``
+overrides), so every process of the install shares one build (torch's build lock serialises concurrent ones),
+an edited source builds anew, and ``make install`` builds it up front (``python -m accrot.ops.cpu_kernels``).
+Compiled for the baseline ISA (no ``-march=native``): one build may serve every node of a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "rotary_cpu.cpp"
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def mode() -> str:
+    value = os.environ.get("ACCROT_CPU_KERNELS", "auto").strip().lower() or "auto"
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"ACCROT_CPU_KERNELS={value!r} is not valid; choose one of auto, on, off")
+    return value
+
+
+def build_directory() -> Path:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    root = os.environ.get("ACCROT_KERNEL_DIR") or str(Path(sys.prefix) / "accrot-kernels")
+    return Path(root) / f"torch{torch.__version__.replace('+', '_')}-{digest}"
+
+
+def _build() -> object:
+    from torch.utils import cpp_extension
+
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / "accrot_cpu.so").exists():
+        print("accrot: compiling the fused CPU rotation kernels (once per install, under a minute)", file=sys.stderr)
+    # always through torch's loader: it takes the build lock, so a process never loads a library another one
+    # is still linking, and ninja finds an up-to-date build in milliseconds
+    cpp_extension.load(
+        name="accrot_cpu",
+        sources=[str(SOURCE)],
+        extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP code in the headers: without it, one thread
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(directory),
+        is_python_module=False,
+        verbose=False,
+    )
+    return torch.ops.accrot_cpu
+
+
+def ops() -> object | None:
+    """``torch.ops.accrot_cpu`` once built and loaded, else None (``ACCROT_CPU_KERNELS=off`` or a failed
+    ``auto`` build). With ``on``, a failed build raises RuntimeError."""
+    chosen = mode()
+    if chosen == "off":
+        return None
+    if "ops" not in _state:
+        with _lock:
+            if "ops" not in _state:
+                try:
+                    _state["ops"], _state["error"] = _build(), None
+                except Exception as exc:  # noqa: BLE001 - a missing compiler must not stop training
+                    text = str(exc).strip()
+                    _state["ops"], _state["error"] = None, text.splitlines()[0] if text else type(exc).__name__
+                    if chosen == "auto":
+                        print(f"accrot: the fused CPU kernels did not build ({_state['error']}); using the eager "
+                              "rotation path (same math, slower; ACCROT_CPU_KERNELS=on shows the error)",
+                              file=sys.stderr)
+    if _state["ops"] is None and chosen == "on":
+        raise RuntimeError(f"ACCROT_CPU_KERNELS=on but the CPU kernels did not build: {_state['error']}")
+    return _state["ops"]
+
+
+def describe(device: torch.device | str) -> str:
+    """Which SO(2) rotation path runs on ``device`` (recorded in run.json and the benchmark's report): the two
+    paths agree to float32 rounding, not bit for bit."""
+    if torch.device(device).type != "cpu":
+        return "eager"
+    return "compiled" if ops() is not None else "eager"
+
+
+if __name__ == "__main__":  # make install: build up front, so no run pays for it
+    built = ops()
+    print(f"accrot: fused CPU kernels {'ready in ' + str(build_directory()) if built else 'not built (eager path)'}")
