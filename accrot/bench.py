@@ -79,6 +79,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from accrot.ops import cpu_kernels
+
 SCHEMA = "accrot.bench/1"
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SIZES = ("tiny", "small")
@@ -508,6 +510,7 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
         "schema": SCHEMA, "bench": "schemes", "device": str(dev), "torch": torch.__version__,
         "python": platform.python_version(), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "rotation_kernels": cpu_kernels.describe(dev),  # compiled CPU kernels or eager torch ops
         "settings": {"sizes": {s: {**size_shape(s), "batch": batch[s]} for s in sizes}, "T": T,
                      "eval_lengths": list(eval_lengths), "eval_model": "tiny", "eval_batch": 1, "repeats": repeats,
                      "eval_repeats": eval_repeats, "eval_all": eval_all, "seed": seed,
@@ -544,8 +547,9 @@ def schemes_table(doc: dict[str, Any]):
     absolute = [f"{s} train {nope['train'][s]['ms']:.0f} ms" for s in sizes]
     absolute += [f"eval {ln} {nope['eval'][str(ln)]['ms']:.0f} ms / {nope['eval'][str(ln)]['peak_mib']:.0f} MiB"
                  for ln in lengths]
+    kernels = f", rotation kernels: {doc['rotation_kernels']}" if "rotation_kernels" in doc else ""
     table = Table(title=f"position schemes vs NoPE ({doc['device']}, {doc['threads']} threads, T = "
-                        f"{doc['settings']['T']}; eval: tiny, batch 1)",
+                        f"{doc['settings']['T']}; eval: tiny, batch 1{kernels})",
                   caption="NoPE: " + ", ".join(absolute) + ". ×: median of same-round ratios to NoPE; ×min: "
                           "ratio of the minima; ms: median; n/m: not measured (see --eval_all).")
     table.add_column("variant")

@@ -587,9 +587,20 @@ def eval_main(argv: list[str]) -> int:
     return 0
 
 
+def _check_environment() -> None:
+    """Environment switches fail before any work, like a bad option."""
+    from accrot.ops import cpu_kernels
+
+    try:
+        cpu_kernels.mode()
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        _check_environment()
         if argv and argv[0] in COMMANDS:
             import importlib
 

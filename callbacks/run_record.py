@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from accrot.ops import cpu_kernels
 from accrot.report import atomic_write_text
 
 PACKAGES = ("torch", "lightning", "torchmetrics", "jsonargparse", "optuna", "wandb", "datasets", "numpy")
@@ -76,6 +77,8 @@ class RunRecord(L.Callback):
             "command": previous.get("command", sys.argv),
             "revision": git_revision(),
             "versions": versions(),
+            # the compiled CPU rotation kernels and the eager formulas agree to rounding, not bit for bit
+            "rotation_kernels": cpu_kernels.describe(trainer.strategy.root_device),
             "seed": _seed(),
             "hparams": dict(pl_module.hparams),
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},

@@ -213,6 +213,20 @@ def disk_full() -> Iterator[None]:
         cli._write_probe = saved
 
 
+@contextlib.contextmanager
+def environment(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in the environment for the row, as a user would export it."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
 @dataclass(frozen=True)
 class Row:
     """One bad input: what the user types (``input``, as in the README), the argv it becomes, and a fragment
@@ -256,6 +270,9 @@ CATALOGUE: list[Row] = [
         "config 'tinyy' is neither a YAML file nor a shipped config; shipped: "),
     Row("bad-wandb-mode", "--wandb=sometimes", lambda f: f.fit("--wandb=sometimes"),
         "--wandb='sometimes' is not valid; choose auto, online, offline or disabled"),
+    Row("bad-kernel-switch", "ACCROT_CPU_KERNELS=fast accrot fit ...", lambda f: f.fit(),
+        "ACCROT_CPU_KERNELS='fast' is not valid; choose one of auto, on, off",
+        simulate=lambda: environment("ACCROT_CPU_KERNELS", "fast")),
     # -- data ---------------------------------------------------------------------------------------------
     Row("missing-data", "--data.init_args.root=/nonexistent/accrot",
         lambda f: f.fit("--data.init_args.root=/nonexistent/accrot", corpus=False),
