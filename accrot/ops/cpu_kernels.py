@@ -43,9 +43,22 @@ def build_directory() -> Path:
     return Path(root) / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 
 
-def _build() -> object:
+def _ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the pinned one lives in the ``ninja`` package, whose folder is not on PATH
+    when the venv's python is called directly (as make does)."""
+    try:
+        import ninja
+    except ImportError:
+        return  # a system ninja may still be on PATH
+    folder = str(ninja.BIN_DIR)
+    if folder not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+
+
+def _build(verbose: bool = False) -> object:
     from torch.utils import cpp_extension
 
+    _ninja_on_path()
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / "accrot_cpu.so").exists():
@@ -59,12 +72,12 @@ def _build() -> object:
         extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
         is_python_module=False,
-        verbose=False,
+        verbose=verbose,  # the compiler's own output, for `ACCROT_CPU_KERNELS=on python -m accrot.ops.cpu_kernels`
     )
     return torch.ops.accrot_cpu
 
 
-def ops() -> object | None:
+def ops(verbose: bool = False) -> object | None:
     """``torch.ops.accrot_cpu`` once built and loaded, else None (``ACCROT_CPU_KERNELS=off`` or a failed
     ``auto`` build). With ``on``, a failed build raises RuntimeError."""
     chosen = mode()
@@ -74,14 +87,15 @@ def ops() -> object | None:
         with _lock:
             if "ops" not in _state:
                 try:
-                    _state["ops"], _state["error"] = _build(), None
+                    _state["ops"], _state["error"] = _build(verbose=verbose), None
                 except Exception as exc:  # noqa: BLE001 - a missing compiler must not stop training
-                    text = str(exc).strip()
-                    _state["ops"], _state["error"] = None, text.splitlines()[0] if text else type(exc).__name__
+                    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    _state["ops"] = None
+                    _state["error"] = text if len(text) <= 160 else text[:157] + "..."
                     if chosen == "auto":
                         print(f"accrot: the fused CPU kernels did not build ({_state['error']}); using the eager "
-                              "rotation path (same math, slower; ACCROT_CPU_KERNELS=on shows the error)",
-                              file=sys.stderr)
+                              "rotation path (same math, slower). The compiler's output: "
+                              "ACCROT_CPU_KERNELS=on python -m accrot.ops.cpu_kernels", file=sys.stderr)
     if _state["ops"] is None and chosen == "on":
         raise RuntimeError(f"ACCROT_CPU_KERNELS=on but the CPU kernels did not build: {_state['error']}")
     return _state["ops"]
@@ -96,5 +110,5 @@ def describe(device: torch.device | str) -> str:
 
 
 if __name__ == "__main__":  # make install: build up front, so no run pays for it
-    built = ops()
+    built = ops(verbose=mode() == "on")
     print(f"accrot: fused CPU kernels {'ready in ' + str(build_directory()) if built else 'not built (eager path)'}")
