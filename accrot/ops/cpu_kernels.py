@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("csrc") / "rotary_cpu.cpp"
+# -fopenmp: at::parallel_for is inline OpenMP code (without it, one thread); -ffp-contract=off: no fused
+# multiply-adds, so every machine computes the same bits (the baseline ISA has none, but a distro's default may)
+CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -38,7 +41,7 @@ def mode() -> str:
 
 
 def build_directory() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
     root = os.environ.get("ACCROT_KERNEL_DIR") or str(Path(sys.prefix) / "accrot-kernels")
     return Path(root) / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 
@@ -68,7 +71,7 @@ def _build(verbose: bool = False) -> object:
     cpp_extension.load(
         name="accrot_cpu",
         sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-fopenmp"],  # at::parallel_for is OpenMP code in the headers: without it, one thread
+        extra_cflags=list(CFLAGS),
         extra_ldflags=["-fopenmp"],
         build_directory=str(directory),
         is_python_module=False,

@@ -2,8 +2,9 @@
 //
 // Why: in eager PyTorch one pair rotation is four elementwise passes forward and six backward (with the angle
 // gradient), and accumulating the angles is five more (float64 cast, cumsum along a strided axis, the wrap).
-// On a CPU these passes, not the arithmetic, cost learned increments ~8% of a tiny model's training step.
-// Each kernel below is one pass over its rows; every (b, h, t) row is independent and parallel_for splits them.
+// On a CPU these passes, not the arithmetic, are most of what learned increments add to a training step.
+// Each kernel below is one pass: the rotations over independent (b, h, t) rows, the scans over t per (b, h).
+// Built for the baseline ISA without FMA contraction, so every machine of a cluster computes the same bits.
 //
 // Layout (DESIGN §2): x [B, H, T, D] pairs coordinate i with i + D/2; angles, cos, sin [B, H, T, D/2]
 // (broadcast dimensions arrive with stride 0). The last dimension is contiguous; the others may have any stride.
@@ -14,8 +15,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -74,7 +75,7 @@ template <typename scalar_t>
 inline void rotate_row(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
                        const scalar_t* __restrict__ c, const scalar_t* __restrict__ n, scalar_t* __restrict__ ya,
                        scalar_t* __restrict__ yb, int64_t P, scalar_t s) {
-        _Pragma("omp simd")  // inside a macro argument, so not #pragma
+#pragma omp simd
   for (int64_t p = 0; p < P; ++p) {
     const scalar_t sn = s * n[p];
     ya[p] = a[p] * c[p] - b[p] * sn;
