@@ -2,8 +2,8 @@
 
 Subcommands::
 
-    accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 4]
-                         [--eval_repeats 1] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
+    accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
+                         [--eval_repeats 3] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
                          [--out bench_schemes.json]
     accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--out bench_path.json]
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
@@ -22,8 +22,8 @@ separate rows, rotate_values for rope/accum only, path cells when ``path`` is re
   ratios are per-token costs, which the batch barely moves. After one untimed warm-up round, ``--repeats``
   rounds visit every variant once each, in a freshly shuffled order, all models alive in one process, with a
   NoPE step between every two (:func:`interleaved_rounds`). Reported: the median time per variant, the median
-  over rounds of its ratio to the NoPE steps right beside it *in the same round* (``×``), and the ratio of the
-  minima (``×min``). On a shared machine single steps are now and then slowed 5–30× (another process takes a
+  over rounds of its ratio to the mean of the two NoPE steps right beside it (``×``), and the ratio of the
+  minima over equally many samples (``×min``). On a shared machine single steps are now and then slowed 5–30× (another process takes a
   core and the OpenMP team waits on it); the neighbouring NoPE steps usually share the slowdown, and where a
   burst still hits most of one variant's samples the minima compare like with like.
 * **evaluation forward** (``model.eval()``, ``torch.no_grad``, batch 1) of the tiny model at each of
@@ -54,7 +54,7 @@ none/forget evaluation at 16384 tokens (or the longest length measured) ≤ 2× 
 peak memory. Combined cells (e.g. accum/forget) are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
-thread count is left as it is. The default run takes about 4 minutes on 2 idle cores and several times that
+thread count is left as it is. The default run takes about 7 minutes on 2 idle cores and several times that
 while the cores are shared. ``--quick`` is a smoke run (~30 s idle): tiny only, batch 4, T = 256, every cell
 evaluated at 1024, one round.
 """
@@ -86,7 +86,7 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SIZES = ("tiny", "small")
 # training-step batch per size (the recipes train at 16 and 32), cut to keep the default run near 5 minutes
 BENCH_BATCH = {"tiny": 8, "small": 2}
-FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 4, "eval_repeats": 1}
+FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 6, "eval_repeats": 3}
 QUICK = {"sizes": ["tiny"], "T": 256, "eval_lengths": [1024], "repeats": 1, "eval_repeats": 1}
 QUICK_BATCH = {"tiny": 4, "small": 1}
 TARGET_EVAL_LENGTH = 16384
@@ -184,12 +184,18 @@ def interleaved_rounds(names: Sequence[str], nope: str, repeats: int, seed: int,
     first and after each one, so every sample has two NoPE neighbours taken moments apart: a burst of load from
     another process (seconds long, here) hits a sample and its reference alike far more often than it would with
     one NoPE sample per round. ``measure(name)`` returns ``{metric: value}``. Returns, per variant and metric:
-    ``median`` of the samples, ``ratio`` = median over rounds of sample / min(its NoPE neighbours) (1 for NoPE),
-    ``ratio_of_min`` = min(samples) / min(NoPE's samples), and the samples themselves.
+    ``median`` of the samples, ``ratio`` = median over rounds of sample / mean of its two NoPE neighbours (1 for
+    NoPE), ``ratio_of_min`` = min(samples) / min(the NoPE samples measured right before them), and the samples.
+
+    Both statistics compare equal numbers of draws. The minimum of two NoPE neighbours (as a per-sample
+    reference), or the minimum over every NoPE sample of the run (~25 per variant sample), is systematically
+    lower than one draw of the same noisy distribution: it inflated both ratios by about the noise's spread, a few
+    percent on a shared machine, against every variant alike.
     """
     others = [n for n in names if n != nope]
     values: dict[str, dict[str, list[float]]] = {n: {} for n in names}
-    refs: dict[str, dict[str, list[float]]] = {n: {} for n in others}
+    refs: dict[str, dict[str, list[float]]] = {n: {} for n in others}  # mean of the two neighbours
+    befores: dict[str, dict[str, list[float]]] = {n: {} for n in others}  # the NoPE sample right before
 
     def add(store: dict[str, dict[str, list[float]]], name: str, res: dict[str, float]) -> None:
         for key, value in res.items():
@@ -204,16 +210,20 @@ def interleaved_rounds(names: Sequence[str], nope: str, repeats: int, seed: int,
             res, after = measure(name), measure(nope)
             add(values, name, res)
             add(values, nope, after)
-            add(refs, name, {key: min(before[key], after[key]) for key in res})
+            add(refs, name, {key: 0.5 * (before[key] + after[key]) for key in res})
+            add(befores, name, {key: before[key] for key in res})
             before = after
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in names:
         out[name] = {}
         for key, samples in values[name].items():
-            ratios = [1.0] * len(samples) if name == nope else [v / ref for v, ref in zip(samples, refs[name][key])]
+            if name == nope:
+                ratios, of_min = [1.0] * len(samples), 1.0
+            else:
+                ratios = [v / ref for v, ref in zip(samples, refs[name][key])]
+                of_min = min(samples) / min(befores[name][key])
             out[name][key] = {"median": statistics.median(samples), "ratio": statistics.median(ratios),
-                              "ratio_of_min": min(samples) / min(values[nope][key]), "samples": samples,
-                              "ratio_samples": ratios}
+                              "ratio_of_min": of_min, "samples": samples, "ratio_samples": ratios}
     return out
 
 
@@ -550,7 +560,7 @@ def schemes_table(doc: dict[str, Any]):
     kernels = f", rotation kernels: {doc['rotation_kernels']}" if "rotation_kernels" in doc else ""
     table = Table(title=f"position schemes vs NoPE ({doc['device']}, {doc['threads']} threads, T = "
                         f"{doc['settings']['T']}; eval: tiny, batch 1{kernels})",
-                  caption="NoPE: " + ", ".join(absolute) + ". ×: median of same-round ratios to NoPE; ×min: "
+                  caption="NoPE: " + ", ".join(absolute) + ". ×: median of ratios to the two NoPE neighbours; ×min: "
                           "ratio of the minima; ms: median; n/m: not measured (see --eval_all).")
     table.add_column("variant")
     for s in sizes:

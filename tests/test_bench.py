@@ -4,6 +4,7 @@ bad input is one line and exit status 2, a missing ``accrot.bench_path`` is a no
 from __future__ import annotations
 
 import json
+import random
 import sys
 
 import pytest
@@ -97,3 +98,20 @@ def test_pipeline_loops_reach_the_same_weights():
         _lightning(b, batches, 1.0, 6, False, root)
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_interleaved_ratios_are_unbiased_under_noise():
+    """A variant exactly 1.10× NoPE, every sample scaled by the same noise (uniform 1–1.3, as on a shared
+    machine): both statistics must recover 1.10. The minimum of two neighbours as the reference read ~1.15."""
+    from accrot.bench import interleaved_rounds
+
+    rng = random.Random(0)
+
+    def measure(name: str) -> dict[str, float]:
+        return {"ms": (1.1 if name == "slow" else 1.0) * rng.uniform(1.0, 1.3)}
+
+    res = interleaved_rounds(["nope", "slow", "same"], "nope", repeats=400, seed=0, measure=measure)
+    assert res["slow"]["ms"]["ratio"] == pytest.approx(1.10, abs=0.02)
+    assert res["slow"]["ms"]["ratio_of_min"] == pytest.approx(1.10, abs=0.02)
+    assert res["same"]["ms"]["ratio"] == pytest.approx(1.00, abs=0.02)
+    assert res["nope"]["ms"]["ratio"] == 1.0
