@@ -823,7 +823,7 @@ def diagnose_main(argv: list[str]) -> int:
     dm = _load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
-    blocks = {n: dm.eval_blocks(n, args.blocks * n)[:, :n] for n in lengths}  # fails (DataError) before any work
+    blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
     lit.eval().to(args.device)
     t0 = time.perf_counter()
     with Console(stderr=True).status("diagnosing"):

@@ -68,7 +68,7 @@ class DiagnosticsCallback(L.Callback):
             return
         self.train_length = int(dm.seq_len)
         lengths = sorted({max(2, round(m * self.train_length)) for m in self.multipliers})
-        self._blocks = {n: dm.eval_blocks(n, self.blocks * n)[:, :n] for n in lengths}  # [N, n] each
+        self._blocks = {n: dm.eval_blocks(n, self.blocks * n, record=False)[:, :n] for n in lengths}  # [N, n] each
         self._prepared_for = dm
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

@@ -330,14 +330,15 @@ class TokenStreamDataModule(L.LightningDataModule):
 
     # --- evaluation --------------------------------------------------------------------------------
 
-    def eval_blocks(self, length: int, budget_tokens: int) -> torch.Tensor:
+    def eval_blocks(self, length: int, budget_tokens: int, record: bool = True) -> torch.Tensor:
         """The fixed evaluation set for one length: ``[N, length + 1]`` int64, block i = val[i(L+1) : (i+1)(L+1)].
 
         N = max(1, budget_tokens // length) blocks, so every length scores about ``budget_tokens`` targets.
         When the validation stream holds fewer than N blocks (but at least one), all that fit are used and
         the count is recorded in :attr:`eval_counts` (and :meth:`describe`): with a budget above the stream,
         every length then scores nearly the whole stream, so budgets stay comparable across lengths.
-        Not even one block raises :class:`DataError`.
+        Not even one block raises :class:`DataError`. ``record=False`` (the diagnostics' own blocks) leaves the
+        record of the evaluation sets as it is.
         """
         _check_int("evaluation length", length, 1)
         _check_int("budget_tokens", budget_tokens, 1)
@@ -350,7 +351,7 @@ class TokenStreamDataModule(L.LightningDataModule):
             )
         requested = max(1, budget_tokens // length)
         n = min(requested, fit)
-        if n < requested and self.eval_counts.get(length, {}).get("requested") != requested:
+        if record and n < requested and self.eval_counts.get(length, {}).get("requested") != requested:
             log.warning(
                 "evaluation length %d: the validation stream holds %d of the %d blocks the budget of %d tokens asks for; using %d",
                 length,
@@ -359,7 +360,8 @@ class TokenStreamDataModule(L.LightningDataModule):
                 budget_tokens,
                 n,
             )
-        self.eval_counts[length] = {"requested": requested, "blocks": n, "tokens": n * length}
+        if record:
+            self.eval_counts[length] = {"requested": requested, "blocks": n, "tokens": n * length}
         return stream[: n * (length + 1)].view(n, length + 1).long()  # [N, L + 1], a fresh copy
 
     # --- records -----------------------------------------------------------------------------------

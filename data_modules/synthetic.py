@@ -309,21 +309,23 @@ class SyntheticDataModule(TokenStreamDataModule):
             self._eval_sets[(length, n)] = (blocks, mask)
         return self._eval_sets[(length, n)]
 
-    def eval_set(self, length: int, budget_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def eval_set(self, length: int, budget_tokens: int, record: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """``(blocks [N, ℓ+1] int64, mask [N, ℓ] bool)``, N = max(1, budget_tokens // ℓ), as fresh copies.
 
-        Block i depends only on (task, seed, ℓ, i), never on N; the counts are recorded in :meth:`describe`.
+        Block i depends only on (task, seed, ℓ, i), never on N; the counts are recorded in :meth:`describe`
+        unless ``record=False`` (the diagnostics' own blocks).
         """
         self._check_length("evaluation length", length)
         _check_int("budget_tokens", budget_tokens, 1)
         n = max(1, budget_tokens // length)
         blocks, mask = self._blocks(length, n)
-        self.eval_counts[length] = {"requested": n, "blocks": n, "tokens": n * length, "scored": int(mask.sum())}
+        if record:
+            self.eval_counts[length] = {"requested": n, "blocks": n, "tokens": n * length, "scored": int(mask.sum())}
         return blocks.clone(), mask.clone()
 
-    def eval_blocks(self, length: int, budget_tokens: int) -> torch.Tensor:
+    def eval_blocks(self, length: int, budget_tokens: int, record: bool = True) -> torch.Tensor:
         """The fixed evaluation set at one length: ``[N, length + 1]`` int64, N = max(1, budget_tokens // length)."""
-        return self.eval_set(length, budget_tokens)[0]
+        return self.eval_set(length, budget_tokens, record)[0]
 
     def eval_mask(self, length: int, budget_tokens: int) -> torch.Tensor:
         """``[N, length]`` bool: the scored target positions of :meth:`eval_blocks` (targets = blocks[:, 1:])."""

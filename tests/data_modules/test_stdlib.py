@@ -78,6 +78,10 @@ def test_stdlib_eval_blocks_are_fixed_and_non_overlapping(stdlib):
     for i in range(blocks.shape[0]):
         assert torch.equal(blocks[i], val[i * (length + 1) : (i + 1) * (length + 1)])
     assert stdlib.eval_counts[length] == {"requested": 8, "blocks": 8, "tokens": 8 * length}
+    # the diagnostics cut their own blocks of the same length: the record keeps the evaluation set's count
+    diag = stdlib.eval_blocks(length, 2 * length, record=False)
+    assert torch.equal(diag, blocks[:2])
+    assert stdlib.describe()["eval_blocks"][str(length)] == {"requested": 8, "blocks": 8, "tokens": 8 * length}
 
 
 def test_stdlib_eval_budget_beyond_the_stream_uses_every_block(stdlib):
