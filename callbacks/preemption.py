@@ -6,13 +6,19 @@ Lightning's :class:`~lightning.fabric.plugins.environments.SLURMEnvironment` nam
 uninterrupted one), and under DDP runs collectives from a handler that may fire while another rank is inside an
 all-reduce. This callback takes the signal instead and acts between steps, with every rank together:
 
-1. the handler (installed once training starts, over Lightning's) only raises Lightning's own SIGTERM flag
-   (``trainer.received_sigterm``) on the rank it hit;
-2. at the start of the next batch Lightning broadcasts global rank 0's flag and every rank raises
-   ``SIGTERMException`` at the same point (with one process, this callback raises it);
+1. the handler (installed once training starts, over Lightning's) only notes the signal on the rank it hit;
+2. at the end of every training batch the ranks agree whether any of them has one (one all-reduce of a flag,
+   :meth:`on_train_batch_end`), and if so every rank raises Lightning's SIGTERM flag there, together; Lightning's
+   own check right after the batch then raises ``SIGTERMException`` on every rank after the same step;
 3. :meth:`on_exception` then writes ``checkpoints/last.ckpt`` exactly as a step-triggered
    :class:`callbacks.checkpoint.ResumableCheckpoint` of the last finished step would have it, and global rank 0
    runs ``scontrol requeue`` (when SLURM's ``auto_requeue`` is on).
+
+Why not let the handler raise Lightning's flag itself (as this callback did): Lightning checks the flag in two
+places, a broadcast of rank 0's flag at the start of a batch and a *local* check at its end. A signal that reached
+one rank mid-batch raised there after that batch, while a rank it reached a moment later went on into the next
+batch's broadcast: the two waited on different collectives for ever (seen once in ~20 requeue tests, both ranks
+idle in ``barrier`` and ``broadcast``).
 
 The requeued job runs the same command, whose ``--ckpt_path last`` continues the newest run of that name in
 the same directory; ``run.json`` counts the resume (``resumes``) and said ``"status": "preempted"`` meanwhile.
@@ -32,6 +38,7 @@ import threading
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -89,9 +96,8 @@ class Preemption(L.Callback):
             signal.siginterrupt(signum, False)
 
     def _handler(self, trainer: L.Trainer):
-        def handle(signum, frame) -> None:  # no collective, no I/O: Lightning's loop picks the flag up
+        def handle(signum, frame) -> None:  # no collective, no I/O: on_train_batch_end acts on it
             self.signal = self.signal or signum
-            trainer._signal_connector.received_sigterm = True
 
         return handle
 
@@ -99,11 +105,16 @@ class Preemption(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         self._step = (trainer.global_step, trainer.current_epoch, progress.processed)
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        # under DDP Lightning has already broadcast rank 0's flag and raised on every rank; one process: here
-        if trainer.world_size == 1 and trainer.received_sigterm:
-            raise SIGTERMException()
+        signum = int(self.signal or 0)
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            # every rank, every batch: one all-reduce of the signal numbers (any rank's counts); the strategy's
+            # reduce() would add a barrier before it
+            flag = torch.tensor([signum], device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            signum = int(flag.item())
+        if signum:  # every rank at once; Lightning raises SIGTERMException right after this batch
+            self.signal = signum  # the same name in every rank's message, whichever rank the signal reached first
+            trainer._signal_connector.received_sigterm = True
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
