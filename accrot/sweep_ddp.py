@@ -224,9 +224,34 @@ def run_distributed_worker(spec, ref, root: Path, worker_index: int, deadline: f
     ranks = Ranks(spec, nodes, tasks_per_node)
     if rank == 0:
         try:
-            return run_worker(spec, ref, root, worker_index, deadline, ranks=ranks)
+            code = run_worker(spec, ref, root, worker_index, deadline, ranks=ranks)
         except Exception:
             with contextlib.suppress(Exception):
                 ranks.stop()
+            _leave_group(together=False)
             raise
-    return follow(spec, root, ranks.extra, rank)
+    else:
+        code = follow(spec, root, ranks.extra, rank)
+    _leave_group(together=True)
+    return code
+
+
+def _leave_group(together: bool) -> None:
+    """Destroy the process group before the interpreter exits. Left to the exit's static destructors, gloo's
+    threads were torn down in arbitrary order and a rank now and then died with "terminate called without an
+    active exception" (SIGABRT) after its sweep had finished, which failed the SLURM job. ``together``: every
+    rank gets here (a barrier first, so none leaves while another still talks to it)."""
+    global _GROUP
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if together:
+        with contextlib.suppress(Exception):
+            dist.barrier(group=_cpu_group())
+    if _GROUP is not None and _GROUP is not dist.group.WORLD:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(_GROUP)
+    _GROUP = None
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
