@@ -1308,10 +1308,32 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     gpus = _gpu_ids()
     retry = RetryTrial(spec.retries)
-    counter = iter(range(10**6))
+    claims: list[int] = []  # open, flock'ed claim files: this parent's worker indices
+
+    def claim_index() -> int:
+        """The lowest worker index no live parent of this sweep holds. The index offsets the sampler seed, so two
+        parents started at once (on one machine or on nodes sharing the root) must not both run worker 0: their
+        samplers would draw the same configurations. flock is released when a parent dies, so a crash leaves
+        no stale claim behind."""
+        import fcntl
+
+        i = claims_next[0]
+        while True:
+            fd = os.open(logs / f".worker-{i}.claim", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by another parent
+                os.close(fd)
+                i += 1
+                continue
+            claims.append(fd)
+            claims_next[0] = i + 1
+            return i
+
+    claims_next = [0]
 
     def spawn() -> _Worker:
-        i = next(counter)
+        i = claim_index()
         wenv = dict(env)
         if len(gpus) > 1:  # one GPU per worker, round robin
             wenv["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
@@ -1373,6 +1395,9 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
                 if any(t.user_attrs.get("worker") == w.id for w in live):
                     fail_trial(s, storage, t, "the sweep was interrupted", retry)
         raise
+    finally:
+        for fd in claims:
+            os.close(fd)
     retry_storage(lambda: _print_finished(console, studies, seen), "reading the trials", console)
     left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget)], "the budget", console)
     retry_storage(lambda: _print_summary(console, spec, studies, ref, root), "the summary", console)

@@ -394,6 +394,9 @@ def test_two_sweeps_started_at_once_share_the_study(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outs]
     check_complete(load(f"sqlite:///{root}/twice/study.db", "twice"), load_spec(spec).budget)
     no_locked_database(root, "twice")
+    # each parent's worker holds its own index (and so its own sampler seed): two worker 0s drew the same
+    # configurations, and a configuration then ran twice with the same seed
+    assert sorted(p.name for p in (root / "twice" / "workers").glob("worker-*.log")) == ["worker-0.log", "worker-1.log"]
 
 
 # ---------------------------------------------------------------------------------------------------
