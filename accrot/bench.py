@@ -54,7 +54,7 @@ none/forget evaluation at 16384 tokens (or the longest length measured) ≤ 2× 
 peak memory. Combined cells (e.g. accum/forget) are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
-thread count is left as it is. The default run takes about 7 minutes on 2 idle cores and several times that
+thread count is left as it is. The default run takes about 6 minutes on 2 idle cores and several times that
 while the cores are shared. ``--quick`` is a smoke run (~30 s idle): tiny only, batch 4, T = 256, every cell
 evaluated at 1024, one round.
 """

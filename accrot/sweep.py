@@ -1309,6 +1309,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
     gpus = _gpu_ids()
     retry = RetryTrial(spec.retries)
     claims: list[int] = []  # open, flock'ed claim files: this parent's worker indices
+    next_index = 0
 
     def claim_index() -> int:
         """The lowest worker index no live parent of this sweep holds. The index offsets the sampler seed, so two
@@ -1317,20 +1318,17 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
         no stale claim behind."""
         import fcntl
 
-        i = claims_next[0]
+        nonlocal next_index
         while True:
+            i, next_index = next_index, next_index + 1
             fd = os.open(logs / f".worker-{i}.claim", os.O_CREAT | os.O_RDWR, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # held by another parent
                 os.close(fd)
-                i += 1
                 continue
             claims.append(fd)
-            claims_next[0] = i + 1
             return i
-
-    claims_next = [0]
 
     def spawn() -> _Worker:
         i = claim_index()

@@ -192,7 +192,7 @@ class _AccumulateWrap(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, delta, offset):
-        kernels = _kernels(delta) if delta.dtype in (torch.float32, torch.float64) else None
+        kernels = _kernels(delta)
         if kernels is not None and (offset is None or torch.broadcast_shapes(offset.shape, delta.shape) == delta.shape):
             theta = kernels.accumulate_wrap(delta, offset)  # [..., T, P] float32, one pass
         else:
