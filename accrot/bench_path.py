@@ -221,11 +221,16 @@ def eval_memory(
         if done.returncode != 0:
             raise RuntimeError(f"memory probe at T={T} failed: {done.stderr.strip().splitlines()[-1:]}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    for row in rows:
-        row["growth"] = None if row["peak_mib"] is None else row["peak_mib"] / rows[0]["peak_mib"]
-        row["rss_growth"] = row["rss_peak_mib"] / max(rows[0]["rss_peak_mib"], 1e-9)
+    for row in rows:  # growth against the shortest length; None where that base measured nothing (a 0 peak)
+        row["growth"] = _growth(row["peak_mib"], rows[0]["peak_mib"])
+        row["rss_growth"] = _growth(row["rss_peak_mib"], rows[0]["rss_peak_mib"])
         row["length_ratio"] = row["T"] / rows[0]["T"]
     return rows
+
+
+def _growth(value: float | None, base: float | None) -> float | None:
+    """``value / base``, or None when either is missing or the base is not positive (no ratio to report)."""
+    return None if value is None or base is None or base <= 0 else value / base
 
 
 if __name__ == "__main__":  # python -m accrot.bench_path [threads]

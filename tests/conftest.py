@@ -48,8 +48,3 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
-
-def rel_err(ref: torch.Tensor, out: torch.Tensor) -> float:
-    """‖ref − out‖ / ‖ref‖ (STYLE §3), robust to an all-zero reference."""
-    ref, out = ref.double(), out.double()
-    return float((ref - out).norm() / ref.norm().clamp_min(1e-300))

@@ -15,19 +15,13 @@ from accrot.ops.path import (
     naive_path_attention_recurrence,
     path_attention,
 )
+from tests.tolerance import assert_close, within
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
 DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
-
-
-def rel_err(ref: torch.Tensor, fast: torch.Tensor) -> float:
-    """‖ref − fast‖ / ‖ref‖ in float64 (absolute where ref is exactly zero, e.g. dq, dk at T = 1)."""
-    ref, fast = ref.double(), fast.double()
-    norm = ref.norm().item()
-    return (ref - fast).norm().item() / (norm if norm > 0 else 1.0)
 
 
 def make_inputs(
@@ -69,10 +63,14 @@ def outputs_and_grads(fn, inputs: dict[str, torch.Tensor], **kwargs) -> tuple[to
 
 def assert_match(ref, fast, tol: float) -> None:
     (out_ref, grads_ref), (out_fast, grads_fast) = ref, fast
-    errors = {"out": rel_err(out_ref, out_fast)}
-    errors.update({f"d{name}": rel_err(grads_ref[name], grads_fast[name]) for name in grads_ref})
-    bad = {name: err for name, err in errors.items() if not err <= tol}
-    assert not bad, f"relative errors above {tol:g}: {bad} (all: {errors})"
+    pairs = {"out": (out_ref, out_fast), **{f"d{name}": (grads_ref[name], grads_fast[name]) for name in grads_ref}}
+    bad = []
+    for name, (a, b) in pairs.items():  # every tensor checked, every failure named (dq, dk are 0 at T = 1)
+        try:
+            assert_close(a, b, tol, name)
+        except AssertionError as exc:
+            bad.append(str(exc))
+    assert not bad, "; ".join(bad)
 
 
 # -- chunked vs the recurrence twin -----------------------------------------------------------------
@@ -138,7 +136,7 @@ def test_gradient_of_one_input_alone(name):
     out = path_attention(**dict(inputs, **{name: leaf}), chunk_size=8)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=out.dtype)
     (grad,) = torch.autograd.grad(out, leaf, g)
-    assert rel_err(all_grads[name], grad) < 1e-12
+    assert_close(all_grads[name], grad, 1e-12, name)
 
 
 def test_householder_product_matches_explicit_product():
@@ -149,7 +147,7 @@ def test_householder_product_matches_explicit_product():
     for j in range(9):  # H_9 ⋯ H_1: later factors on the left
         H_j = eye - beta[..., j, None, None] * w[..., j, :, None] * w[..., j, None, :]  # [B, H, D, D]
         explicit = H_j @ explicit
-    assert rel_err(explicit, householder_product(w, beta)) < 1e-12
+    assert_close(explicit, householder_product(w, beta), 1e-12)
 
 
 # -- properties from the math ---------------------------------------------------------------------
@@ -160,7 +158,7 @@ def test_beta_zero_is_nope(kernel):
     inputs["beta"] = torch.zeros_like(inputs["beta"])
     out = path_attention(**inputs, chunk_size=16, kernel=kernel)
     nope = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], is_causal=True)
-    assert rel_err(nope, out) < 1e-12
+    assert_close(nope, out, 1e-12)
 
 
 def test_reflection_has_period_two():
@@ -183,9 +181,9 @@ def test_reflection_has_period_two():
     odd = (torch.arange(T) % 2 == 1)[:, None]  # [T, 1]
     reflect = lambda x: torch.where(odd, torch.einsum("hde,bhte->bhtd", H, x), x)  # noqa: E731
     expected = F.scaled_dot_product_attention(reflect(inputs["q"]), reflect(inputs["k"]), inputs["v"], is_causal=True)
-    assert rel_err(expected, naive_path_attention_recurrence(**inputs)) < 1e-12
+    assert_close(expected, naive_path_attention_recurrence(**inputs), 1e-12)
     for c in (1, 4, 7, 64):
-        assert rel_err(expected, path_attention(**inputs, chunk_size=c)) < 1e-12
+        assert_close(expected, path_attention(**inputs, chunk_size=c), 1e-12)
 
 
 def test_pathfox_is_path_plus_forget_bias():
@@ -201,18 +199,18 @@ def test_pathfox_is_path_plus_forget_bias():
             bias[..., t, s] = log_f[..., s + 1 : t + 1].sum(-1)
     expected = F.scaled_dot_product_attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=bias)
     for c in (1, 6, 64):
-        assert rel_err(expected, path_attention(**nope_in, chunk_size=c)) < 1e-12
+        assert_close(expected, path_attention(**nope_in, chunk_size=c), 1e-12)
     # with β > 0: FoX − PaTH is exactly the bias, seen on the twin built from explicit products and sums
     small = {k: (v[:, :, :9] if v.dim() == 4 else v[..., :9]) for k, v in inputs.items()}
     ref = naive_path_attention_products(**small)
-    assert rel_err(ref, path_attention(**small, chunk_size=4)) < 1e-12
-    assert rel_err(ref, path_attention(**dict(small, log_decay=None), chunk_size=4)) > 1e-3
+    assert_close(ref, path_attention(**small, chunk_size=4), 1e-12)
+    assert not within(ref, path_attention(**dict(small, log_decay=None), chunk_size=4), 1e-3)
 
 
 def test_forget_bias_broadcasts_over_batch():
     inputs = make_inputs(3, 2, 30, 8, fox=True, seed=6)
     per_batch = dict(inputs, log_decay=inputs["log_decay"].expand(3, -1, -1).clone())
-    assert rel_err(path_attention(**per_batch, chunk_size=8), path_attention(**inputs, chunk_size=8)) == 0.0
+    assert torch.equal(path_attention(**per_batch, chunk_size=8), path_attention(**inputs, chunk_size=8))
 
 
 def test_long_bias_keeps_float32_precision():
@@ -221,7 +219,7 @@ def test_long_bias_keeps_float32_precision():
     inputs["log_decay"] = inputs["log_decay"] * 0.02 - 0.5  # G reaches ≈ −300 while neighbours stay correlated
     ref = path_attention(**inputs, chunk_size=32)
     fast = path_attention(**{k: v.float() for k, v in inputs.items()}, chunk_size=32)
-    assert rel_err(ref, fast) < 1e-5
+    assert_close(ref, fast, 1e-5)
 
 
 def test_appending_tokens_never_changes_earlier_outputs():
@@ -229,14 +227,14 @@ def test_appending_tokens_never_changes_earlier_outputs():
     full = path_attention(**inputs, chunk_size=16)
     for T in (1, 37, 64, 99):
         prefix = {k: (v[:, :, :T] if v.dim() == 4 else v[..., :T]) for k, v in inputs.items()}
-        assert rel_err(full[:, :, :T], path_attention(**prefix, chunk_size=16)) < 1e-12
+        assert_close(full[:, :, :T], path_attention(**prefix, chunk_size=16), 1e-12)
 
 
 def test_any_chunk_size_gives_the_same_answer():
     inputs = make_inputs(1, 2, 90, 8, beta="uniform", fox=True, seed=9)
     ref = path_attention(**inputs, chunk_size=1)
     for c in (2, 5, 8, 32, 89, 90, 91, 1000):
-        assert rel_err(ref, path_attention(**inputs, chunk_size=c)) < 1e-12
+        assert_close(ref, path_attention(**inputs, chunk_size=c), 1e-12)
 
 
 def test_bf16_inputs_run_in_float32_and_return_bf16():
@@ -250,7 +248,7 @@ def test_bf16_inputs_run_in_float32_and_return_bf16():
         assert torch.equal(path_attention(**low, chunk_size=16), expected)
         out32 = path_attention(**inputs, chunk_size=16)
     assert out32.dtype == torch.float32
-    assert rel_err(path_attention(**inputs, chunk_size=16), out32) == 0.0
+    assert torch.equal(path_attention(**inputs, chunk_size=16), out32)
 
 
 def test_kernel_recurrent_is_the_twin():
@@ -261,8 +259,8 @@ def test_kernel_recurrent_is_the_twin():
 def test_scale_argument():
     inputs = make_inputs(1, 1, 12, 8, beta="uniform", seed=12)
     ref = naive_path_attention_products(**inputs, scale=0.1)
-    assert rel_err(ref, path_attention(**inputs, chunk_size=5, scale=0.1)) < 1e-12
-    assert rel_err(ref, naive_path_attention_recurrence(**inputs, scale=0.1)) < 1e-12
+    assert_close(ref, path_attention(**inputs, chunk_size=5, scale=0.1), 1e-12)
+    assert_close(ref, naive_path_attention_recurrence(**inputs, scale=0.1), 1e-12)
 
 
 def test_empty_sequence():

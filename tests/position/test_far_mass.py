@@ -11,12 +11,9 @@ from accrot.ops.attention import causal_attention, naive_attention, naive_decay_
 from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.alibi import alibi_slopes
 from accrot.position.forget import alibi_matching_bias
+from tests.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
-
-
-def rel(ref: torch.Tensor, fast: torch.Tensor) -> float:
-    return ((ref.double() - fast.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(B=2, T=23, H=4, D=8, seed=0):
@@ -33,10 +30,18 @@ def test_alibi_slopes_power_of_two():
     assert alibi_slopes(1) == [2.0**-8]
 
 
-def test_alibi_slopes_twelve_heads_follow_the_reference_interleaving():
-    # closest power of two n = 8: its slopes, then every other slope of 16 heads (2^-0.5h, h odd) for the rest
-    expected = [2.0**-h for h in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5]
-    assert alibi_slopes(12) == pytest.approx(expected, rel=1e-15)
+# Press et al.'s rule for H not a power of two: the slopes of the closest power of two n below H (2^(−8i/n),
+# i = 1..n), then every other slope of 2n heads (2^(−4i/n), i odd) until there are H. Derived by hand:
+ALIBI_NON_POWER_OF_TWO = {
+    3: [2.0**-4, 2.0**-8] + [2.0**-2],  # n = 2: 2^-4, 2^-8; 4 heads' 2^-2, 2^-4, 2^-6, 2^-8 -> 2^-2
+    6: [2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8] + [2.0**-1, 2.0**-3],  # n = 4; 8 heads' odd ones: 2^-1, 2^-3
+    12: [2.0**-h for h in range(1, 9)] + [2.0**-0.5, 2.0**-1.5, 2.0**-2.5, 2.0**-3.5],  # n = 8; 16 heads' 2^-h/2
+}
+
+
+@pytest.mark.parametrize("heads", sorted(ALIBI_NON_POWER_OF_TWO))
+def test_alibi_slopes_follow_the_reference_interleaving(heads):
+    assert alibi_slopes(heads) == pytest.approx(ALIBI_NON_POWER_OF_TWO[heads], rel=1e-15)
 
 
 def test_alibi_log_decay_and_bias():
@@ -59,7 +64,7 @@ def test_alibi_scheme_matches_naive():
     m = torch.tensor(alibi_slopes(4), dtype=torch.float64).view(1, 4, 1, 1)
     T = q.shape[2]
     offset = (torch.arange(T).view(T, 1) - torch.arange(T).view(1, T)).double()
-    assert rel(naive_attention(q, k, v, -m * offset), scheme(q, k, v, x, tokens)) < 1e-10
+    assert_close(naive_attention(q, k, v, -m * offset), scheme(q, k, v, x, tokens), 1e-10)
 
 
 def test_forget_bias_init_matches_alibi_slopes():
@@ -83,7 +88,7 @@ def test_fixed_forget_gate_is_alibi(rotation):
     lf, la = forget.log_decay(x, tokens), alibi.log_decay(x, tokens)
     assert lf.shape == la.shape == (2, 4, 40)
     torch.testing.assert_close(lf, la, rtol=1e-6, atol=0)
-    assert rel(alibi(q, k, v, x, tokens), forget(q, k, v, x, tokens)) < 1e-6
+    assert_close(alibi(q, k, v, x, tokens), forget(q, k, v, x, tokens), 1e-6)
 
 
 def test_forget_gate_is_data_dependent_and_differentiable():
@@ -97,11 +102,12 @@ def test_forget_gate_is_data_dependent_and_differentiable():
     assert log_f.std(dim=-1).min() > 0  # varies with the token
     out = scheme(q, k, v, x, tokens)
     ref = naive_attention(q, k, v, naive_decay_bias(scheme.far_mass.log_decay(x, tokens)))
-    assert rel(ref, out) < 1e-10
+    assert_close(ref, out, 1e-10)
     g = torch.randn_like(out)
     params = [x, scheme.far_mass.proj.weight, scheme.far_mass.proj.bias]
     for a, b in zip(torch.autograd.grad(ref, params, g), torch.autograd.grad(out, params, g)):
-        assert rel(a, b) < 1e-6 and a.abs().sum() > 0
+        assert a.abs().sum() > 0
+        assert_close(a, b, 1e-6)
 
 
 def test_forget_gate_stays_float32_under_bf16_autocast():
@@ -125,7 +131,7 @@ def test_alibi_slopes_survive_a_module_cast():
     _, _, _, x, tokens = inputs(H=3, T=5)
     log_f = scheme.log_decay(x.bfloat16(), tokens)
     assert log_f.dtype == torch.float32
-    assert log_f[0, :, 0].tolist() == pytest.approx([-m for m in alibi_slopes(3)], rel=1e-7)
+    assert log_f[0, :, 0].tolist() == pytest.approx([-m for m in ALIBI_NON_POWER_OF_TWO[3]], rel=1e-7)
 
 
 def test_far_mass_prefix_invariance():
@@ -135,14 +141,14 @@ def test_far_mass_prefix_invariance():
     q, k, v, x, tokens = inputs(T=70)
     full = scheme(q, k, v, x, tokens)
     short = scheme(q[:, :, :37], k[:, :, :37], v[:, :, :37], x[:, :37], tokens[:, :37])
-    assert rel(full[:, :, :37], short) < 1e-12
+    assert_close(full[:, :, :37], short, 1e-12)
 
 
 def test_none_far_mass_is_zero_decay():
     scheme = build(SchemeConfig(), d_model=16, n_heads=2)
     q, k, v, x, tokens = inputs(H=2, T=11)
     assert torch.equal(scheme.log_decay(x, tokens), torch.zeros(2, 2, 11))
-    assert rel(causal_attention(q, k, v), scheme(q, k, v, x, tokens)) < 1e-14
+    assert_close(causal_attention(q, k, v), scheme(q, k, v, x, tokens), 1e-14)
 
 
 def test_unknown_far_mass_is_a_config_error():

@@ -19,6 +19,7 @@ from accrot.position.accum import (
     sigma_for_window,
 )
 from accrot.position.rope import rope_frequencies
+from tests.tolerance import assert_close
 
 H, D = 2, 8
 DM = H * D
@@ -30,10 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.
 
 def wrap(theta: torch.Tensor) -> torch.Tensor:
     return torch.remainder(theta + math.pi, TWO_PI) - math.pi
-
-
-def rel(ref: torch.Tensor, fast: torch.Tensor) -> float:
-    return ((ref.double() - fast.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(B=2, T=12, n_heads=H, head_dim=D, seed=0, dtype=torch.float64):
@@ -96,7 +93,7 @@ def test_cell_matches_naive_twin(rotation, increments, far_mass, values):
     log_f = None if far_mass == "none" else scheme.far_mass.log_decay(x, tokens)
     ref = naive_so2_attention(q, k, v, twin_increments(scheme, x, tokens, q.shape[2]), log_f, values)
     assert out.shape == q.shape and out.dtype == q.dtype
-    assert rel(ref, out) < 1e-5  # angles are float32 by contract; everything else is float64
+    assert_close(ref, out, 1e-5)  # angles are float32 by contract; everything else is float64
     g = torch.randn_like(ref)
     g_fast = torch.autograd.grad(out, (q, k, v, x), g, allow_unused=True)
     g_ref = torch.autograd.grad(ref, (q, k, v, x), g, allow_unused=True)
@@ -104,7 +101,7 @@ def test_cell_matches_naive_twin(rotation, increments, far_mass, values):
         if a is None:  # x feeds nothing in this cell
             assert b is None or b.abs().max() == 0, name
             continue
-        assert rel(a, b) < 1e-5, name
+        assert_close(a, b, 1e-5, name)
 
 
 @pytest.mark.parametrize("rotation, increments, far_mass, values", CELLS)
@@ -117,7 +114,7 @@ def test_cell_prefix_invariance(rotation, increments, far_mass, values):
     with torch.no_grad():
         short = scheme(q[:, :, :T_short], k[:, :, :T_short], v[:, :, :T_short], x[:, :T_short], tokens[:, :T_short])
         long = scheme(q, k, v, x, tokens)
-    assert rel(short, long[:, :, :T_short]) < 1e-6
+    assert_close(short, long[:, :, :T_short], 1e-6)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +129,7 @@ def test_angles_are_what_forward_used(rotation, increments):
     log_f = scheme.log_decay(x, tokens)
     manual = causal_attention(rotate_pairs(q, theta), rotate_pairs(k, theta), rotate_pairs(v, -theta), log_f)
     manual = rotate_pairs(manual, theta)
-    assert rel(manual, scheme(q, k, v, x, tokens)) < 1e-14
+    assert_close(manual, scheme(q, k, v, x, tokens), 1e-14)
 
 
 # -- RoPE ----------------------------------------------------------------------------------------------------
@@ -186,7 +183,7 @@ def test_zero_increments_are_nope(extra, values):
     scheme = build(SchemeConfig(rotation="accum", rotate_values=values, **extra), DM, H).eval()
     nope = build(SchemeConfig(), DM, H)
     q, k, v, x, tokens = inputs(T=31)
-    assert rel(nope(q, k, v, x, tokens), scheme(q, k, v, x, tokens)) < 1e-12
+    assert_close(nope(q, k, v, x, tokens), scheme(q, k, v, x, tokens), 1e-12)
 
 
 @pytest.mark.parametrize("values", [False, True], ids=["qk", "values"])
@@ -197,13 +194,13 @@ def test_constant_rope_increments_are_rope(increments, values):
     scheme = build(cfg, DM, H).eval()
     rope = build(SchemeConfig(rotation="rope", rotate_values=values), DM, H)
     q, k, v, x, tokens = inputs(T=40)
-    assert rel(rope(q, k, v, x, tokens), scheme(q, k, v, x, tokens)) < 1e-5
+    assert_close(rope(q, k, v, x, tokens), scheme(q, k, v, x, tokens), 1e-5)
 
 
 def test_value_transport_with_zero_angles_is_plain_attention():
     scheme = build(SchemeConfig(rotation="accum", increments="learned", learned_init_std=0.0, rotate_values=True), DM, H)
     q, k, v, x, tokens = inputs(T=18)
-    assert rel(causal_attention(q, k, v), scheme(q, k, v, x, tokens)) < 1e-12
+    assert_close(causal_attention(q, k, v), scheme(q, k, v, x, tokens), 1e-12)
 
 
 def test_rotations_preserve_norms():
@@ -279,7 +276,7 @@ def test_resample_draws_fresh_increments_in_training_only():
     torch.rand(7)  # the global RNG plays no part
     scheme.load_state_dict(state)
     delta = scheme.rotation.increments(x, tokens)
-    assert rel(naive_so2_attention(q, k, v, delta), out) < 1e-5
+    assert_close(naive_so2_attention(q, k, v, delta), out, 1e-5)
     scheme.eval()
     assert torch.equal(scheme.angles(x, tokens), scheme.angles(x, tokens))
     fixed = build(SchemeConfig(rotation="accum", increments="random_position", resample=False), DM, H).train()
@@ -349,7 +346,8 @@ def test_bf16_autocast_keeps_angles_and_decay_float32(rotation, increments, far_
     with torch.autocast("cpu", dtype=torch.bfloat16):
         exact_theta = scheme.angles(x, tokens)  # float32 x under autocast: bit-identical to no autocast
     assert torch.equal(exact_theta, ref_theta)
-    assert out.dtype == torch.bfloat16 and rel(ref_out, out) < 5e-2
+    assert out.dtype == torch.bfloat16
+    assert_close(ref_out, out, 5e-2)
 
 
 # -- windows -------------------------------------------------------------------------------------------------
