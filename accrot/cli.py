@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from accrot.logs import hold_startup_logs
 from accrot.position.config import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -403,16 +404,17 @@ def run_lightning(args: list[str]):
     args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
     try:
-        cli = AccrotCLI(
-            LitLM,
-            TokenStreamDataModule,
-            subclass_mode_data=True,
-            args=args,
-            parser_kwargs={"exit_on_error": False},
-            save_config_callback=AccrotCLI.save_config_class,
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,
-        )
+        with hold_startup_logs():  # an error before training is the only line printed
+            cli = AccrotCLI(
+                LitLM,
+                TokenStreamDataModule,
+                subclass_mode_data=True,
+                args=args,
+                parser_kwargs={"exit_on_error": False},
+                save_config_callback=AccrotCLI.save_config_class,
+                save_config_kwargs={"overwrite": True},
+                auto_configure_optimizers=False,
+            )
     except BaseException as err:
         # nothing half-written: a run that failed before its first checkpoint leaves no directory behind;
         # a diverged run keeps its directory (its metrics show how it diverged)

@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
 from accrot.report import atomic_write_text
 
@@ -113,6 +114,9 @@ class RunRecord(L.Callback):
         if trainer.is_global_zero and self._path is not None:
             self._record.update(fields)
             self._write()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        release_startup_logs()  # the input was good: Lightning's start-up lines (seed, devices) may print now
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._finish(trainer, status="finished", step=trainer.global_step)

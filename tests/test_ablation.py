@@ -55,6 +55,38 @@ def test_paired_and_threshold_rules():
     assert compare_threshold("x", [0.01, 0.09], 0.05).outcome == "inside"
 
 
+@pytest.mark.parametrize("eps, outcome", [(-1e-6, "inside"), (1e-6, "for")], ids=["just-inside", "just-outside"])
+def test_variant_rule_is_pinned_at_its_spread(eps, outcome):
+    """The spread is the *sum* of the two sample standard deviations: with σ_a = 0.1 and σ_b = 0.2 it is 0.3
+    (the larger alone would be 0.2, their root-sum-square 0.22), and |Δ| = spread ± ε falls either side."""
+    a = [1.0 - 0.1 / 2**0.5, 1.0 + 0.1 / 2**0.5]  # mean 1, sample std 0.1
+    for diff in (0.3 + eps, -(0.3 + eps)):
+        b = [1.0 + diff - 0.2 / 2**0.5, 1.0 + diff + 0.2 / 2**0.5]  # mean 1 + diff, sample std 0.2
+        got = compare_variants("x", "a", a, "b", b)
+        expect = outcome if diff > 0 else {"for": "against", "inside": "inside"}[outcome]
+        assert got.outcome == expect, (diff, got)
+        assert "spread 0.300" in got.numbers
+
+
+@pytest.mark.parametrize("eps, outcome", [(-1e-6, "inside"), (1e-6, "resolved")], ids=["just-inside", "just-outside"])
+def test_paired_rule_is_pinned_at_one_std(eps, outcome):
+    """Per-seed differences are resolved once |mean| > their std: mean 0.1 ± ε against std 0.1."""
+    diffs = [0.1 + eps - 0.1 / 2**0.5, 0.1 + eps + 0.1 / 2**0.5]  # mean 0.1 + ε, sample std 0.1
+    assert compare_paired("x", diffs).outcome == ("inside" if outcome == "inside" else "for")
+    assert compare_paired("x", [-d for d in diffs]).outcome == ("inside" if outcome == "inside" else "against")
+    assert compare_paired("x", diffs, positive_is_for=False).outcome == ("inside" if outcome == "inside"
+                                                                        else "against")
+
+
+@pytest.mark.parametrize("eps", [1e-6, -1e-6], ids=["just-over", "just-under"])
+def test_threshold_rule_is_pinned_at_mean_plus_and_minus_std(eps):
+    values = [0.03 - 0.01 / 2**0.5, 0.03 + 0.01 / 2**0.5]  # mean 0.03, std 0.01
+    # supported exactly while mean + std ≤ limit, not supported once mean − std > limit
+    assert compare_threshold("x", values, 0.04 + eps).outcome == ("for" if eps > 0 else "inside")
+    assert compare_threshold("x", values, 0.02 + eps).outcome == ("inside" if eps > 0 else "against")
+    assert compare_threshold("x", values, 0.02 + eps, below_is_for=False).outcome == ("inside" if eps > 0 else "for")
+
+
 # ---------------------------------------------------------------------------------------------------
 # the report builder on a synthetic study
 # ---------------------------------------------------------------------------------------------------
@@ -101,6 +133,20 @@ def test_report_resolves_a_clear_difference_either_way(tmp_path):
     assert [c.verdict for c in check_claims(better) if c.id == "C1"] == [SUPPORTED]
     worse = synthetic(rope_far=(2.10, 2.12), random_far=(3.00, 3.02))
     assert [c.verdict for c in check_claims(worse) if c.id == "C1"] == [NOT_SUPPORTED]
+
+
+@pytest.mark.parametrize("values_far, verdict", [(2.3, SUPPORTED), (2.7, NOT_SUPPORTED), (2.5, INCONCLUSIVE)],
+                         ids=["values-lower", "values-higher", "inside-the-spread"])
+def test_value_rotation_claim_reads_lower_as_better(values_far, verdict):
+    """C3 says accum-learned+values is at most accum-learned at 16×–64×: lower NLL for +values supports it."""
+    runs = []
+    for seed, jitter in enumerate((-0.01, 0.0, 0.01)):
+        far = {m: 2.5 + jitter for m in (16, 32, 64)}
+        runs.append(fake_run("accum-learned", seed, {1: 2.0, **far}))
+        runs.append(fake_run("accum-learned+values", seed, {1: 2.0, **{m: values_far + jitter for m in far}}))
+    (c3,) = [c for c in check_claims(Results(runs)) if c.id == "C3"]
+    assert [c.what for c in c3.comparisons] == ["NLL 16×", "NLL 32×", "NLL 64×"]
+    assert c3.verdict == verdict, [c.numbers for c in c3.comparisons]
 
 
 def test_length_stability_claim_uses_the_threshold():

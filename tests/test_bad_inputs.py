@@ -416,6 +416,23 @@ def _patched_env(**values: str) -> Iterator[None]:
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+@contextlib.contextmanager
+def log_handlers_to(stream: io.StringIO) -> Iterator[None]:
+    """Point the stream handlers Lightning attached at import to ``stream`` (they hold the stderr of that moment,
+    which ``redirect_stderr`` does not reach), so the check sees every line a user's terminal would show."""
+    import logging
+
+    handlers = {h: h.stream for name in ("lightning", "lightning.pytorch", "lightning.fabric")
+                for h in logging.getLogger(name).handlers if type(h) is logging.StreamHandler}  # not pytest's own
+    for h in handlers:
+        h.setStream(stream)
+    try:
+        yield
+    finally:
+        for h, old in handlers.items():
+            h.setStream(old)
+
+
 def run_row(row: Row, fixtures: Fixtures, dry: bool = False) -> str | None:
     """None when ``row`` is rejected cleanly; ``"skipped"`` when this machine cannot pose it; else what was wrong."""
     from accrot.cli import main
@@ -427,7 +444,7 @@ def run_row(row: Row, fixtures: Fixtures, dry: bool = False) -> str | None:
         return None
     err = io.StringIO()
     simulate = row.simulate() if row.simulate else contextlib.nullcontext()
-    with simulate, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with simulate, contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), log_handlers_to(err):
         try:
             rc = main(argv)
         except BaseException as exc:  # noqa: BLE001 - an escaped exception is the finding
@@ -441,7 +458,7 @@ def run_row(row: Row, fixtures: Fixtures, dry: bool = False) -> str | None:
     expect = (row.expect,) if isinstance(row.expect, str) else row.expect
     if not last.startswith("accrot: error: ") or not all(e in last for e in expect):
         return f"message {last!r} lacks {row.expect!r}"
-    if argv[0] == "sweep" and len(lines) != 1:  # the sweep parent prints nothing else before it refuses
+    if len(lines) != 1:  # nothing prints before the error (no seed line, no Lightning banner) and nothing after
         return f"{len(lines)} lines on stderr: {lines[:3]}"
     if ":pw@" in err.getvalue():
         return "a storage password reached the output"

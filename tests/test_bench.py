@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from accrot.bench import grid, main
+from accrot.bench import ROTATION_LIMIT, ROTATION_VALUES_LIMIT, grid, main
 from accrot.cli import main as cli_main
 from accrot.position import FAR_MASS, ROTATIONS
 
@@ -41,7 +41,24 @@ def test_quick_schemes_report(tmp_path):
         assert all(res["ms"] > 0 and res["ratio"] > 0 for res in row["train"].values()), row["variant"]
         assert sorted(row["eval"]) == sorted(lengths)  # --quick evaluates every cell
         assert all(res["ratio"] > 0 and res["mem_ratio"] > 0 for res in row["eval"].values()), row["variant"]
-        assert row["ok"] in (True, False, None)
+    # each row's verdict is its targets': the rotation-only cells' training ratio per size, the far-mass anchors'
+    # evaluation time and memory at the longest length, and nothing (None) for the others
+    for cell, row in zip(cells, doc["rows"]):
+        targets = {t["what"]: t for t in row["targets"]}
+        if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
+            limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
+            assert sorted(targets) == sorted(f"train {size}" for size in row["train"]), cell.name
+            for size, res in row["train"].items():
+                assert targets[f"train {size}"]["value"] == res["ratio"] and targets[f"train {size}"]["limit"] == limit
+        elif cell.rotation == "none" and cell.far_mass != "none":
+            longest = max(lengths, key=int)
+            assert targets[f"eval {longest} time"]["value"] == row["eval"][longest]["ratio"], cell.name
+            assert targets[f"eval {longest} memory"]["value"] == row["eval"][longest]["mem_ratio"], cell.name
+        else:
+            assert targets == {} and row["ok"] is None, cell.name
+            continue
+        assert all(t["ok"] == (t["value"] <= t["limit"]) for t in targets.values()), cell.name
+        assert row["ok"] == all(t["ok"] for t in targets.values()), cell.name
     nope = doc["rows"][0]
     assert all(res["ratio"] == 1.0 for res in nope["train"].values())
     assert all(res["ratio"] == 1.0 and res["mem_ratio"] == 1.0 for res in nope["eval"].values())

@@ -5,12 +5,14 @@ bad-input catalogue is tests/test_bad_inputs.py)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from accrot.cli import CONFIG_DIR, main
 
@@ -24,6 +26,18 @@ def test_fast_dev_run_of_every_shipped_config(config, tmp_path):
                "--extrapolation.multipliers=[1,2]", "--trainer.limit_val_batches=1",
                "--data.init_args.batch_size=2", *QUICK])
     assert rc == 0
+    # the run is the shipped recipe: one step of its model, recorded, evaluated at both lengths
+    recipe = yaml.safe_load((CONFIG_DIR / f"{config}.yaml").read_text())
+    (run_dir,) = list(tmp_path.glob("*/version_0"))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished" and record["step"] == 1
+    for key in ("d_model", "n_layers", "n_heads", "lr"):
+        assert record["hparams"][key] == recipe["model"][key], key
+    assert record["data"]["seq_len"] == recipe["data"]["init_args"]["seq_len"]
+    final = json.loads((run_dir / "extrapolation.json").read_text())["final"]
+    assert final["step"] == 1 and [row["multiplier"] for row in final["lengths"]] == [1, 2]
+    assert all(math.isfinite(row["nll"]) and row["blocks"] > 0 for row in final["lengths"])
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.fixture(scope="module")

@@ -119,8 +119,11 @@ def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_pat
     assert json.loads((run_dir / "run.json").read_text())["status"] == "preempted"
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
     wait(reference, log)
-    if step >= 40:
-        pytest.skip("the run finished before SIGTERM arrived: nothing to resume")
+    if step >= 40:  # the signal came after the last step: nothing was tested (a fault in CI, a skip elsewhere)
+        message = "the run finished before SIGTERM arrived: nothing to resume"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
     wait(start(["fit", "--resume", str(run_dir)], log), log)
     assert differences(tmp_path / "reference" / "version_0", run_dir) == []
 

@@ -1,0 +1,80 @@
+"""Lightning's start-up lines are held until training starts, so an error is the only line a user sees.
+
+Lightning logs "Seed set to 0", "GPU available: …" and its hints while LightingCLI parses and builds the
+Trainer, which is also where accrot rejects bad input. :func:`hold_startup_logs` swaps the handlers of
+Lightning's two top loggers for one that keeps the records; :func:`release_startup_logs` (called when training
+starts, or when the command ends well) replays them through the original handlers in order; a command that
+fails drops them, so nothing prints before its one-line error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+LOGGERS = ("lightning.pytorch", "lightning.fabric")  # both have propagate=False and their own StreamHandler
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[logging.Logger, logging.LogRecord]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((logging.getLogger(record.name), record))
+
+
+_held: _Held | None = None
+_saved: dict[str, list[logging.Handler]] = {}
+
+
+def release_startup_logs() -> None:
+    """Give the loggers their handlers back and print what was held (no-op when nothing is held)."""
+    global _held
+    if _held is None:
+        return
+    held, _held = _held, None
+    for name, handlers in _saved.items():
+        logger = logging.getLogger(name)
+        logger.removeHandler(held)
+        for h in handlers:
+            logger.addHandler(h)
+    for _, record in held.records:
+        for h in _saved.get(_top(record.name), []):
+            if record.levelno >= h.level:
+                h.handle(record)
+    _saved.clear()
+
+
+def _drop() -> None:
+    global _held
+    if _held is not None:
+        _held.records.clear()
+        release_startup_logs()
+
+
+def _top(name: str) -> str:
+    return next((top for top in LOGGERS if name == top or name.startswith(top + ".")), name)
+
+
+@contextlib.contextmanager
+def hold_startup_logs() -> Iterator[None]:
+    """Hold Lightning's log lines for the body; released by training's start or a clean end, dropped on error."""
+    global _held
+    if _held is not None:  # nested (a sweep trial inside a command that holds already): the outer one decides
+        yield
+        return
+    _held = _Held()
+    for name in LOGGERS:
+        logger = logging.getLogger(name)
+        _saved[name] = list(logger.handlers)
+        for h in _saved[name]:
+            logger.removeHandler(h)
+        logger.addHandler(_held)
+    try:
+        yield
+    except BaseException:
+        _drop()
+        raise
+    release_startup_logs()
