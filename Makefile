@@ -21,7 +21,7 @@ SIZE ?= tiny
 SEEDS ?=
 ABLATION_WORKERS ?= 2
 
-.PHONY: help install test test-fast faults demo ablation lint bench sweep dashboard clean
+.PHONY: help install test test-fast faults breakages demo ablation lint bench sweep dashboard clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ test-fast: $(STAMP) ## the suite without slow tests
 
 faults: $(STAMP) ## kill and resume runs, kill a sweep worker, try every bad input; print the figures
 	$(BIN)/python tests/fault_injection.py
+
+breakages: $(STAMP) ## apply each deliberate breakage of tests/breakages.py to a scratch copy: its tests must fail
+	$(BIN)/python tests/breakages.py
 
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo

@@ -82,6 +82,10 @@ class LitLM(L.LightningModule):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
 
+    def setup(self, stage: str) -> None:
+        # the sampler gives rank r of W rows r, r + W, … of each global batch; random increments draw to match
+        self.model.set_data_shard(self.trainer.global_rank, self.trainer.world_size)
+
     def _step(self, batch: tuple[torch.Tensor, torch.Tensor], ppl: Perplexity, stage: str) -> torch.Tensor:
         inputs, targets = batch  # [B, T] each
         logits = self.model(inputs)  # [B, T, V]

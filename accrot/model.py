@@ -135,6 +135,13 @@ class Transformer(nn.Module):
             if name.endswith(("attn.out.weight", "mlp.w2.weight")):
                 nn.init.normal_(p, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
+    def set_data_shard(self, rank: int, world: int) -> None:
+        """Tell the random increments which rows of the global batch this process trains on (DDP rank r of W
+        holds rows r, r + W, …), so their training draws match a single process's for the same global batch."""
+        for m in self.modules():
+            if isinstance(m, RandomPositionIncrements):
+                m.set_shard(rank, world)
+
     def _init(self, module: nn.Module) -> None:
         # only the backbone's own layers: schemes initialise their parameters themselves
         if isinstance(module, (Attention, SwiGLU)):

@@ -20,12 +20,19 @@ import pytest
 import torch
 
 from data_modules.streams import ResumableSampler
+from tests.tolerance import assert_close
 
-STEPS = 4
+STEPS, WARMUP, GRAD_STEP = 6, 2, 4  # the gradients compared are those of step 4, past the 2-step warm-up
 TINY = ["--config", "tiny", "--model.d_model=32", "--data.init_args.seq_len=64", "--trainer.accelerator=cpu",
-        f"--trainer.max_steps={STEPS}", "--trainer.limit_val_batches=2", "--trainer.log_every_n_steps=1",
-        "--trainer.enable_progress_bar=false", "--extrapolation.multipliers=[1, 2]",
-        "--extrapolation.budget_tokens=512", "--wandb=disabled", "--name=ddp"]
+        f"--trainer.max_steps={STEPS}", f"--model.warmup_steps={WARMUP}", "--trainer.limit_val_batches=2",
+        "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--extrapolation.multipliers=[1, 2]",
+        "--extrapolation.budget_tokens=512", "--wandb=disabled", "--name=ddp",
+        "--trainer.callbacks+=tests.grad_probe.SaveGradients"]
+SCHEMES = {
+    "NoPE": [],
+    "accum-random": ["--model.scheme.rotation=accum", "--model.scheme.increments=random_position"],
+    "PaTH": ["--model.scheme.rotation=path"],
+}
 
 
 def _free_port() -> int:
@@ -42,8 +49,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _fit(root: Path, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
+    env = dict(env or _env(), ACCROT_TEST_GRADS=str(root / "grads"), ACCROT_TEST_GRAD_STEP=str(GRAD_STEP))
     return subprocess.Popen([sys.executable, "-m", "accrot.cli", "fit", *TINY, f"--root={root}", *args],
-                            env=env or _env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _wait(*procs: subprocess.Popen, timeout: float = 240) -> None:
@@ -57,8 +65,28 @@ def _weights(root: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
 
 
+def _grads(root: Path, rank: int = 0) -> dict[str, torch.Tensor]:
+    return torch.load(root / "grads" / f"rank{rank}.pt", map_location="cpu")
+
+
+def _assert_same_model(ref_root: Path, root: Path, what: str) -> None:
+    """The gradient of step GRAD_STEP (past the warm-up) and the final weights equal the single process's. A
+    gradient summed over the ranks instead of averaged would be 2× (AdamW alone would hide it in the weights)."""
+    ref, got = _grads(ref_root), _grads(root)
+    assert got.keys() == ref.keys() and ref
+    for key in ref:
+        assert_close(ref[key], got[key], 1e-4, f"{what}: grad {key}")
+    ref_w, got_w = _weights(ref_root), _weights(root)
+    assert got_w.keys() == ref_w.keys()
+    for key in ref_w:
+        if isinstance(ref_w[key], torch.Tensor) and ref_w[key].is_floating_point():
+            assert_close(ref_w[key], got_w[key], 1e-4, f"{what}: weight {key}")
+        elif not isinstance(ref_w[key], torch.Tensor):  # extra state: the random increments' draw count
+            assert ref_w[key] == got_w[key], (what, key)
+
+
 def _files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "grads" not in p.parts}
 
 
 @pytest.mark.parametrize("world, n", [(2, 100), (2, 7), (3, 50), (4, 9)], ids=lambda v: str(v))
@@ -91,14 +119,10 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
                                    LOCAL_RANK="0", WORLD_SIZE="2")))
     _wait(*nodes)
 
-    ref = _weights(tmp_path / "one")
     for name in ("two", "nodes"):
-        got = _weights(tmp_path / name)
-        assert got.keys() == ref.keys()
-        for key in ref:
-            if ref[key].is_floating_point():
-                err = float((ref[key] - got[key]).norm() / ref[key].norm().clamp_min(1e-12))
-                assert err < 1e-4, (name, key, err)
+        _assert_same_model(tmp_path / "one", tmp_path / name, name)
+        rank0, rank1 = _grads(tmp_path / name, 0), _grads(tmp_path / name, 1)
+        assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # after the all-reduce every rank has the mean
 
     # the simulated nodes: one run directory with the files of a one-process run, nothing from rank 1
     assert not list(cwd[1].iterdir()) and not list(cwd[0].iterdir())
@@ -113,3 +137,41 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
     assert evaluated["step"] == STEPS
     for a, b in zip(single_eval["lengths"], evaluated["lengths"]):  # same blocks, same model: same NLL
         assert a["blocks"] == b["blocks"] and a["nll"] == pytest.approx(b["nll"], rel=1e-4)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("scheme", ["accum-random", "PaTH"])
+def test_ddp_gradient_is_the_single_process_gradient(scheme, tmp_path):
+    """Random increments (redrawn every step: each rank keeps its rows of the global batch's draw) and PaTH
+    (data-dependent transforms, chunked kernel): 2 DDP ranks × batch 4 give one process's batch-8 gradient."""
+    single = _fit(tmp_path / "one", "--data.init_args.batch_size=8", *SCHEMES[scheme])
+    _wait(single)
+    ddp = _fit(tmp_path / "two", "--data.init_args.batch_size=4", "--trainer.devices=2", "--trainer.strategy=ddp",
+               *SCHEMES[scheme], env=_env(MASTER_PORT=str(_free_port())))
+    _wait(ddp)
+    _assert_same_model(tmp_path / "one", tmp_path / "two", scheme)
+
+
+def test_random_increments_shard_the_global_draw():
+    """Rank r of W draws the rows r, r + W, … of what one process draws for the whole global batch."""
+    from accrot.model import ModelConfig, Transformer
+    from accrot.position import SchemeConfig
+    from accrot.position.accum import RandomPositionIncrements
+
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4,
+                      scheme=SchemeConfig(rotation="accum", increments="random_position"))
+    tokens = torch.randint(0, 256, (6, 16))
+    whole = Transformer(cfg).train()
+    parts = [Transformer(cfg).train() for _ in range(3)]
+    for rank, part in enumerate(parts):
+        part.set_data_shard(rank, 3)
+    def draws(model: Transformer, rows: torch.Tensor) -> list[torch.Tensor]:  # one [B, H, T, P] per layer
+        incs = [m for m in model.modules() if isinstance(m, RandomPositionIncrements)]
+        return [inc(torch.zeros(*rows.shape, 32), rows) for inc in incs]
+
+    full = draws(whole, tokens)
+    assert len(full) == 2
+    for rank, part in enumerate(parts):
+        for layer, got in enumerate(draws(part, tokens[rank::3])):
+            assert torch.equal(got, full[layer][rank::3])
+    assert not torch.equal(full[0], full[1])  # layers draw independently

@@ -163,6 +163,7 @@ class RandomPositionIncrements(nn.Module):
         self._fixed: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stream = 0  # which training stream (the layer index, set by the backbone)
         self.draws = 0  # training draws taken so far: part of the state dict (extra state)
+        self.shard = (0, 1)  # (rank, world): which rows of the global batch this process holds (DDP)
 
     @property
     def fresh(self) -> bool:
@@ -172,6 +173,14 @@ class RandomPositionIncrements(nn.Module):
     def set_stream(self, stream: int) -> None:
         """Give this module its own sequence of training draws (layers built from one config differ)."""
         self.stream = int(stream)
+
+    def set_shard(self, rank: int, world: int) -> None:
+        """Under DDP, rank r of W holds rows r, r + W, … of the global batch (``ResumableSampler``'s sharding):
+        each training draw is then the global batch's draw, of which this rank keeps its rows, so W ranks draw
+        exactly the increments one process would for the same global batch (and W ranks never share a draw)."""
+        if not 0 <= rank < world:
+            raise ValueError(f"rank={rank} is not in [0, world={world})")
+        self.shard = (int(rank), int(world))
 
     def next_generator(self, device: torch.device) -> torch.Generator:
         """The generator of the next training draw: seeded by (seed, stream, draw count), a pure function."""
@@ -230,7 +239,9 @@ class RandomPositionIncrements(nn.Module):
         B, T = tokens.shape
         if self.fresh:
             gen = self.next_generator(x.device)
-            return self.draw((B, self.n_heads, T, self.P), generator=gen, device=x.device)  # [B, H, T, P]
+            rank, world = self.shard
+            delta = self.draw((B * world, self.n_heads, T, self.P), generator=gen, device=x.device)  # [B·W, H, T, P]
+            return delta if world == 1 else delta[rank::world]  # [B, H, T, P] this rank's rows
         delta = self.fixed_chunks(0, -(-T // POSITION_CHUNK))  # [n, H, C, P]
         return delta.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P)[:, :, :T].to(x.device)  # [1, H, T, P]
 

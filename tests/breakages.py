@@ -1,0 +1,149 @@
+"""Deliberate breakages the suite must catch (``make breakages``).
+
+Each entry is a small, plausible mistake in the code — an interval at the wrong level, a verdict rule's direction
+flipped, a running sum in the wrong precision, a gradient summed over ranks. For each, this script copies the
+tracked tree into a scratch folder, applies the one edit, runs the test files that should notice, and reports
+*caught* (they fail, having passed on the intact copy) or *MISSED* (they pass: the tests pin less than they
+claim). It exits 1 if any is missed or
+any edit no longer applies (the code it targets moved: update the entry). A later change shows its tests still
+catch these by running it; add an entry whenever a review finds a test that could not fail.
+
+    python tests/breakages.py [NAME ...]     # all entries, or the named ones
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Breakage:
+    name: str
+    what: str
+    path: str  # file to edit, relative to the repository
+    old: str  # text that must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest arguments (files, -k selections)
+
+
+BREAKAGES = [
+    Breakage("bootstrap-50", "the evaluation's 95 % bootstrap interval computed at 50 %",
+             "accrot/evaluation.py", "torch.tensor([0.025, 0.975]", "torch.tensor([0.25, 0.75]",
+             ("tests/test_evaluation.py",)),
+    Breakage("bootstrap-made-up", "a made-up interval with no resampling at all",
+             "accrot/evaluation.py", "    gen = torch.Generator().manual_seed(seed)\n",
+             "    mean = float(block_nll.sum() / block_count.sum())\n    return [mean - 0.05, mean + 0.05]\n",
+             ("tests/test_evaluation.py",)),
+    Breakage("spread-max", "the verdict spread as the larger of the two seeds' standard deviations, not their sum",
+             "accrot/claims.py", "    spread = sa + sb\n", "    spread = max(sa, sb)\n",
+             ("tests/test_ablation.py", "-k", "not interrupted")),
+    Breakage("c3-flipped", "C3's direction flipped (+values must be *higher* to support it)",
+             "accrot/claims.py", '"accum-learned", res.values(d, "accum-learned", "nll", m)))',
+             '"accum-learned", res.values(d, "accum-learned", "nll", m), lower_is_for=False))',
+             ("tests/test_ablation.py", "-k", "not interrupted")),
+    Breakage("far-mass-float32-sum", "the far-mass bias's running sum done in float32",
+             "accrot/ops/attention.py", "c = log_decay.to(torch.float64).cumsum(-1)",
+             "c = log_decay.to(torch.float32).cumsum(-1).double()",
+             ("tests/ops/test_attention.py", "-k", "long_sequence")),
+    Breakage("ddp-gradient-sum", "DDP gradients summed over the ranks instead of averaged",
+             "accrot/lit.py", "        return loss\n\n    def on_before_optimizer_step",
+             "        return loss * self.trainer.world_size\n\n    def on_before_optimizer_step",
+             ("tests/test_ddp.py", "-k", "single_process_gradient and PaTH")),
+    Breakage("ddp-shared-draws", "every DDP rank drawing the same random increments for different samples",
+             "accrot/lit.py", "        self.model.set_data_shard(self.trainer.global_rank, self.trainer.world_size)\n",
+             "        pass\n",
+             ("tests/test_ddp.py", "-k", "single_process_gradient and accum")),
+    Breakage("alibi-interleaving", "ALiBi's non-power-of-two heads taking the wrong half of 2n's slopes",
+             "accrot/position/alibi.py", "alibi_slopes(2 * n)[0::2]", "alibi_slopes(2 * n)[1::2]",
+             ("tests/position/test_far_mass.py",)),
+    Breakage("lightning-lines-before-error", "Lightning's start-up lines printed before a one-line error",
+             "accrot/cli.py", "        with hold_startup_logs():  # an error before training is the only line printed\n",
+             "        if True:\n",
+             ("tests/test_bad_inputs.py", "-k", "out-of-range-scheme or missing-data or full-disk")),
+]
+
+
+def scratch_copy(dest: Path) -> None:
+    """The tracked and untracked-but-not-ignored files of the working tree (no .venv, no runs)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def stale(b: Breakage) -> str | None:
+    """Why the entry no longer applies to the code (its text must occur exactly once), or None."""
+    path = REPO / b.path
+    count = path.read_text().count(b.old) if path.is_file() else 0
+    return None if count == 1 else f"its text occurs {count}× in {b.path}"
+
+
+def _pytest(b: Breakage, scratch: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *b.tests],
+                          cwd=scratch, env=env, capture_output=True, text=True, check=False)
+
+
+def run(b: Breakage, scratch: Path) -> tuple[str, float]:
+    """Run the entry's tests on the intact copy (they must pass), then with the edit (they must fail)."""
+    if why := stale(b):
+        return f"STALE ({why}: update the entry)", 0.0
+    started = time.perf_counter()
+    baseline = _pytest(b, scratch)
+    if baseline.returncode != 0:
+        return f"BASELINE FAILS (exit {baseline.returncode}: {baseline.stdout.strip().splitlines()[-1:]})", 0.0
+    target = scratch / b.path
+    text = target.read_text()
+    target.write_text(text.replace(b.old, b.new))
+    try:
+        done = _pytest(b, scratch)
+    finally:
+        target.write_text(text)
+    took = time.perf_counter() - started
+    if done.returncode == 1:  # tests ran and failed; 2+ would be a collection or usage error, not a catch
+        return "caught", took
+    if done.returncode == 0:
+        return "MISSED", took
+    return f"ERROR (pytest exit {done.returncode}: {done.stdout.strip().splitlines()[-1:]})", took
+
+
+def main(names: list[str]) -> int:
+    chosen = [b for b in BREAKAGES if not names or b.name in names]
+    unknown = set(names) - {b.name for b in BREAKAGES}
+    if unknown:
+        print(f"breakages: unknown name(s) {sorted(unknown)}; choose from {[b.name for b in BREAKAGES]}",
+              file=sys.stderr)
+        return 2
+    bad = 0
+    with tempfile.TemporaryDirectory(prefix="accrot-breakages-") as tmp:
+        scratch = Path(tmp)
+        scratch_copy(scratch)
+        # the scratch copy, not the editable install, must be what the tests import
+        where = subprocess.run([sys.executable, "-c", "import accrot; print(accrot.__file__)"], cwd=scratch,
+                               env={**os.environ, "PYTHONPATH": str(scratch)}, capture_output=True, text=True)
+        if not where.stdout.strip().startswith(str(scratch)):
+            print(f"breakages: the scratch copy is not imported first ({where.stdout.strip()})", file=sys.stderr)
+            return 1
+        print(f"{'breakage':30} {'result':8} {'s':>5}  what")
+        for b in chosen:
+            result, took = run(b, scratch)
+            bad += result != "caught"
+            print(f"{b.name:30} {result:8} {took:5.0f}  {b.what} [{' '.join(b.tests)}]", flush=True)
+    print(f"{len(chosen) - bad} caught, {bad} not caught")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
