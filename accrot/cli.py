@@ -214,6 +214,12 @@ def _make_cli_class():
             cfg = self.config.get(self.subcommand, self.config)
             if cfg.get("wandb") not in ("auto", "online", "offline", "disabled"):
                 raise UsageError(f"--wandb={cfg.get('wandb')!r} is not valid; choose auto, online, offline or disabled")
+            scheme = cfg.get("model", {}).get("scheme") if hasattr(cfg.get("model", {}), "get") else None
+            if scheme is not None and getattr(scheme, "seed", 0) is None:
+                # the scheme's random draws follow the run's seed (resolved by LightningCLI before this hook), so
+                # seeds are independent replicates; the config saved with the run records the value
+                run_seed = cfg.get("seed_everything")
+                scheme.seed = run_seed if isinstance(run_seed, int) and not isinstance(run_seed, bool) else 0
             if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
                 raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                                  "on the command line of accrot fit")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrot.position import ConfigError, SchemeConfig, build
-from accrot.position.accum import RandomPositionIncrements
+from accrot.position.accum import RandomPositionIncrements, RandomTokenIncrements
 
 
 @dataclass
@@ -124,9 +124,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
-        for layer, scheme in enumerate(self.schemes()):  # random increments: one training stream per layer
+        for layer, scheme in enumerate(self.schemes()):  # random increments: each layer its own draws
             for m in scheme.modules():
-                if isinstance(m, RandomPositionIncrements):
+                if isinstance(m, (RandomPositionIncrements, RandomTokenIncrements)):
                     m.set_stream(layer)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight

@@ -18,10 +18,11 @@ Increments (``cfg.increments``):
   layer ℓ comes from a generator seeded by (seed, ℓ, n), and n is saved with the weights (the module's extra
   state), so a resumed run continues the same sequence and nothing else that draws from torch's global RNG
   can shift it (the backbone sets ℓ, :meth:`RandomPositionIncrements.set_stream`); in ``eval()``
-  (or with ``resample=False``) δ is a fixed function of position and ``seed``: chunks of
-  :data:`POSITION_CHUNK` positions, each from its own generator seeded by (seed, chunk index), with the angles
-  cached per device, so appending tokens never changes earlier angles and ``angles()`` is what forward used.
-* ``random_token``: a frozen table ``[vocab_size, H, D/2]`` (a buffer) drawn from ``seed`` with the same
+  (or with ``resample=False``) δ is a fixed function of position, ``seed`` and the layer: chunks of
+  :data:`POSITION_CHUNK` positions, each from its own generator seeded by (seed, ℓ, chunk index), with the
+  angles cached per device, so appending tokens never changes earlier angles and ``angles()`` is what forward
+  used.
+* ``random_token``: a frozen table ``[vocab_size, H, D/2]`` (a buffer) drawn from (seed, ℓ) with the same
   distribution options; δ_j = table[token_j].
 * ``learned``: δ_j = μ_i + max_increment · ℓ_i · tanh(proj(x_j)), proj = [causal depthwise conv] → [low-rank
   down-projection] → linear to H·D/2 (zero bias, weight std ``learned_init_std``), ℓ_i = ω_i/ω_0 with
@@ -35,8 +36,10 @@ Theory (PAPER.md): pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing wind
 mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to [0, 2π) before the float32 cast,
 which keeps them within 1e-3 rad at position 10⁶.
 
-Note: every layer built from the same config draws the same fixed increments (the seed is per config); in
-training with ``resample`` the layers draw independently (each from its own stream).
+Randomness belongs to the run (DESIGN §2): ``seed`` follows the run's ``seed_everything`` unless set (the CLI
+fills it in; None here means 0), and every layer has its own training stream, evaluation draws and token table,
+as independent as different seeds, so seeds are independent replicates and evaluation shows no correlation
+across layers that training never had.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ POSITION_CHUNK = 256  # positions per independently seeded chunk of fixed random
 _MASK64 = (1 << 64) - 1
 _TOKEN_STREAM = 1 << 40  # generator index of the random_token table, disjoint from position chunk indices
 _TRAIN_STREAM = 1 << 41  # + layer index: generator indices of the training draws, disjoint from the above
+_EVAL_STREAM = 1 << 42  # + layer index: the layer's seed of its fixed (evaluation) position chunks
 
 
 # -- distribution helpers (used by diagnostics and tests too) -----------------------------------------------
@@ -117,6 +121,11 @@ def increment_distribution(cfg: SchemeConfig, head_dim: int) -> tuple[torch.Tens
     return mean, sigmas
 
 
+def _run_seed(cfg: SchemeConfig) -> int:
+    """The scheme's seed: the run's seed as the CLI resolved it, 0 when the config was built without one."""
+    return 0 if cfg.seed is None else int(cfg.seed)
+
+
 def _chunk_seed(seed: int, index: int) -> int:
     """SplitMix64 of (seed, index): well-separated generator seeds for neighbouring chunks and seeds."""
     z = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
@@ -171,8 +180,9 @@ class RandomPositionIncrements(nn.Module):
         return self.training and self.cfg.resample
 
     def set_stream(self, stream: int) -> None:
-        """Give this module its own sequence of training draws (layers built from one config differ)."""
+        """Give this module (layer ``stream``) its own training draws and its own fixed evaluation draws."""
         self.stream = int(stream)
+        self._fixed.clear()  # the fixed angles of the previous stream
 
     def set_shard(self, rank: int, world: int) -> None:
         """Under DDP, rank r of W holds rows r, r + W, … of the global batch (``ResumableSampler``'s sharding):
@@ -184,7 +194,7 @@ class RandomPositionIncrements(nn.Module):
 
     def next_generator(self, device: torch.device) -> torch.Generator:
         """The generator of the next training draw: seeded by (seed, stream, draw count), a pure function."""
-        seed = _chunk_seed(_chunk_seed(self.cfg.seed, _TRAIN_STREAM + self.stream), self.draws)
+        seed = _chunk_seed(_chunk_seed(_run_seed(self.cfg), _TRAIN_STREAM + self.stream), self.draws)
         self.draws += 1
         return torch.Generator(device=device).manual_seed(seed)
 
@@ -209,8 +219,9 @@ class RandomPositionIncrements(nn.Module):
     def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
         """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
         chunks = []
+        layer_seed = _chunk_seed(_run_seed(self.cfg), _EVAL_STREAM + self.stream)
         for index in range(first, stop):
-            gen = torch.Generator().manual_seed(_chunk_seed(self.cfg.seed, index))
+            gen = torch.Generator().manual_seed(_chunk_seed(layer_seed, index))
             chunks.append(self.draw((self.n_heads, POSITION_CHUNK, self.P), generator=gen))
         return torch.stack(chunks) if chunks else torch.empty(0, self.n_heads, POSITION_CHUNK, self.P)
 
@@ -251,11 +262,20 @@ class RandomTokenIncrements(nn.Module):
 
     def __init__(self, cfg: SchemeConfig, n_heads: int, head_dim: int) -> None:
         super().__init__()
+        self.cfg, self.n_heads, self.P = cfg, n_heads, head_dim // 2
         self.vocab_size = cfg.vocab_size
-        mean, sigma = increment_distribution(cfg, head_dim)  # [P] float64 each
-        gen = torch.Generator().manual_seed(_chunk_seed(cfg.seed, _TOKEN_STREAM))
-        z = _standard_noise((cfg.vocab_size, n_heads, head_dim // 2), cfg.increment_family, gen)  # [V, H, P]
-        self.register_buffer("table", (mean + sigma * z).to(torch.float32))
+        self.register_buffer("table", self._draw_table(0))
+
+    def _draw_table(self, layer: int) -> torch.Tensor:
+        """The table of layer ``layer``: ``[vocab_size, H, P]`` float32 from the generator of (seed, layer)."""
+        mean, sigma = increment_distribution(self.cfg, 2 * self.P)  # [P] float64 each
+        gen = torch.Generator().manual_seed(_chunk_seed(_run_seed(self.cfg), _TOKEN_STREAM + layer))
+        z = _standard_noise((self.vocab_size, self.n_heads, self.P), self.cfg.increment_family, gen)  # [V, H, P]
+        return (mean + sigma * z).to(torch.float32)
+
+    def set_stream(self, stream: int) -> None:
+        """Layer ``stream`` draws its own table (a checkpoint's saved table still loads over it)."""
+        self.table = self._draw_table(int(stream)).to(self.table.device)
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.numel():

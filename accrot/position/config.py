@@ -47,7 +47,8 @@ class SchemeConfig:
         sigma: spread set directly (mutually exclusive with ``window``).
         window_eps: the ε of the mixing window.
         resample: redraw ``random_position`` increments every training batch.
-        seed: seed of the frozen random increments (eval draws and the ``random_token`` table).
+        seed: seed of the random increments (training streams, evaluation draws, ``random_token`` tables; each
+            layer its own). None (the default) follows the run's ``seed_everything``, so seeds are replicates.
         vocab_size: rows of the ``random_token`` table; token ids must lie in [0, vocab_size).
         max_increment: bound of learned increments, δ = max_increment · tanh(·).
         increment_rank: low-rank bottleneck of learned projections (None = full rank).
@@ -76,7 +77,7 @@ class SchemeConfig:
     sigma: float | None = None
     window_eps: float = 0.05
     resample: bool = True
-    seed: int = 0
+    seed: int | None = None
     vocab_size: int = 256
     max_increment: float = 1.0
     increment_rank: int | None = None

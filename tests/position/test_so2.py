@@ -441,3 +441,51 @@ def test_learned_mixing_floor_adds_the_random_position_draw():
     assert not torch.allclose(delta, noise_only.expand_as(delta))  # the learned part is there too
     train = learned.train()
     assert not torch.equal(train.angles(x, tokens), train.angles(x, tokens))  # the floor is redrawn in training
+
+
+@pytest.mark.parametrize("kind", ["random_position", "random_token"])
+def test_random_draws_are_a_function_of_seed_and_layer(kind):
+    """Randomness belongs to the run: two seeds differ, two layers of one model differ, and the same (seed,
+    layer) gives the same draws again — evaluation draws and token tables as much as training streams."""
+    from accrot.model import ModelConfig, Transformer
+    from accrot.position.accum import RandomPositionIncrements, RandomTokenIncrements
+
+    tokens = torch.randint(0, 256, (1, 300), generator=torch.Generator().manual_seed(1))
+
+    def per_layer(seed: int, train: bool = False) -> list[torch.Tensor]:
+        cfg = ModelConfig(d_model=DM, n_layers=2, n_heads=H,
+                          scheme=SchemeConfig(rotation="accum", increments=kind, seed=seed))
+        model = Transformer(cfg).train(train)
+        sources = [m for m in model.modules() if isinstance(m, (RandomPositionIncrements, RandomTokenIncrements))]
+        assert len(sources) == 2
+        return [m(torch.zeros(1, 300, DM), tokens) for m in sources]  # [1, H, T, P] each
+
+    seed0, seed1 = per_layer(0), per_layer(1)
+    assert not torch.equal(seed0[0], seed0[1])  # layers
+    assert not torch.equal(seed0[0], seed1[0]) and not torch.equal(seed0[1], seed1[1])  # seeds
+    assert all(torch.equal(a, b) for a, b in zip(seed0, per_layer(0)))  # a pure function of (seed, layer)
+    if kind == "random_position":  # training draws too: per layer and per seed
+        train0, train1 = per_layer(0, train=True), per_layer(1, train=True)
+        assert not torch.equal(train0[0], train0[1]) and not torch.equal(train0[0], train1[0])
+    # the evaluation draws of different layers are uncorrelated, as independent as different seeds
+    a, b = seed0[0].flatten().double(), seed0[1].flatten().double()
+    corr = float(((a - a.mean()) * (b - b.mean())).mean() / (a.std() * b.std()))
+    assert abs(corr) < 4 / math.sqrt(a.numel())
+
+
+def test_scheme_seed_follows_the_run_seed(tmp_path):
+    """``accrot fit --seed_everything=N``: the scheme's seed (unset) becomes N, recorded in the run's hparams, so a
+    sweep's seeds are independent realisations of the random increments; an explicit scheme seed is kept."""
+    import json
+
+    from accrot.cli import main
+
+    for name, seed, extra, expect in (("s3", 3, [], 3), ("s4", 4, [], 4), ("x", 3, ["--model.scheme.seed=11"], 11)):
+        rc = main(["fit", "--config", "tiny", f"--seed_everything={seed}", "--model.scheme.rotation=accum",
+                   "--model.scheme.increments=random_token", "--trainer.fast_dev_run=true", f"--root={tmp_path}",
+                   f"--name={name}", "--extrapolation.multipliers=[1]", "--trainer.limit_val_batches=1",
+                   "--data.init_args.batch_size=2", "--trainer.enable_progress_bar=false", "--wandb=disabled",
+                   "--extrapolation.budget_tokens=1024", *extra])
+        assert rc == 0
+        (run,) = list((tmp_path / name).glob("version_*"))
+        assert json.loads((run / "run.json").read_text())["hparams"]["scheme"]["seed"] == expect
