@@ -44,10 +44,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "accum-learned+values": {"rotation": "accum", "increments": "learned", "rotate_values": True},
     "PaTH": {"rotation": "path"},
     "PaTH-FoX": {"rotation": "path", "far_mass": "forget"},
+    # the cells the lower bound points to (DESIGN §5): accumulated rotations with far-mass control
     "accum-learned+values+forget": {"rotation": "accum", "increments": "learned", "rotate_values": True,
                                     "far_mass": "forget"},
+    "accum-learned+values+alibi": {"rotation": "accum", "increments": "learned", "rotate_values": True,
+                                   "far_mass": "alibi"},
+    "accum-random+alibi": {"rotation": "accum", "increments": "random_position", "far_mass": "alibi"},
 }
-WINDOWED = ("accum-random", "accum-random-drift", "accum-token")  # random increments: window = 0.75 L
+WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+alibi")  # window = 0.75 L
 
 # data set -> overrides. "corpus": the embedded stdlib bytes (the recipe's data); "local": the offset-copy task,
 # where only answers within K = 8 tokens are scored and only the distractors grow with the length.

@@ -1,4 +1,4 @@
-"""Theory diagnostics (PAPER.md T1–T4): coherence decay, mixing window, far-attention mass, value incoherence.
+"""Theory diagnostics (PAPER.md T1–T5): coherence decay, mixing window, far-attention mass, score gap, value incoherence.
 
 Everything is computed from a model's own per-layer q, k, v and the quantities its schemes expose
 (``angles``, ``householder``, ``log_decay``; DESIGN §2), never from a fast kernel's internals:
@@ -19,16 +19,25 @@ Everything is computed from a model's own per-layer q, k, v and the quantities i
   drift μ_i the prediction assumes isotropic q, k (E[z_i ℓᴵ] real and equal across pairs):
   c(Δ) = mean_i |E[e^{iδ_i}]|^Δ cos(Δ μ_i). PaTH: ℓᴹ = (H_{s+1} ⋯ H_t q_t)·k_s by the per-query backward
   recurrence u ← H_j u (vector ops only).
-* **mixing window**: the first measured Δ where c(Δ) < ε (T2 compares it at L and at long lengths); the
-  "sustained" variant is the first Δ after which |c| stays below ε (for oscillating, drifting curves). Both read
-  a Monte-Carlo estimate: ``random_position`` increments in eval are one fixed draw per position, shared by every
-  block, so at Δ near the block length only a few independent paths enter; the first crossing is then biased
-  early and the sustained one late. ``stderr`` (independent-pairs standard error, a lower bound) tells how far
-  the curve's tail is resolved.
+* **error bars and fresh draws**: blocks are kept apart as replicates and the standard error is the ratio
+  estimator's across them (:func:`_stderr`). For random increments one fixed evaluation draw would be shared
+  by every block (so blocks are not independent at all where the draw matters), and one draw spreads far more
+  than its pairs suggest; instead each block's q, k are transported by ``draws`` independent fresh draws of the
+  scheme's own increment distribution (:data:`FRESH_DRAWS`), which are independent of q, k: the prediction
+  |φ|^Δ is then exact in expectation and the error bar covers it at its nominal rate (tested on known truth).
+  Learned increments are a deterministic function of x: their blocks are the replicates.
+* **mixing window** (:func:`fitted_window`): a weighted log-linear fit of c(Δ) over the resolved range
+  1 ≤ Δ ≤ 7L/8 — the same range at every length, so T2 compares like with like — W = log ε / slope; a window
+  the range cannot place is *censored* ("> Δmax"), never dropped. The first crossing (``window_first_crossing``)
+  and the sustained one are kept for reference: a crossing moves by ~20 tokens for an error of 0.03 in c.
 * **far mass** (T3): attention probability on keys farther than ``window`` tokens (t − s > W), averaged over
   the last ``n_queries`` queries of each block, from q, k, the rotation and the far-mass bias, row chunk by row
   chunk (never a ``[T, T]`` tensor). The lower bound predicts growth with length for rotation-only schemes
   (NoPE with flat logits: (t − W)/(t + 1)) and a bounded value with far-mass control (ALiBi).
+* **score gap** (T5): over the same last queries, the transported scores D^−1/2 q_tᵀ M_{t,s} k_s (no far-mass
+  bias) of the near keys (0 ≤ Δ ≤ W) against the far keys' (Δ > W) mean and spread: gap = (mean near − mean
+  far) / std far. Concentration predicts the far spread ≈ ‖q‖‖k‖/D (``concentration``, the mean over far pairs)
+  and a near signal above it; the claim is that the gap measured at L holds at the longest length.
 * **value far norm** (T4, SO(2) rotations): ‖Σ_{t−s>W} a_ts R(θ_t − θ_s) v_s‖ ("rotated") against
   ‖Σ_{t−s>W} a_ts v_s‖ ("unrotated") with the same weights a_ts, and the random-walk reference
   √(Σ a_ts² ‖v_s‖²) ("incoherent"). For a scheme without ``rotate_values`` "rotated" is the counterfactual.
@@ -57,6 +66,7 @@ SCHEMA = "accrot.diagnostics/1"
 DENSE_DISTANCES = 256  # every Δ below this is measured; beyond, a log-spaced grid
 LOG_DISTANCES = 32
 _ROW_BUDGET = 1 << 22  # elements of one [B, H, rows, T] probability chunk
+GAP_SUMS = ("near_sum", "near_count", "far_sum", "far_sq", "far_count", "far_concentration")
 
 
 # -- per-layer inputs -------------------------------------------------------------------------------------------
@@ -211,27 +221,30 @@ def scheme_coherence_sums(
     tokens: torch.Tensor,
     distances: Sequence[int],
     max_queries: int | None = 512,
+    theta: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Sums over blocks and queries, each ``[H, len(distances)]`` float64: ``num`` Σ ℓᴹ ℓᴵ, ``den`` Σ (ℓᴵ)²,
-    ``msq`` Σ (ℓᴹ)² and ``count`` (pairs summed); c = num / den (see module doc).
+    """Sums over each block's queries, each ``[B, H, len(distances)]`` float64: ``num`` Σ ℓᴹ ℓᴵ, ``den``
+    Σ (ℓᴵ)², ``msq`` Σ (ℓᴹ)² and ``count`` (pairs summed); c = Σ_b num / Σ_b den (see module doc). Blocks stay
+    apart so the error bar can treat them as the independent replicates they are (:func:`_stderr`).
 
     Args:
         scheme: a :class:`~accrot.position.PositionScheme` (eval mode).
         q, k: ``[B, H, T, D]``; x: ``[B, T, d_model]``; tokens: ``[B, T]``.
         distances: Δ values in [0, T).
         max_queries: query positions per Δ (evenly spaced over t ∈ [Δ, T)); None for all of them.
+        theta: SO(2) angles ``[B|1, H, T, D/2]`` to transport with instead of ``scheme.angles`` (a fresh draw
+            of random increments, :meth:`~accrot.position.accum.AccumulatedRotation.independent_angles`).
     """
     B, H, T, D = q.shape
     dist = _check_distances(distances, T)
     q, k = q.float().contiguous(), k.float().contiguous()
     kind = scheme.rotation.kind
-    out = {name: torch.zeros(H, dist.numel(), dtype=torch.float64) for name in ("num", "den", "msq", "count")}
+    out = {name: torch.zeros(B, H, dist.numel(), dtype=torch.float64) for name in ("num", "den", "msq", "count")}
 
-    def add(cols: slice | int, lm: torch.Tensor, li: torch.Tensor, n: int, dims: tuple[int, ...]) -> None:
-        out["num"][:, cols] = (lm * li).sum(dims).cpu()
-        out["den"][:, cols] = (li * li).sum(dims).cpu()
-        out["msq"][:, cols] = (lm * lm).sum(dims).cpu()
-        out["count"][:, cols] = n
+    def add(cols: slice | int, lm: torch.Tensor, li: torch.Tensor, dims: tuple[int, ...]) -> None:
+        out["num"][..., cols] = (lm * li).sum(dims).cpu()
+        out["den"][..., cols] = (li * li).sum(dims).cpu()
+        out["msq"][..., cols] = (lm * lm).sum(dims).cpu()
 
     if kind == "path":
         w, beta = scheme.householder(x, tokens)  # [B, H, T, D], [B, H, T]
@@ -242,10 +255,11 @@ def scheme_coherence_sums(
             if d in column:
                 r = rows[start:]
                 li = (q[:, :, r] * k[:, :, r - d]).sum(-1).double()  # [B, H, R']
-                add(column[d], lm.double(), li, B * r.numel(), (0, 2))
+                add(column[d], lm.double(), li, (2,))
+                out["count"][..., column[d]] = r.numel()
         return out
     if kind == "so2":
-        theta = scheme.angles(x, tokens)  # [B, H, T, P]
+        theta = scheme.angles(x, tokens) if theta is None else theta  # [B|1, H, T, P]
         qm, km = rotate_pairs(q, theta), rotate_pairs(k, theta)  # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ M_ts k_s
     else:
         qm, km = q, k
@@ -258,8 +272,8 @@ def scheme_coherence_sums(
         s = t - dist[g : g + group, None]  # [n', R] keys s = t − Δ
         li = (q[:, :, t] * k[:, :, s]).sum(-1).double() * valid  # [B, H, n', R]
         lm = li if kind == "none" else (qm[:, :, t] * km[:, :, s]).sum(-1).double() * valid
-        add(slice(g, g + group), lm, li, 0, (0, 3))
-        out["count"][:, g : g + group] = (B * valid.sum(-1)).double().cpu()
+        add(slice(g, g + group), lm, li, (3,))
+        out["count"][..., g : g + group] = valid.sum(-1).double().cpu()  # [n'] broadcast over B, H
     return out
 
 
@@ -267,19 +281,69 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / den.clamp_min(1e-300), torch.full_like(num, math.nan))
 
 
+def _curve(acc: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """c = Σ_b num_b / Σ_b den_b over the replicates (dim 0): ``[H, n]``."""
+    return _ratio(acc["num"].sum(0), acc["den"].sum(0))
+
+
 def _stderr(acc: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Standard error of c = num / den as a regression slope through the origin, treating pairs as independent:
-    √(RSS / (n − 1) / den), RSS = msq − num²/den. A lower bound: pairs share increments (overlapping paths, the
-    same fixed draw in every block), so the true Monte-Carlo error is larger."""
-    rss = (acc["msq"] - acc["num"] ** 2 / acc["den"].clamp_min(1e-300)).clamp_min(0)
-    return (rss / (acc["count"] - 1).clamp_min(1) / acc["den"].clamp_min(1e-300)).sqrt()
+    """Standard error of c = Σ num_b / Σ den_b across its N replicates (dim 0), ``[H, n]``: the ratio estimator's
+    linearisation √(N/(N−1) · Σ_b (num_b − c·den_b)²) / Σ_b den_b. Honest when the replicates are independent:
+    blocks for a deterministic scheme, (block, fresh draw) pairs for random increments (:func:`_layer_sums`); NaN
+    with fewer than two replicates."""
+    num, den = acc["num"], acc["den"]  # [N, H, n]
+    n = num.shape[0]
+    if n < 2:
+        return torch.full(num.shape[1:], math.nan, dtype=torch.float64)
+    c = _ratio(num.sum(0), den.sum(0))  # [H, n]
+    resid = ((num - c * den) ** 2).sum(0)  # [H, n]
+    return _ratio((n / (n - 1) * resid).sqrt(), den.sum(0))
+
+
+def curve_and_stderr(sums: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """c(Δ) and its standard error across replicates, ``[H, n]`` each, from per-replicate coherence sums."""
+    return _curve(sums), _stderr(sums)
 
 
 def scheme_coherence(scheme, q, k, x, tokens, distances, max_queries: int | None = 512) -> torch.Tensor:
     """c(Δ) of one scheme on given inputs, ``[H, len(distances)]`` float64 (see :func:`scheme_coherence_sums`)."""
     with torch.no_grad(), torch.autocast(device_type=q.device.type, enabled=False):
-        sums = scheme_coherence_sums(scheme, q, k, x, tokens, distances, max_queries)
-        return _ratio(sums["num"], sums["den"])
+        return _curve(scheme_coherence_sums(scheme, q, k, x, tokens, distances, max_queries))
+
+
+COHERENCE_SUMS = ("num", "den", "msq", "count")
+FRESH_DRAWS = 32  # independent increment draws per block for the coherence of random increments
+_DIAG_STREAM = 1 << 43  # generator indices of the diagnostics' fresh draws (disjoint from the scheme's own)
+
+
+def _fresh_generator(scheme: nn.Module, layer: int, batch: int, draw: int) -> torch.Generator:
+    """The generator of one fresh draw: a pure function of (the scheme's seed, layer, batch, draw)."""
+    from accrot.position.accum import _chunk_seed
+
+    seed = _chunk_seed(_chunk_seed(int(scheme.cfg.seed or 0), _DIAG_STREAM + layer), (batch << 20) + draw)
+    return torch.Generator().manual_seed(seed)
+
+
+def scheme_coherence_fresh(
+    scheme: nn.Module,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    x: torch.Tensor,
+    tokens: torch.Tensor,
+    distances: Sequence[int],
+    max_queries: int | None = 512,
+    draws: int = FRESH_DRAWS,
+    layer: int = 0,
+    batch: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Coherence sums of a random-increment scheme under ``draws`` fresh, independent draws of its increment
+    distribution: ``[draws · B, H, n]`` each (one replicate per draw and block). The draws come from generators
+    that are a pure function of (the scheme's seed, ``layer``, ``batch``, draw)."""
+    reps = [scheme_coherence_sums(scheme, q, k, x, tokens, distances, max_queries,
+                                  theta=scheme.rotation.independent_angles(tokens, _fresh_generator(
+                                      scheme, layer, batch, d)))
+            for d in range(draws)]
+    return {n: torch.cat([r[n] for r in reps]) for n in COHERENCE_SUMS}
 
 
 def _layer_sums(
@@ -290,28 +354,51 @@ def _layer_sums(
     n_queries: int = 32,
     max_queries: int | None = 512,
     max_batch_tokens: int = 16384,
+    draws: int = FRESH_DRAWS,
 ) -> dict[int, dict[str, torch.Tensor]]:
     """One walk over the layers, micro-batch by micro-batch: per layer the coherence sums of
-    :func:`scheme_coherence_sums` (when ``distances`` is given) and the far sums of :func:`scheme_far_sums` with their ``count`` (when
-    ``window`` is given), summed over blocks."""
+    :func:`scheme_coherence_sums` per replicate (``[N, H, n]``, when ``distances`` is given) and the far sums of
+    :func:`scheme_far_sums` with their ``count`` summed over blocks (when ``window`` is given).
+
+    For random increments the replicates are (block, fresh draw) pairs: ``draws`` independent draws of the
+    scheme's own increment distribution transport each block's q, k (N = blocks × draws), so the curve is the
+    distribution's coherence on the model's q, k, and its error bar covers the draw-to-draw spread that a single
+    fixed evaluation draw hides. Otherwise a replicate is a block.
+    """
     sums: dict[int, dict[str, torch.Tensor]] = {}
     with _eval_mode(model):
-        for batch in _batches(tokens, max_batch_tokens):
+        for b, batch in enumerate(_batches(tokens, max_batch_tokens)):
             for i, li in enumerate(layer_inputs(model, batch)):
                 part: dict[str, torch.Tensor] = {}
                 if distances is not None:
-                    part.update(scheme_coherence_sums(li.scheme, li.q, li.k, li.x, li.tokens, distances, max_queries))
+                    rotation = li.scheme.rotation
+                    if getattr(rotation, "random", False) and draws > 0:
+                        part.update(scheme_coherence_fresh(li.scheme, li.q, li.k, li.x, li.tokens, distances,
+                                                           max_queries, draws, layer=i, batch=b))
+                    else:
+                        part.update(scheme_coherence_sums(li.scheme, li.q, li.k, li.x, li.tokens, distances,
+                                                          max_queries))
                 if window is not None:
                     part.update(scheme_far_sums(li.scheme, li.q, li.k, li.v, li.x, li.tokens, window, n_queries))
-                acc = sums.setdefault(i, {name: torch.zeros_like(t) for name, t in part.items()})
+                acc = sums.setdefault(i, {})
                 for name, t in part.items():
-                    acc[name] += t
+                    if name in COHERENCE_SUMS:  # replicates side by side
+                        acc[name] = t if name not in acc else torch.cat((acc[name], t))
+                    else:
+                        acc[name] = t if name not in acc else acc[name] + t
     return sums
 
 
 def _far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     names = ("far_mass", "rotated", "unrotated", "incoherent")
-    return {name: acc[name] / acc["count"] for name in names if name in acc}
+    out = {name: acc[name] / acc["count"] for name in names if name in acc}
+    if "near_sum" in acc:  # the score gap (T5), per head
+        near = _ratio(acc["near_sum"], acc["near_count"])
+        far = _ratio(acc["far_sum"], acc["far_count"])
+        spread = (_ratio(acc["far_sq"], acc["far_count"]) - far**2).clamp_min(0).sqrt()
+        out.update(near_score=near, far_score=far, far_spread=spread, gap=_ratio(near - far, spread),
+                   concentration=_ratio(acc["far_concentration"], acc["far_count"]))
+    return out
 
 
 def coherence_curve(
@@ -329,8 +416,9 @@ def coherence_curve(
         max_queries: query positions per Δ and block, evenly spaced (None: all).
         max_batch_tokens: tokens per forward pass.
     """
-    sums = _layer_sums(model, tokens, distances=distances, max_queries=max_queries, max_batch_tokens=max_batch_tokens)
-    return {i: _ratio(acc["num"], acc["den"]) for i, acc in sums.items()}
+    sums = _layer_sums(model, tokens, distances=distances, max_queries=max_queries, max_batch_tokens=max_batch_tokens,
+                       draws=0)
+    return {i: _curve(acc) for i, acc in sums.items()}
 
 
 def mixing_window_measured(
@@ -359,6 +447,67 @@ def mixing_window_measured(
         first = torch.where(below, idx, torch.full_like(idx, n)).amin(-1)  # [...]
     padded = torch.cat((dist, torch.tensor([math.inf], dtype=torch.float64)))
     return padded[first]
+
+
+def fitted_window(
+    curve: torch.Tensor,
+    stderr: torch.Tensor,
+    distances: Sequence[int],
+    eps: float = 0.05,
+    max_distance: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """The mixing window from a log-linear fit of the coherence, per head: ``{"window", "window_se",
+    "censored", "resolved"}``, each ``[...]`` (the curve's leading dims).
+
+    c(0) = 1 by construction, so log c(Δ) = −Δ/τ is fitted through the origin by weighted least squares over
+    the *resolved range*: 1 ≤ Δ ≤ ``max_distance`` up to the first Δ where c is no longer resolved above zero
+    (c ≤ 2·stderr), each point weighted by (c / stderr)² (the variance of log c). W = τ·log(1/ε), its standard
+    error from the slope's. Unlike a first crossing it uses the whole decay, so noise near ε moves it little.
+    ``censored`` marks a window the data cannot place: no decay resolved, or W beyond ``max_distance`` (the
+    window is then only known to exceed it; ``window`` is NaN). Pass the same ``max_distance`` at every length
+    (T2 compares like with like). ``resolved`` is the number of points fitted.
+    """
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    se = torch.as_tensor(stderr, dtype=torch.float64)
+    dist = torch.as_tensor(list(distances), dtype=torch.float64)
+    top = float(dist.max()) if max_distance is None else float(max_distance)
+    inside = (dist >= 1) & (dist <= top)  # [n]
+    ok = inside & (c > 2 * se) & torch.isfinite(c) & torch.isfinite(se) & (se > 0)  # [..., n]
+    # the resolved range is contiguous from the first distance: stop at the first unresolved point inside
+    run = torch.cumprod((ok | ~inside).to(torch.int64), dim=-1).bool() & ok
+    y = torch.where(run, c.clamp_min(1e-300).log(), torch.zeros_like(c))
+    w = torch.where(run, (c / se.clamp_min(1e-300)) ** 2, torch.zeros_like(c))
+    sxx = (w * dist**2).sum(-1)  # [...]
+    slope = torch.where(sxx > 0, (w * dist * y).sum(-1) / sxx.clamp_min(1e-300), torch.zeros_like(sxx))
+    slope_se = torch.where(sxx > 0, sxx.clamp_min(1e-300).rsqrt(), torch.full_like(sxx, math.inf))
+    log_eps = math.log(eps)
+    window = torch.where(slope < 0, log_eps / slope.clamp_max(-1e-300), torch.full_like(slope, math.inf))
+    window_se = window.abs() * slope_se / slope.abs().clamp_min(1e-300)  # δW/W = δb/|b|
+    censored = ~(slope < 0) | (window > top) | ~torch.isfinite(window)
+    return {"window": torch.where(censored, torch.full_like(window, math.nan), window),
+            "window_se": torch.where(censored, torch.full_like(window, math.nan), window_se),
+            "censored": censored, "resolved": run.sum(-1)}
+
+
+def replicate_window(sums: Mapping[str, torch.Tensor], distances: Sequence[int], eps: float = 0.05,
+                     max_distance: int | None = None) -> dict[str, torch.Tensor]:
+    """:func:`fitted_window` of the pooled curve, with ``window_se`` from a delete-one-replicate jackknife.
+
+    The weighted fit's own slope error treats the Δ points as independent, but they share every draw and block,
+    so it is several times too small; refitting with each replicate left out (the same weights) gives an error
+    bar that covers the true window (tested on known truth)."""
+    curve, stderr = _curve(sums), _stderr(sums)
+    fit = fitted_window(curve, stderr, distances, eps, max_distance)
+    num, den = sums["num"], sums["den"]  # [N, H, n]
+    n = num.shape[0]
+    if n < 3:
+        fit["window_se"] = torch.full_like(fit["window"], math.nan)
+        return fit
+    loo = _ratio(num.sum(0) - num, den.sum(0) - den)  # [N, H, n] the curve without replicate i
+    windows = fitted_window(loo, stderr.expand_as(loo), distances, eps, max_distance)["window"]  # [N, H]
+    spread = ((windows - windows.mean(0)) ** 2).sum(0) * (n - 1) / n  # NaN if any refit is censored
+    fit["window_se"] = torch.where(fit["censored"], torch.full_like(fit["window"], math.nan), spread.sqrt())
+    return fit
 
 
 def predicted_coherence(scheme: nn.Module, distances: Sequence[int]) -> torch.Tensor | None:
@@ -427,9 +576,28 @@ def attention_rows(
 
     ℓ_ts = D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder / log_decay; the
     caller chunks the rows (memory B·H·R·T)."""
-    B, H, T, D = q.shape
     if rows.numel() > 1 and bool((rows.diff() <= 0).any()):
         raise ValueError("rows must be strictly ascending query positions")
+    return _probabilities(scheme, _scores(scheme, q, k, x, tokens, rows), x, tokens, rows)
+
+
+def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                   rows: torch.Tensor) -> torch.Tensor:
+    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) plus the far-mass bias, causal."""
+    T = scores.shape[-1]
+    logits = scores
+    if scheme.far_mass is not None:
+        c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
+        logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
+    future = torch.arange(T, device=scores.device)[None, :] > rows[:, None]  # [R, T]
+    return logits.masked_fill(future, -math.inf).softmax(-1).float()
+
+
+def _scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+            rows: torch.Tensor) -> torch.Tensor:
+    """Transported scores D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows`` over every key, ``[B, H, R, T]`` float64,
+    without the far-mass bias (entries s > t are meaningless; callers mask them)."""
+    B, H, T, D = q.shape
     q, k = q.float().contiguous(), k.float().contiguous()
     kind = scheme.rotation.kind
     if kind == "path":
@@ -446,12 +614,7 @@ def attention_rows(
             theta = scheme.angles(x, tokens)  # [B, H, T, P]
             q, k = rotate_pairs(q, theta), rotate_pairs(k, theta)
         logits = q[:, :, rows] @ k.transpose(-1, -2)  # [B, H, R, T]
-    logits = logits.double() * D**-0.5
-    if scheme.far_mass is not None:
-        c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
-        logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
-    future = torch.arange(T, device=q.device)[None, :] > rows[:, None]  # [R, T]
-    return logits.masked_fill(future, -math.inf).softmax(-1).float()
+    return logits.double() * D**-0.5
 
 
 def scheme_far_sums(
@@ -473,7 +636,9 @@ def scheme_far_sums(
     rows_all = torch.arange(max(0, T - n_queries), T, device=q.device)
     chunk = max(1, _ROW_BUDGET // max(1, B * H * T))
     so2 = scheme.rotation.kind == "so2"
-    out = {name: torch.zeros(H, dtype=torch.float64) for name in ("far_mass", "rotated", "unrotated", "incoherent")}
+    out = {name: torch.zeros(H, dtype=torch.float64) for name in ("far_mass", "rotated", "unrotated", "incoherent",
+                                                                     *GAP_SUMS)}
+    q_norm, k_norm = q.float().norm(dim=-1), k.float().norm(dim=-1)  # [B, H, T]
     if so2:
         cos, sin = cos_sin(scheme.angles(x, tokens))  # [B, H, T, P]
         v = v.float()
@@ -482,8 +647,20 @@ def scheme_far_sums(
     keys = torch.arange(T, device=q.device)
     for i in range(0, rows_all.numel(), chunk):
         rows = rows_all[i : i + chunk]
-        a = attention_rows(scheme, q, k, x, tokens, rows)  # [B, H, R, T]
-        far = a * (rows[:, None] - keys[None, :] > window)  # [B, H, R, T] weights of keys t − s > W
+        scores = _scores(scheme, q, k, x, tokens, rows)  # [B, H, R, T] transported, no bias
+        a = _probabilities(scheme, scores, x, tokens, rows)  # [B, H, R, T]
+        dist = rows[:, None] - keys[None, :]  # [R, T] Δ = t − s
+        far_keys = dist > window
+        far = a * far_keys  # [B, H, R, T] weights of keys t − s > W
+        # score gap (T5): near keys 0 ≤ Δ ≤ W against the far keys' mean and spread
+        near_keys = (dist >= 0) & ~far_keys
+        out["near_sum"] += (scores * near_keys).sum((0, 2, 3)).cpu()
+        out["near_count"] += float(B) * float(near_keys.sum())
+        out["far_sum"] += (scores * far_keys).sum((0, 2, 3)).cpu()
+        out["far_sq"] += (scores.pow(2) * far_keys).sum((0, 2, 3)).cpu()
+        out["far_count"] += float(B) * float(far_keys.sum())
+        norms = q_norm[:, :, rows, None].double() * k_norm[:, :, None, :].double() / D  # [B, H, R, T] ‖q‖‖k‖/D
+        out["far_concentration"] += (norms * far_keys).sum((0, 2, 3)).cpu()
         out["far_mass"] += far.double().sum((0, 2, 3)).cpu()
         if so2:
             # ‖R(θ_t) y‖ = ‖y‖: the rotated far part needs no output rotation for its norm
@@ -550,17 +727,21 @@ def diagnose(
     n_queries: int = 32,
     max_queries: int | None = 512,
     max_batch_tokens: int = 16384,
+    draws: int = FRESH_DRAWS,
 ) -> dict:
     """All diagnostics of one model, JSON-serialisable (lists; null for inf / undefined).
 
     Coherence and windows at the training length (or the shortest length given) and at the longest; far mass
     and value far norms at every length. ``far_window`` defaults to ``train_length // 4``.
 
-    Layout: ``{"schema", "train_length", "lengths", "eps", "far_window", "n_queries", "scheme" (describe()
-    of layer 0), "prediction" (:func:`prediction_basis`), "layers": [{"layer", "coherence": [{"length",
-    "distances", "curve" [H][n], "stderr" [H][n] (independent-pairs lower bound), "window" [H],
-    "window_sustained" [H]}], "predicted": {"distances", "curve",
-    "window", "window_sustained"} | null, "far_mass": [{"length", "mass" [H]}], "value_far_norm": [{"length",
+    Layout: ``{"schema", "train_length", "lengths", "eps", "window_fit_range", "far_window", "n_queries",
+    "scheme" (describe() of layer 0), "prediction" (:func:`prediction_basis`), "layers": [{"layer",
+    "coherence": [{"length", "distances", "curve" [H][n], "stderr" [H][n] (across replicates), "replicates",
+    "fresh_draws", "window" [H] (fitted; null when censored), "window_se" [H], "window_censored" [H],
+    "window_first_crossing" [H], "window_sustained" [H], "predicted" [H][n] | null}], "predicted": {"distances",
+    "curve",
+    "window", "window_sustained"} | null, "far_mass": [{"length", "mass" [H]}], "score_gap": [{"length", "near_score",
+    "far_score", "far_spread", "gap", "concentration" [H] each}], "value_far_norm": [{"length",
     "rotated", "unrotated", "incoherent"}]}]}``.
     """
     if not blocks_by_length:
@@ -570,33 +751,44 @@ def diagnose(
     lengths = sorted(int(n) for n in blocks_by_length)
     window = max(1, train_length // 4) if far_window is None else int(far_window)
     coherence_lengths = sorted({train_length if train_length in lengths else lengths[0], lengths[-1]})
+    fit_range = max(1, 7 * min(coherence_lengths) // 8)  # the windows' Δ range, the same at every length
     schemes = _backbone(model).schemes()
     layers = [{"layer": i, "coherence": [], "far_mass": [], "value_far_norm": []} for i in range(len(schemes))]
+    grid = list(range(lengths[-1]))  # the prediction on every Δ the longest block holds
+    predictions = [predicted_coherence(scheme, grid) for scheme in schemes]  # [H, len(grid)] or None each
 
     for length in lengths:
         tokens = blocks_by_length[length][:, :length]
         dist = default_distances(length) if length in coherence_lengths else None
-        sums = _layer_sums(model, tokens, dist, window, n_queries, max_queries, max_batch_tokens)
+        sums = _layer_sums(model, tokens, dist, window, n_queries, max_queries, max_batch_tokens, draws)
         for i, acc in sums.items():
             if dist is not None:
-                curve, stderr = _ratio(acc["num"], acc["den"]), _stderr(acc)  # [H, n] each
+                curve, stderr = _curve(acc), _stderr(acc)  # [H, n] each
+                fit = replicate_window(acc, dist, eps, fit_range)
                 layers[i]["coherence"].append({
                     "length": length,
                     "distances": dist,
                     "curve": curve,
                     "stderr": stderr,
-                    "window": mixing_window_measured(curve, dist, eps),
+                    "replicates": int(acc["num"].shape[0]),
+                    "fresh_draws": draws if getattr(schemes[i].rotation, "random", False) else 0,
+                    "window": fit["window"],
+                    "window_se": fit["window_se"],
+                    "window_censored": fit["censored"].tolist(),
+                    "window_first_crossing": mixing_window_measured(curve, dist, eps),
                     "window_sustained": mixing_window_measured(curve, dist, eps, sustained=True),
+                    # the prediction at the measured distances (T1 compares them point by point)
+                    "predicted": None if predictions[i] is None else predictions[i][:, dist],
                 })
             stats = _far_means(acc)
             layers[i]["far_mass"].append({"length": length, "mass": stats["far_mass"]})
+            layers[i].setdefault("score_gap", []).append({"length": length, **{k: stats[k] for k in (
+                "near_score", "far_score", "far_spread", "gap", "concentration")}})
             if "rotated" in stats:
                 layers[i]["value_far_norm"].append({"length": length, **{k: stats[k] for k in
                                                                           ("rotated", "unrotated", "incoherent")}})
 
-    grid = list(range(lengths[-1]))  # the prediction on every Δ the longest block holds
-    for i, scheme in enumerate(schemes):
-        pred = predicted_coherence(scheme, grid)
+    for i, pred in enumerate(predictions):
         if pred is None:
             layers[i]["predicted"] = None
             continue
@@ -612,6 +804,7 @@ def diagnose(
         "train_length": int(train_length),
         "lengths": lengths,
         "eps": eps,
+        "window_fit_range": [1, fit_range],
         "far_window": window,
         "n_queries": n_queries,
         "scheme": schemes[0].describe(),

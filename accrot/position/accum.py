@@ -381,6 +381,31 @@ class AccumulatedRotation(RotationPart):
             return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
         return accumulate_angles(self.increments(x, tokens))  # [B|1, H, T, P]
 
+    @property
+    def random(self) -> bool:
+        """True when the increments are drawn from a known distribution (random_position, random_token)."""
+        return isinstance(self.source, (RandomPositionIncrements, RandomTokenIncrements))
+
+    def independent_angles(self, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """θ of a fresh, independent draw of the increment distribution, ``[B, H, T, P]`` float32 (diagnostics).
+
+        random_position: new i.i.d. increments per position and block; random_token: a new table, indexed by
+        the tokens. The draws are independent of the model's q and k, which makes the i.i.d. prediction of the
+        coherence exact in expectation; averaging over independent draws gives an honest error bar.
+        """
+        if not self.random:
+            raise ValueError(f"increments={self.cfg.increments!r} are not drawn from a known distribution")
+        B, T = tokens.shape
+        H, P = self.n_heads, self.head_dim // 2
+        if isinstance(self.source, RandomPositionIncrements):
+            delta = self.source.draw((B, H, T, P), generator=generator)  # [B, H, T, P]
+        else:
+            mean, sigma = increment_distribution(self.cfg, self.head_dim)  # [P] each
+            z = _standard_noise((self.cfg.vocab_size, H, P), self.cfg.increment_family, generator)  # [V, H, P]
+            table = (mean + sigma * z).to(torch.float32)
+            delta = table[tokens.cpu()].permute(0, 2, 1, 3)  # [B, T, H, P] -> [B, H, T, P]
+        return accumulate_angles(delta).to(tokens.device)
+
     def describe(self) -> dict:
         cfg = self.cfg
         info: dict = {"increments": cfg.increments}
