@@ -12,6 +12,7 @@ bad): a diverged run must never keep training on NaNs. The gradient check is off
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import asdict
 
@@ -21,9 +22,28 @@ import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
 from accrot.model import ModelConfig, Transformer
-from accrot.position import SchemeConfig
+from accrot.position import ConfigError, SchemeConfig
+
+_log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+
+
+def _check_optimiser(lr: float, weight_decay: float, betas, warmup_steps: int, min_lr_ratio: float) -> None:
+    """Reject optimiser settings torch would refuse mid-run (or accept and silently not train), by name."""
+    def number(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+    if not number(lr) or lr <= 0:
+        raise ConfigError(f"model.lr={lr!r} is not valid; it must be a positive number (e.g. 3e-3)")
+    if not number(weight_decay) or weight_decay < 0:
+        raise ConfigError(f"model.weight_decay={weight_decay!r} is not valid; it must be a number >= 0")
+    if len(tuple(betas)) != 2 or not all(number(b) and 0 <= b < 1 for b in betas):
+        raise ConfigError(f"model.betas={list(betas)!r} is not valid; give two numbers in [0, 1), e.g. [0.9, 0.95]")
+    if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
+        raise ConfigError(f"model.warmup_steps={warmup_steps!r} is not valid; it must be an integer >= 0")
+    if not number(min_lr_ratio) or not 0 <= min_lr_ratio <= 1:
+        raise ConfigError(f"model.min_lr_ratio={min_lr_ratio!r} is not valid; it must lie in [0, 1]")
 
 
 class LitLM(L.LightningModule):
@@ -55,6 +75,7 @@ class LitLM(L.LightningModule):
         min_lr_ratio: float = 0.1,
     ) -> None:
         super().__init__()
+        _check_optimiser(lr, weight_decay, betas, warmup_steps, min_lr_ratio)
         if isinstance(scheme, dict):
             scheme = SchemeConfig(**scheme)
         if scheme.vocab_size != vocab_size:  # random_token tables index the model's vocabulary
@@ -150,6 +171,10 @@ class LitLM(L.LightningModule):
         if total is None:
             total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup, floor = hp.warmup_steps, hp.min_lr_ratio
+        if warmup >= total and self.trainer.is_global_zero and not self.trainer.fast_dev_run:
+            # legitimate (a short run of a long recipe), but the schedule never leaves its warm-up: say so once
+            _log.warning(f"accrot: warning: model.warmup_steps={warmup} >= the run's {total} steps: the learning "
+                         f"rate rises linearly for the whole run and never reaches model.lr={hp.lr:g}")
 
         def schedule(step: int) -> float:
             if step < warmup:

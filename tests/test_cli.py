@@ -195,3 +195,14 @@ def test_wandb_offline_run_gets_the_curves(tmp_path, monkeypatch):
                  "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false"]) == 0
     (second,) = tmp_path.glob("*/version_1/wandb/offline-run-*")
     assert second.name != run.name
+
+
+def test_warmup_longer_than_the_run_is_one_warning_line(tmp_path, caplog):
+    """A warm-up as long as the run is legitimate (a short run of a long recipe): it trains, and one line says
+    the learning rate never reaches model.lr."""
+    rc = main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=3", "--model.warmup_steps=50",
+               "--trainer.limit_val_batches=1", "--extrapolation.multipliers=[1]", *QUICK])
+    assert rc == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "accrot.lit"]
+    assert lines == ["accrot: warning: model.warmup_steps=50 >= the run's 3 steps: the learning rate rises "
+                     "linearly for the whole run and never reaches model.lr=0.003"]
