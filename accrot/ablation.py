@@ -14,8 +14,8 @@ the seeds. The spec it generates is written beside the results (``<study>.yaml``
   (``accrot sweep <out>/<study>/<study>.yaml --worker --storage URL``, or ``accrot slurm sweep``) join;
 * ``--report_only`` rebuilds the report from whatever trials are complete.
 
-Sizes (:data:`SIZES`): ``tiny`` (the shipped tiny recipe, L = 128, 300 steps, 2 seeds; about 20 minutes on 2 CPU
-cores, 19 min measured on a shared machine), ``small`` (small.yaml, L = 512, 5000 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000
+Sizes (:data:`SIZES`): ``tiny`` (the shipped tiny recipe, L = 128, 300 steps, 2 seeds: a quick look whose
+verdicts are mostly inconclusive; 15-20 minutes on 2 CPU cores), ``small`` (small.yaml, L = 512, 5000 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000
 steps and batch 32, 3 seeds: a GPU node or a cluster).
 """
 
@@ -79,7 +79,8 @@ class Size:
 SIZES: dict[str, Size] = {
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"extrapolation.budget_tokens": 32768},
-                 cost="44 runs of 300 steps (d64, 2 layers, L = 128): about 20 min with 2 workers on 2 CPU cores"),
+                 cost="52 runs of 300 steps (d64, 2 layers, L = 128): about 15-20 min with 2 workers on 2 CPU cores; "
+                      "2 seeds: a quick look, most verdicts stay inconclusive"),
     "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
                   overrides={"extrapolation.budget_tokens": 131072},
                   cost="66 runs of 5000 steps (d256, 6 layers, L = 512): a GPU; see the README"),

@@ -5,19 +5,21 @@ models, ``diagnostics/diagnostics.json``) into :class:`Run` records; :func:`chec
 :class:`Claim` per row of PAPER.md's table; :func:`write_report` writes ``REPORT.md``, ``results.csv``,
 ``claims.json`` and the PNGs.
 
-How a verdict is decided (also printed in the report). Every comparison is over seeds:
+How a verdict is decided (also printed in the report). Every comparison is over seeds (replicates: each seed
+is a new initialisation, data order and random-increment realisation), with a 95 % Student-t interval:
 
-* two variants at one length: the difference of their mean NLLs against the *spread*, the sum of their
-  sample standard deviations over seeds. ``|Δ| ≤ spread`` is *inside the spread*; otherwise the difference is
-  resolved, for or against the claim;
-* one variant against itself (NLL at 16× vs 1×, far mass at 64× vs 1×): the per-seed differences (or ratios),
-  resolved when ``|mean| > std``;
-* a threshold (within 5 %, flat within 2 %): supported when ``mean + std`` is under it, not supported when
-  ``mean − std`` is over it, inconclusive between.
+* two variants at one length: with the same seeds on both sides, the per-seed (paired) differences and their
+  interval mean ± t₀.₉₇₅,ₙ₋₁·s/√n; otherwise Welch's interval for the difference of means. The difference is
+  *resolved* when the interval excludes 0 — for or against the claim — and *inside* the noise otherwise;
+* one variant against itself (NLL at 64× vs its best up to 16×, far mass at 64× vs 1×): the per-seed
+  differences, resolved when their interval excludes 0;
+* a threshold (within 5 %, flat within 2 %, ...): *for* when the interval of the mean lies under it, *against*
+  when it lies over it, *inside* when it straddles it.
 
 A claim is *supported* when every comparison it rests on is resolved in its favour, *not supported* when any is
-resolved against it, and *inconclusive* otherwise — in particular with one seed (no spread) or when a variant
-or length it needs was not run.
+resolved against it, and *inconclusive* otherwise — in particular with one seed (no interval), with two seeds
+unless they agree closely (t₀.₉₇₅,₁ = 12.7), when a window is censored, or when a variant or length it needs was
+not run. Three seeds or more are what resolves a claim (t₀.₉₇₅,₂ = 4.3).
 """
 
 from __future__ import annotations
@@ -84,50 +86,98 @@ class Comparison:
     outcome: str
 
 
-def compare_variants(what: str, a: str, va: Sequence[float], b: str, vb: Sequence[float], lower_is_for: bool = True,
+# two-sided 95 % quantiles of Student's t, df = 1..30 (beyond: the Cornish–Fisher series, within 1e-4)
+_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
+         2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
+         2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def t_quantile(df: float) -> float:
+    """t_{0.975, df}: the half-width of a 95 % interval is this many standard errors (df ≥ 1; fractional df
+    from Welch's formula round down, which widens the interval a little)."""
+    if df < 1:
+        raise ValueError(f"df={df} must be >= 1")
+    if df < 31:
+        return _T975[int(df) - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def interval(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and the half-width of its 95 % t-interval over seeds (None with one seed)."""
+    mean, std = mean_std(values)
+    if std is None:
+        return mean, None
+    return mean, t_quantile(len(values) - 1) * std / math.sqrt(len(values))
+
+
+Values = Sequence[float] | Mapping[int, float]  # per-seed values; a mapping names the seeds (pairing)
+
+
+def _as_list(values: Values) -> list[float]:
+    return [values[k] for k in sorted(values)] if isinstance(values, Mapping) else list(values)
+
+
+def compare_variants(what: str, a: str, va: Values, b: str, vb: Values, lower_is_for: bool = True,
                      digits: int = 3) -> Comparison:
-    """Variant a against variant b on one quantity; the claim says a < b (``lower_is_for``) or a > b."""
-    if not va or not vb:
-        missing = a if not va else b
+    """Variant a against variant b on one quantity; the claim says a < b (``lower_is_for``) or a > b.
+
+    With the same seeds on both sides (mappings seed → value with equal keys) the comparison is *paired*: the
+    per-seed differences and their 95 % t-interval (seeds share the data order, so pairing removes that
+    variance). Otherwise Welch's interval for the difference of means. Resolved when the interval excludes 0."""
+    la, lb = _as_list(va), _as_list(vb)
+    if not la or not lb:
+        missing = a if not la else b
         return Comparison(what, f"{missing} not run", "missing")
-    (ma, sa), (mb, sb) = mean_std(va), mean_std(vb)
-    diff = ma - mb
+    (ma, sa), (mb, sb) = mean_std(la), mean_std(lb)
     if sa is None or sb is None:
-        return Comparison(what, f"{a} {fmt(va, digits)} vs {b} {fmt(vb, digits)}: one seed, no spread", "inside")
-    spread = sa + sb
-    numbers = (f"{a} {fmt(va, digits)} vs {b} {fmt(vb, digits)} (Δ {diff:+.{digits}f}, spread {spread:.{digits}f})")
-    if abs(diff) <= spread:
+        return Comparison(what, f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)}: one seed, no spread", "inside")
+    paired = isinstance(va, Mapping) and isinstance(vb, Mapping) and set(va) == set(vb)
+    if paired:
+        diff, half = interval([va[k] - vb[k] for k in sorted(va)])
+        how = f"paired over {len(la)} seeds"
+    else:
+        na, nb = len(la), len(lb)
+        se2 = sa**2 / na + sb**2 / nb
+        df = se2**2 / ((sa**2 / na) ** 2 / (na - 1) + (sb**2 / nb) ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
+        diff, half = ma - mb, t_quantile(max(1.0, df)) * math.sqrt(se2)
+        how = "Welch"
+    numbers = (f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)} (Δ {diff:+.{digits}f} ± {half:.{digits}f}, "
+               f"95 %, {how})")
+    if abs(diff) <= half:
         return Comparison(what, numbers, "inside")
     return Comparison(what, numbers, "for" if (diff < 0) == lower_is_for else "against")
 
 
 def compare_paired(what: str, diffs: Sequence[float], positive_is_for: bool = True, digits: int = 3,
                    label: str = "Δ") -> Comparison:
-    """Per-seed differences of one variant against itself; the claim says they are positive (or negative)."""
+    """Per-seed differences of one variant against itself; the claim says they are positive (or negative).
+    Resolved when their 95 % t-interval excludes 0."""
     if not diffs:
         return Comparison(what, "not run", "missing")
-    mean, std = mean_std(diffs)
-    if std is None:
+    mean, half = interval(diffs)
+    if half is None:
         return Comparison(what, f"{label}{mean:+.{digits}f}: one seed, no spread", "inside")
-    numbers = f"{label}{mean:+.{digits}f} ± {std:.{digits}f}"
-    if abs(mean) <= std:
+    numbers = f"{label}{mean:+.{digits}f} ± {half:.{digits}f} (95 %, {len(diffs)} seeds)"
+    if abs(mean) <= half:
         return Comparison(what, numbers, "inside")
     return Comparison(what, numbers, "for" if (mean > 0) == positive_is_for else "against")
 
 
 def compare_threshold(what: str, values: Sequence[float], limit: float, below_is_for: bool = True,
                       digits: int = 3, label: str = "") -> Comparison:
-    """Per-seed values against a threshold; the claim says they lie below it (or above)."""
+    """Per-seed values against a threshold; the claim says they lie below it (or above). *for* when the 95 %
+    t-interval of the mean lies on the claim's side of the limit, *against* when it lies on the other."""
     if not values:
         return Comparison(what, "not run", "missing")
-    mean, std = mean_std(values)
+    mean, half = interval(values)
     head = f"{label}{mean:.{digits}f}"
-    if std is None:
+    if half is None:
         return Comparison(what, f"{head} (limit {limit:g}): one seed, no spread", "inside")
-    numbers = f"{head} ± {std:.{digits}f} (limit {limit:g})"
-    if mean + std <= limit:
+    numbers = f"{head} ± {half:.{digits}f} (95 %, {len(values)} seeds; limit {limit:g})"
+    if mean + half <= limit:
         return Comparison(what, numbers, "for" if below_is_for else "against")
-    if mean - std > limit:
+    if mean - half > limit:
         return Comparison(what, numbers, "against" if below_is_for else "for")
     return Comparison(what, numbers, "inside")
 
@@ -198,6 +248,14 @@ class Results:
         out = [fn(r) for r in self.by.get((dataset, variant), [])]
         return [v for v in out if v is not None and math.isfinite(v)]
 
+    def seeded(self, dataset: str, variant: str, fn: Callable[[Run], float | None]) -> dict[int, float]:
+        """``{seed: fn(run)}`` over the variant's runs with a finite value (paired comparisons read the seeds)."""
+        out = {r.seed: fn(r) for r in self.by.get((dataset, variant), [])}
+        return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    def seeded_values(self, dataset: str, variant: str, field_: str, mult: float) -> dict[int, float]:
+        return self.seeded(dataset, variant, lambda r: r.value(field_, mult))
+
 
 def _lengths(res: Results, dataset: str, wanted: Sequence[float]) -> list[float]:
     have = res.multipliers(dataset)
@@ -216,16 +274,17 @@ def check_claims(res: Results) -> list[Claim]:
     c = Claim("C1", "random accumulated rotations extrapolate much better than RoPE",
               "NLL at 4×–16× L: accum-random below RoPE (corpus)")
     for m in _lengths(res, d, (4, 8, 16)) or [4.0]:
-        c.comparisons.append(compare_variants(f"NLL {_x(m)}", "accum-random", res.values(d, "accum-random", "nll", m),
-                                              "RoPE", res.values(d, "RoPE", "nll", m)))
+        c.comparisons.append(compare_variants(f"NLL {_x(m)}", "accum-random",
+                                              res.seeded_values(d, "accum-random", "nll", m),
+                                              "RoPE", res.seeded_values(d, "RoPE", "nll", m)))
     claims.append(c)
 
     c = Claim("C2", "learned token-dependent rotations keep near-L perplexity far beyond L",
               f"extrapolation horizon (largest m with NLL within {HORIZON_TOLERANCE:.0%} of 1× up to m, per seed; "
               f"log₂): accum-learned above RoPE, and accum-learned's NLL(16×) within {C2_TOLERANCE:.0%} of 1×")
     c.comparisons.append(compare_variants(
-        "horizon (log₂ m)", "accum-learned", res.per_seed(d, "accum-learned", _log2_horizon),
-        "RoPE", res.per_seed(d, "RoPE", _log2_horizon), lower_is_for=False, digits=2))
+        "horizon (log₂ m)", "accum-learned", res.seeded(d, "accum-learned", _log2_horizon),
+        "RoPE", res.seeded(d, "RoPE", _log2_horizon), lower_is_for=False, digits=2))
     rise = res.per_seed(d, "accum-learned", lambda r: _ratio(r.value("nll", 16), r.value("nll", 1)))
     c.comparisons.append(compare_threshold("NLL 16× vs 1×", rise, C2_TOLERANCE, label="rise "))
     claims.append(c)
@@ -234,8 +293,8 @@ def check_claims(res: Results) -> list[Claim]:
               "NLL at 16×, 32×, 64×: accum-learned+values at most accum-learned (corpus)")
     for m in _lengths(res, d, (16, 32, 64)) or [16.0]:
         c.comparisons.append(compare_variants(
-            f"NLL {_x(m)}", "accum-learned+values", res.values(d, "accum-learned+values", "nll", m),
-            "accum-learned", res.values(d, "accum-learned", "nll", m)))
+            f"NLL {_x(m)}", "accum-learned+values", res.seeded_values(d, "accum-learned+values", "nll", m),
+            "accum-learned", res.seeded_values(d, "accum-learned", "nll", m)))
     claims.append(c)
 
     c = Claim("C4", "rotation-only models still degrade at extreme lengths",
@@ -256,7 +315,7 @@ def check_claims(res: Results) -> list[Claim]:
               "accum-random: coherence E[q·Mk] under fresh draws of its increments follows the prediction |φ|^Δ "
               f"— at most {T1_TOLERANCE:.0%} of (layer, head, 1 ≤ Δ ≤ 7L/8) points more than {T1_Z:g} standard "
               "errors off — and every head has a window inside the measured range")
-    dev = res.per_seed(d, "accum-random", _coherence_disagreement)
+    dev = res.per_seed(d, "accum-random", coherence_share)
     c.comparisons.append(compare_threshold("coherence vs |φ|^Δ", dev, T1_TOLERANCE, label="share outside "))
     finite = res.per_seed(d, "accum-random", lambda r: _finite_windows(r))
     c.comparisons.append(compare_threshold("heads whose window is censored (> 7L/8)", finite, 0.0, label="share "))
@@ -277,8 +336,8 @@ def check_claims(res: Results) -> list[Claim]:
             d, v, lambda r: _far_mass_at(r, longest, rel=True)), label="Δ far mass "))
     for ctl, base in CONTROLLED.items():
         c.comparisons.append(compare_variants(
-            f"{ctl} vs {base} at {_x(longest)}", ctl, res.per_seed(d, ctl, lambda r: _far_mass_at(r, longest)),
-            base, res.per_seed(d, base, lambda r: _far_mass_at(r, longest))))
+            f"{ctl} vs {base} at {_x(longest)}", ctl, res.seeded(d, ctl, lambda r: _far_mass_at(r, longest)),
+            base, res.seeded(d, base, lambda r: _far_mass_at(r, longest))))
     claims.append(c)
 
     c = Claim("T4", "value rotation makes far contributions incoherent",
@@ -309,8 +368,8 @@ def check_claims(res: Results) -> list[Claim]:
         for v in ROTATION_CONTROLLED:
             if best is not None:
                 c.comparisons.append(compare_variants(
-                    f"{dataset}: {v} vs {best} at 1×", v, res.values(dataset, v, "nll", 1), best,
-                    res.values(dataset, best, "nll", 1)))
+                    f"{dataset}: {v} vs {best} at 1×", v, res.seeded_values(dataset, v, "nll", 1), best,
+                    res.seeded_values(dataset, best, "nll", 1)))
             c.comparisons.append(compare_threshold(f"{dataset}: {v} curve", res.per_seed(dataset, v, _max_rise),
                                                    C5_TOLERANCE, label="max rise "))
     if not c.comparisons:
@@ -417,7 +476,7 @@ def _fit_range(run: Run) -> int | None:
     return span[1] if span else (None if L is None else 7 * L // 8)
 
 
-def _coherence_disagreement(run: Run) -> float | None:
+def coherence_share(run: Run) -> float | None:
     """Share of (layer, head, 1 ≤ Δ ≤ 7L/8) points at L more than :data:`T1_Z` standard errors off |φ|^Δ."""
     L, top = (run.diagnostics or {}).get("train_length"), _fit_range(run)
     outside = points = 0
@@ -555,30 +614,47 @@ def collect(spec, ref) -> Results:
 # ---------------------------------------------------------------------------------------------------
 # writing the report
 # ---------------------------------------------------------------------------------------------------
-RULES = """How a verdict is decided. Every comparison is over seeds:
+RULES = """How a verdict is decided. Every comparison is over seeds (each seed: a new initialisation, data order
+and random-increment realisation) and uses a 95 % Student-t interval:
 
-- two variants at one length: the difference of their means against the *spread*, the sum of their sample
-  standard deviations over seeds; |Δ| ≤ spread is *inside* the spread, otherwise the difference is resolved,
-  *for* or *against* the claim;
-- one variant against itself (NLL at 16× vs 1×, far mass at 64× vs 1×): the per-seed differences, resolved
-  when |mean| > std;
-- a threshold (within 5 %, flat within 2 %, ...): *for* when mean + std is under it, *against* when mean − std is
-  over it, *inside* between.
+- two variants at one length: with the same seeds on both sides, the per-seed differences (paired) and the
+  interval mean ± t·s/√n; otherwise Welch's interval for the difference of means. *Resolved* — *for* or
+  *against* the claim — when the interval excludes 0, *inside* the noise otherwise;
+- one variant against itself (NLL at the longest length vs its best up to 16×, far mass at 64× vs 1×, a window
+  at 64× vs 1×): the per-seed differences, resolved when their interval excludes 0;
+- a threshold (within 5 %, flat within 2 %, ...): *for* when the interval lies on the claim's side of the limit,
+  *against* when it lies on the other side, *inside* when it straddles it.
 
 A claim is *supported* when every comparison is *for*, *not supported* when any is *against*, and
-*inconclusive* otherwise: a difference inside the spread, one seed (no spread), or a variant or length that
-was not run."""
+*inconclusive* otherwise: a difference inside the noise, one seed (no interval), a censored mixing window, or a
+variant or length that was not run. With two seeds t = 12.7 and little resolves; three seeds (t = 4.3) or more
+are what a verdict needs.
+
+The instruments: coherence of random increments under 32 fresh draws of their own distribution per block (so
+|φ|^Δ is exact in expectation), with standard errors across (block, draw) replicates; mixing windows fitted
+log-linearly over 1 ≤ Δ ≤ 7L/8 at every length, *censored* when the fit cannot place them in that range. Both
+are tested on synthetic truth at this geometry (tests/test_verdicts.py)."""
 
 
 def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
     mults = res.multipliers(dataset)
-    head = "| variant | seeds | " + " | ".join(_x(m) for m in mults) + " |"
-    lines = [head, "|" + "---|" * (len(mults) + 2)]
+    horizon_col = field_ == "nll"
+    head = "| variant | seeds | " + " | ".join(_x(m) for m in mults) + (" | horizon |" if horizon_col else " |")
+    lines = [head, "|" + "---|" * (len(mults) + 2 + horizon_col)]
     for v in res.variants(dataset):
         seeds = len(res.by.get((dataset, v), []))
         cells = [fmt(res.values(dataset, v, field_, m), digits) for m in mults]
+        if field_ == "nll":
+            cells.append(_horizon_cell(res, dataset, v))
         lines.append(f"| {v} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _horizon_cell(res: Results, dataset: str, variant: str) -> str:
+    """The per-seed horizons (C2), e.g. ``8× 16× ≥64×`` (≥: it held at the longest length evaluated)."""
+    longest = max(res.multipliers(dataset), default=None)
+    hs = res.per_seed(dataset, variant, horizon)
+    return " ".join(f"{'≥' if h == longest else ''}{h:g}×" for h in hs) or "–"
 
 
 def _claims_md(claims: Sequence[Claim]) -> str:
@@ -644,7 +720,29 @@ def _title(dataset: str) -> str:
     return DATASET_TITLES.get(dataset, dataset)
 
 
+def smoothed_positions(buckets: Sequence[float | None], width: int, n_bins: int = 24) -> tuple[list[float], list[float]]:
+    """Per-position NLL buckets (each ``width`` tokens, already pooled over blocks) merged into ``n_bins``
+    log-spaced position bins: ``(bin centres, mean NLL)``. At 64× L the raw curve has 256 noisy buckets;
+    log bins keep the near positions resolved and average the far ones."""
+    n = len(buckets)
+    if n == 0:
+        return [], []
+    edges = sorted({0, *(int(round(x)) for x in _logspace(1, n, n_bins))} | {n})
+    xs, ys = [], []
+    for lo, hi in zip(edges, edges[1:]):
+        vals = [b for b in buckets[lo:hi] if b is not None]
+        if vals:
+            xs.append(0.5 * (lo + hi) * width)
+            ys.append(sum(vals) / len(vals))  # equal token counts per bucket: a plain mean pools them
+    return xs, ys
+
+
+def _logspace(lo: float, hi: float, n: int) -> list[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)] if n > 1 and hi > lo else [lo]
+
+
 def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
+    """Per-position NLL at the longest length, pooled over blocks and seeds, in log-spaced position bins."""
     mults = res.multipliers(dataset)
     if not mults:
         return None
@@ -663,9 +761,9 @@ def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
         if not curves or width is None:
             continue
         n = min(len(c) for c in curves)
-        mean = [sum(c[i] for c in curves if c[i] is not None) / max(1, sum(c[i] is not None for c in curves))
-                for i in range(n)]
-        ax.plot([(i + 0.5) * width for i in range(n)], mean, lw=1, label=v, color=_color(v))
+        pooled = [_mean(c[i] for c in curves) for i in range(n)]  # over seeds
+        xs, ys = smoothed_positions(pooled, width)
+        ax.plot(xs, ys, lw=1.2, marker=".", ms=3, label=v, color=_color(v))
         drawn = True
     if not drawn:
         plt.close(fig)
@@ -673,47 +771,66 @@ def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
     train_length = res.runs[0].train_length
     ax.axvline(train_length, color="grey", ls=":", lw=1)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the block (tokens)")
+    ax.set_xlabel("position in the block (tokens; log bins)")
     ax.set_ylabel("NLL (nats/token)")
-    ax.set_title(f"{_title(dataset)}: per-position NLL at {_x(longest)} L (mean over seeds)")
+    ax.set_title(f"{_title(dataset)}: per-position NLL at {_x(longest)} L (pooled over blocks and seeds)")
     ax.legend(fontsize=7, ncol=2)
     atomic_savefig(fig, path)
     plt.close(fig)
     return path
 
 
+def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
+    """The extrapolation horizon (C2) per variant: each seed a dot, the mean a bar, log₂ scale."""
+    variants = [v for v in res.variants(dataset) if res.per_seed(dataset, v, horizon)]
+    if not variants:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(variants) + 1.5))
+    for i, v in enumerate(variants):
+        hs = res.per_seed(dataset, v, horizon)
+        ax.barh(i, sum(math.log2(h) for h in hs) / len(hs), color=_color(v), alpha=0.5)
+        ax.plot([math.log2(h) for h in hs], [i] * len(hs), "o", color=_color(v), ms=4)
+    longest = max(res.multipliers(dataset))
+    ax.set_yticks(range(len(variants)), variants, fontsize=8)
+    ax.set_xticks(range(int(math.log2(longest)) + 1), [f"{2**k}×" for k in range(int(math.log2(longest)) + 1)])
+    ax.set_xlabel(f"horizon: largest m with NLL within {HORIZON_TOLERANCE:.0%} of 1× up to m (≥ {_x(longest)} "
+                  "is the longest evaluated)")
+    ax.set_title(f"{_title(dataset)}: extrapolation horizon per seed")
+    ax.invert_yaxis()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
+    return _mean(h[i] for h in rows)
+
+
 def plot_theory(res: Results, folder: Path) -> list[Path]:
-    """Coherence curves (seed 0, layer 0, mean over heads; prediction dashed) and far mass vs length."""
+    """``coherence.png``: small multiples, one panel per accumulated variant — the measured coherence at L (mean
+    over layers, heads and seeds, ± 1.96 standard errors) and at the longest length (dotted), the prediction
+    dashed, Δ from 1 on a log axis; ``far_mass.png``: far mass vs length."""
     plt = _pyplot()
     out = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    drawn = False
-    for v in res.variants("corpus"):
-        runs = [r for r in res.by.get(("corpus", v), []) if r.diagnostics]
-        if not runs:
-            continue
-        layer = runs[0].diagnostics["layers"][0]
-        for ax, coh in zip(axes, (layer["coherence"][0], layer["coherence"][-1])):
-            dist = coh["distances"]
-            curve = [_mean(h[i] for h in coh["curve"]) for i in range(len(dist))]
-            line, = ax.plot([max(d, 0.5) for d in dist], curve, lw=1, label=v, color=_color(v))
-            ax.set_title(f"coherence at {coh['length']} tokens (layer 0, seed {runs[0].seed})")
-            pred = layer.get("predicted")
-            if pred:
-                ax.plot([max(d, 0.5) for d in pred["distances"]], [_mean(h[i] for h in pred["curve"])
-                        for i in range(len(pred["distances"]))], ls="--", lw=1, color=line.get_color())
-        drawn = True
-    if drawn:
-        for ax in axes:
-            ax.set_xscale("log", base=2)
-            ax.axhline(0, color="grey", lw=0.5)
-            ax.set_xlabel("distance Δ = t − s (tokens)")
-            ax.set_ylabel("E[q·M k] / E[q·k]")
-        axes[1].legend(fontsize=7, ncol=2)
+    accumulated = [v for v in res.variants("corpus") if v.startswith(("accum", "PaTH"))
+                   and any(r.diagnostics for r in res.by.get(("corpus", v), []))]
+    if accumulated:
+        cols = min(4, len(accumulated))
+        rows = -(-len(accumulated) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, sharey=True)
+        for ax, v in zip(axes.flat, accumulated):
+            _coherence_panel(ax, v, [r for r in res.by.get(("corpus", v), []) if r.diagnostics])
+        for ax in list(axes.flat)[len(accumulated):]:
+            ax.set_visible(False)
+        axes[0][0].legend(fontsize=6, loc="lower left")
+        fig.supxlabel("distance Δ = t − s (tokens, log)")
+        fig.supylabel("coherence E[ℓᴹℓᴵ] / E[(ℓᴵ)²]")
+        fig.tight_layout()
         path = folder / "coherence.png"
         atomic_savefig(fig, path)
         out.append(path)
-    plt.close(fig)
+        plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     drawn = False
@@ -738,6 +855,44 @@ def plot_theory(res: Results, folder: Path) -> list[Path]:
     return out
 
 
+def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
+    """One variant: measured at L with its band, at the longest length dotted, prediction dashed."""
+    diag = runs[0].diagnostics
+    L, top = diag["train_length"], _fit_range(runs[0]) or diag["train_length"]
+    color = _color(variant)
+    for which, style in ((L, "-"), (max(diag["lengths"]), ":")):
+        per_seed, errs, dist = [], [], None
+        for r in runs:
+            entries = [c for layer in _diag_layers(r) for c in layer["coherence"] if c["length"] == which]
+            if not entries:
+                continue
+            dist = entries[0]["distances"]
+            per_seed.append([_mean(_head_mean(e["curve"], i) for e in entries) for i in range(len(dist))])
+            errs.append([_mean(_head_mean(e["stderr"], i) for e in entries) for i in range(len(dist))])
+        if not per_seed or dist is None:
+            continue
+        keep = [i for i, d in enumerate(dist) if 1 <= d <= (top if which == L else dist[-1])]
+        xs = [dist[i] for i in keep]
+        mean = [_mean(c[i] for c in per_seed) for i in keep]
+        err = [_mean(e[i] for e in errs) for i in keep]
+        ax.plot(xs, [m if m is not None else math.nan for m in mean], style, color=color, lw=1.2,
+                label=f"measured at {_x(which / L)}")
+        if which == L:
+            lo = [(m or 0) - 1.96 * (e or 0) for m, e in zip(mean, err)]
+            hi = [(m or 0) + 1.96 * (e or 0) for m, e in zip(mean, err)]
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+            pred = [c.get("predicted") for layer in _diag_layers(runs[0]) for c in layer["coherence"]
+                    if c["length"] == L and c.get("predicted")]
+            if pred:
+                ax.plot(xs, [_mean(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
+                        label="prediction |φ|^Δ")
+    eps = diag.get("eps", 0.05)
+    ax.axhline(eps, color="grey", lw=0.5, ls=":")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_title(f"{variant} ({len(runs)} seeds)", fontsize=8)
+
+
 def results_csv(res: Results) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -760,6 +915,9 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         pp = plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
         if pp:
             figures.append(pp)
+        hz = plot_horizon(res, dataset, folder / f"horizon_{dataset}.png")
+        if hz:
+            figures.append(hz)
         part = [f"## {_title(dataset)}", "",
                 "NLL (nats/token; on the local task: answers only) per evaluation length, mean ± std over seeds.", "",
                 _table(res, dataset, "nll")]
@@ -768,6 +926,9 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         part += ["", f"![NLL vs length](nll_{dataset}.png)"]
         if pp:
             part += ["", f"![per-position NLL]({pp.name})"]
+        if hz:
+            part += ["", f"Extrapolation horizon (C2): the largest multiple m whose NLL, and every shorter one's, "
+                     f"stays within {HORIZON_TOLERANCE:.0%} of NLL(1×), per seed.", "", f"![horizon]({hz.name})"]
         sections.append("\n".join(part))
     theory = plot_theory(res, folder)
     figures += theory
@@ -784,7 +945,13 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         "scheme differs. Runs, configs and checkpoints: `runs/` below this folder; every number: `results.csv`.",
         "",
     ]
-    claims_md = ["## Claims (PAPER.md)", "", _claims_md(claims), RULES, ""]
+    seeds = min((len(runs) for runs in res.by.values()), default=0)
+    caution = [] if seeds >= 3 else [
+        f"> **{seeds} seed{'s' if seeds != 1 else ''} per variant**: a 95 % interval over "
+        f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
+        "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
+        "needs.", ""]
+    claims_md = ["## Claims (PAPER.md)", "", *caution, _claims_md(claims), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
     text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"

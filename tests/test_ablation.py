@@ -4,6 +4,7 @@ real interrupted-and-resumed ablation."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from accrot.claims import (
     compare_paired,
     compare_threshold,
     compare_variants,
+    t_quantile,
     write_report,
 )
 from accrot.sweep import StorageRef, SweepSpec, open_storage
@@ -37,41 +39,73 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------------
 # the comparison rules
 # ---------------------------------------------------------------------------------------------------
-def test_difference_inside_the_spread_is_inside_and_outside_is_resolved():
-    inside = compare_variants("x", "a", [2.00, 2.10], "b", [2.05, 2.12])  # Δ −0.035, spread 0.085
-    assert inside.outcome == "inside" and "spread" in inside.numbers
+def test_difference_inside_the_interval_is_inside_and_outside_is_resolved():
+    inside = compare_variants("x", "a", [2.00, 2.10], "b", [2.05, 2.12])  # Welch: Δ −0.035 ± 0.65
+    assert inside.outcome == "inside" and "95 %, Welch" in inside.numbers
     assert compare_variants("x", "a", [2.00, 2.01], "b", [2.50, 2.52]).outcome == "for"
     assert compare_variants("x", "a", [2.50, 2.52], "b", [2.00, 2.01]).outcome == "against"
-    assert compare_variants("x", "a", [2.0], "b", [3.0]).outcome == "inside"  # one seed: no spread
+    assert compare_variants("x", "a", [2.0], "b", [3.0]).outcome == "inside"  # one seed: no interval
     assert compare_variants("x", "a", [], "b", [3.0, 3.1]).outcome == "missing"
+    # the same seeds on both sides: paired differences, whose spread leaves out what the seeds share
+    a, b = {0: 2.0, 1: 2.3, 2: 2.6}, {0: 2.1, 1: 2.41, 2: 2.69}
+    assert compare_variants("x", "a", list(a.values()), "b", list(b.values())).outcome == "inside"  # Welch
+    paired = compare_variants("x", "a", a, "b", b)
+    assert paired.outcome == "for" and "paired over 3 seeds" in paired.numbers
 
 
 def test_paired_and_threshold_rules():
-    assert compare_paired("x", [0.2, 0.3]).outcome == "for"
-    assert compare_paired("x", [0.2, -0.3]).outcome == "inside"
-    assert compare_paired("x", [-0.2, -0.3]).outcome == "against"
-    assert compare_threshold("x", [0.01, 0.02], 0.05).outcome == "for"
-    assert compare_threshold("x", [0.08, 0.09], 0.05).outcome == "against"
-    assert compare_threshold("x", [0.01, 0.09], 0.05).outcome == "inside"
+    assert compare_paired("x", [0.2, 0.3, 0.25]).outcome == "for"
+    assert compare_paired("x", [0.2, -0.3, 0.1]).outcome == "inside"
+    assert compare_paired("x", [-0.2, -0.3, -0.25]).outcome == "against"
+    assert compare_threshold("x", [0.01, 0.02, 0.015], 0.05).outcome == "for"
+    assert compare_threshold("x", [0.08, 0.09, 0.085], 0.05).outcome == "against"
+    assert compare_threshold("x", [0.01, 0.09, 0.05], 0.05).outcome == "inside"
+
+
+def test_t_quantiles_match_the_t_distribution():
+    """t_{0.975, df} against a direct numerical integral of Student's t density: ∫₀ᵗ f = 0.475."""
+    for df in (1, 2, 3, 5, 10, 29, 30, 31, 40, 100, 1000):
+        t = t_quantile(df)
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        n = 20000  # Simpson's rule on [0, t]
+        xs = [t * i / n for i in range(n + 1)]
+        f = [c * (1 + x * x / df) ** (-(df + 1) / 2) for x in xs]
+        area = t / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+        assert area == pytest.approx(0.475, abs=2e-4), (df, t, area)
+
+
+S = 0.1  # the per-seed standard deviation of the boundary cases below
+HALF_PAIRED = t_quantile(2) * S / math.sqrt(3)  # 3 seeds: t₂ = 4.303
+HALF_WELCH = t_quantile(4) * S * math.sqrt(2 / 3)  # 3 + 3 seeds, equal spreads: df = 4, t₄ = 2.776
+
+
+def three(mean: float, std: float) -> list[float]:
+    """Three values with exactly this mean and sample standard deviation."""
+    return [mean - std, mean, mean + std]
 
 
 @pytest.mark.parametrize("eps, outcome", [(-1e-6, "inside"), (1e-6, "for")], ids=["just-inside", "just-outside"])
-def test_variant_rule_is_pinned_at_its_spread(eps, outcome):
-    """The spread is the *sum* of the two sample standard deviations: with σ_a = 0.1 and σ_b = 0.2 it is 0.3
-    (the larger alone would be 0.2, their root-sum-square 0.22), and |Δ| = spread ± ε falls either side."""
-    a = [1.0 - 0.1 / 2**0.5, 1.0 + 0.1 / 2**0.5]  # mean 1, sample std 0.1
-    for diff in (0.3 + eps, -(0.3 + eps)):
-        b = [1.0 + diff - 0.2 / 2**0.5, 1.0 + diff + 0.2 / 2**0.5]  # mean 1 + diff, sample std 0.2
-        got = compare_variants("x", "a", a, "b", b)
-        expect = outcome if diff > 0 else {"for": "against", "inside": "inside"}[outcome]
-        assert got.outcome == expect, (diff, got)
-        assert "spread 0.300" in got.numbers
+def test_paired_variant_rule_is_pinned_at_its_interval(eps, outcome):
+    """Same seeds: the per-seed differences (mean Δ, sd 0.1) resolve once |Δ| exceeds t₂·0.1/√3."""
+    for sign in (1, -1):
+        diffs = three(sign * (HALF_PAIRED + eps), S)
+        b = {0: 2.0, 1: 2.5, 2: 1.7}
+        a = {k: b[k] + d for k, d in zip(b, diffs)}
+        got = compare_variants("x", "a", a, "b", b, lower_is_for=False)
+        assert got.outcome == (outcome if sign > 0 else {"for": "against", "inside": "inside"}[outcome]), got
+
+
+@pytest.mark.parametrize("eps, outcome", [(-1e-6, "inside"), (1e-6, "for")], ids=["just-inside", "just-outside"])
+def test_welch_variant_rule_is_pinned_at_its_interval(eps, outcome):
+    """Different seeds: Welch's interval, t₄·√(s²/3 + s²/3) for two groups of three with sd 0.1 each."""
+    for sign in (1, -1):
+        got = compare_variants("x", "a", three(2.0 - sign * (HALF_WELCH + eps), S), "b", three(2.0, S))
+        assert got.outcome == (outcome if sign > 0 else {"for": "against", "inside": "inside"}[outcome]), got
 
 
 @pytest.mark.parametrize("eps, outcome", [(-1e-6, "inside"), (1e-6, "resolved")], ids=["just-inside", "just-outside"])
-def test_paired_rule_is_pinned_at_one_std(eps, outcome):
-    """Per-seed differences are resolved once |mean| > their std: mean 0.1 ± ε against std 0.1."""
-    diffs = [0.1 + eps - 0.1 / 2**0.5, 0.1 + eps + 0.1 / 2**0.5]  # mean 0.1 + ε, sample std 0.1
+def test_paired_rule_is_pinned_at_its_interval(eps, outcome):
+    diffs = three(HALF_PAIRED + eps, S)
     assert compare_paired("x", diffs).outcome == ("inside" if outcome == "inside" else "for")
     assert compare_paired("x", [-d for d in diffs]).outcome == ("inside" if outcome == "inside" else "against")
     assert compare_paired("x", diffs, positive_is_for=False).outcome == ("inside" if outcome == "inside"
@@ -79,12 +113,13 @@ def test_paired_rule_is_pinned_at_one_std(eps, outcome):
 
 
 @pytest.mark.parametrize("eps", [1e-6, -1e-6], ids=["just-over", "just-under"])
-def test_threshold_rule_is_pinned_at_mean_plus_and_minus_std(eps):
-    values = [0.03 - 0.01 / 2**0.5, 0.03 + 0.01 / 2**0.5]  # mean 0.03, std 0.01
-    # supported exactly while mean + std ≤ limit, not supported once mean − std > limit
-    assert compare_threshold("x", values, 0.04 + eps).outcome == ("for" if eps > 0 else "inside")
-    assert compare_threshold("x", values, 0.02 + eps).outcome == ("inside" if eps > 0 else "against")
-    assert compare_threshold("x", values, 0.02 + eps, below_is_for=False).outcome == ("inside" if eps > 0 else "for")
+def test_threshold_rule_is_pinned_at_its_interval(eps):
+    values = three(0.03, S / 10)  # mean 0.03, sd 0.01: half-width t₂·0.01/√3
+    half = HALF_PAIRED / 10
+    assert compare_threshold("x", values, 0.03 + half + eps).outcome == ("for" if eps > 0 else "inside")
+    assert compare_threshold("x", values, 0.03 - half + eps).outcome == ("inside" if eps > 0 else "against")
+    assert compare_threshold("x", values, 0.03 - half + eps, below_is_for=False).outcome == (
+        "inside" if eps > 0 else "for")
 
 
 # ---------------------------------------------------------------------------------------------------
