@@ -27,7 +27,7 @@ Everything is computed from a model's own per-layer q, k, v and the quantities i
   |φ|^Δ is then exact in expectation and the error bar covers it at its nominal rate (tested on known truth).
   Learned increments are a deterministic function of x: their blocks are the replicates.
 * **mixing window** (:func:`fitted_window`): a weighted log-linear fit of c(Δ) over the resolved range
-  1 ≤ Δ ≤ 7L/8 — the same range at every length, so T2 compares like with like — W = log ε / slope; a window
+  1 ≤ Δ ≤ 7L/8 — the same range at every length, so T2 compares like with like — W where the fit meets ε; a window
   the range cannot place is *censored* ("> Δmax"), never dropped. The first crossing (``window_first_crossing``)
   and the sustained one are kept for reference: a crossing moves by ~20 tokens for an error of 0.03 in c.
 * **far mass** (T3): attention probability on keys farther than ``window`` tokens (t − s > W), averaged over
@@ -459,10 +459,13 @@ def fitted_window(
     """The mixing window from a log-linear fit of the coherence, per head: ``{"window", "window_se",
     "censored", "resolved"}``, each ``[...]`` (the curve's leading dims).
 
-    c(0) = 1 by construction, so log c(Δ) = −Δ/τ is fitted through the origin by weighted least squares over
-    the *resolved range*: 1 ≤ Δ ≤ ``max_distance`` up to the first Δ where c is no longer resolved above zero
-    (c ≤ 2·stderr), each point weighted by (c / stderr)² (the variance of log c). W = τ·log(1/ε), its standard
-    error from the slope's. Unlike a first crossing it uses the whole decay, so noise near ε moves it little.
+    log c(Δ) = a + b·Δ is fitted by weighted least squares over the *resolved range*: 1 ≤ Δ ≤ ``max_distance``
+    up to the first Δ where c is no longer resolved above zero (c ≤ 2·stderr), each point weighted by
+    (c / stderr)² (the variance of log c); W solves a + b·W = log ε, its standard error comes from the slope's.
+    The intercept is free because a learned transport can raise the coherence above 1 at the first steps
+    (c(0) = 1 only at Δ = 0). Unlike a first crossing it uses the whole decay, so noise near ε moves it little.
+    With fewer than two resolved points the curve may be gone within a step or two: W is the first unresolved Δ
+    when the curve is known to lie under ε there (c + 2·stderr ≤ ε).
     ``censored`` marks a window the data cannot place: no decay resolved, or W beyond ``max_distance`` (the
     window is then only known to exceed it; ``window`` is NaN). Pass the same ``max_distance`` at every length
     (T2 compares like with like). ``resolved`` is the number of points fitted.
@@ -477,16 +480,30 @@ def fitted_window(
     run = torch.cumprod((ok | ~inside).to(torch.int64), dim=-1).bool() & ok
     y = torch.where(run, c.clamp_min(1e-300).log(), torch.zeros_like(c))
     w = torch.where(run, (c / se.clamp_min(1e-300)) ** 2, torch.zeros_like(c))
-    sxx = (w * dist**2).sum(-1)  # [...]
-    slope = torch.where(sxx > 0, (w * dist * y).sum(-1) / sxx.clamp_min(1e-300), torch.zeros_like(sxx))
+    sw = w.sum(-1)  # [...]
+    mx = (w * dist).sum(-1) / sw.clamp_min(1e-300)
+    my = (w * y).sum(-1) / sw.clamp_min(1e-300)
+    sxx = (w * (dist - mx[..., None]) ** 2).sum(-1)
+    slope = torch.where(sxx > 0, (w * (dist - mx[..., None]) * (y - my[..., None])).sum(-1) / sxx.clamp_min(1e-300),
+                        torch.zeros_like(sxx))
     slope_se = torch.where(sxx > 0, sxx.clamp_min(1e-300).rsqrt(), torch.full_like(sxx, math.inf))
+    intercept = my - slope * mx
     log_eps = math.log(eps)
-    window = torch.where(slope < 0, log_eps / slope.clamp_max(-1e-300), torch.full_like(slope, math.inf))
-    window_se = window.abs() * slope_se / slope.abs().clamp_min(1e-300)  # δW/W = δb/|b|
-    censored = ~(slope < 0) | (window > top) | ~torch.isfinite(window)
+    window = torch.where(slope < 0, (log_eps - intercept) / slope.clamp_max(-1e-300), torch.full_like(slope, math.inf))
+    window_se = (window - mx).abs() * slope_se / slope.abs().clamp_min(1e-300)  # δW ≈ |W − Δ̄|·δb/|b|
+    resolved = run.sum(-1)
+    # gone within a step or two: the first unresolved distance bounds the window when the curve is known to be
+    # under ε there (c + 2·stderr ≤ ε); a curve that is merely noisy there stays censored
+    gone = inside & ~run & (c + 2 * se <= eps)  # [..., n]
+    first_gone = torch.where(gone, dist.expand_as(c), torch.full_like(c, math.inf)).amin(-1)
+    first_unresolved = torch.where(inside & ~run, dist.expand_as(c), torch.full_like(c, math.inf)).amin(-1)
+    short = (resolved < 2) & torch.isfinite(first_gone) & (first_gone == first_unresolved)
+    window = torch.where(short, first_gone, window)
+    window_se = torch.where(short, torch.full_like(window, math.nan), window_se)
+    censored = (window > top) | ~torch.isfinite(window)
     return {"window": torch.where(censored, torch.full_like(window, math.nan), window),
             "window_se": torch.where(censored, torch.full_like(window, math.nan), window_se),
-            "censored": censored, "resolved": run.sum(-1)}
+            "censored": censored, "resolved": resolved}
 
 
 def replicate_window(sums: Mapping[str, torch.Tensor], distances: Sequence[int], eps: float = 0.05,

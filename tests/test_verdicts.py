@@ -126,6 +126,15 @@ def test_window_beyond_the_measured_range_is_censored_not_dropped():
     assert out["censored"].all() and torch.isnan(out["window"]).all()
     noise = torch.full((2, len(dist)), 0.01, dtype=torch.float64)  # nothing resolved above zero
     assert fitted_window(noise, torch.full_like(noise, 0.05), dist, 0.05, 112)["censored"].all()
+    # a learned transport: above 1 at first, gone within a few steps (a short, finite window, not a censored one)
+    quick = torch.zeros(1, len(dist), dtype=torch.float64)
+    quick[0, :5] = torch.tensor([1.0, 1.2, 0.8, 0.35, 0.1])
+    fit = fitted_window(quick, torch.full_like(quick, 0.01), dist, 0.05, 112)
+    assert not fit["censored"].any() and 4 < float(fit["window"][0]) < 8, fit  # the fit meets ε at ~7
+    gone = torch.zeros(1, len(dist), dtype=torch.float64)
+    gone[0, 0] = 1.0  # nothing left at Δ = 1, and known to be under ε there
+    fit = fitted_window(gone, torch.full_like(gone, 0.01), dist, 0.05, 112)
+    assert not fit["censored"].any() and float(fit["window"][0]) == 1.0
 
 
 # ---------------------------------------------------------------------------------------------------
