@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from accrot.ops.rotary import cos_sin, rotate_pairs, rotate_pairs_cs
-from accrot.position.accum import char_fn_abs, increment_distribution
+from accrot.position.accum import char_fn_abs, increment_distribution, mix_seed
 from accrot.position.rope import rope_frequencies
 
 SCHEMA = "accrot.diagnostics/1"
@@ -318,9 +318,7 @@ _DIAG_STREAM = 1 << 43  # generator indices of the diagnostics' fresh draws (dis
 
 def _fresh_generator(scheme: nn.Module, layer: int, batch: int, draw: int) -> torch.Generator:
     """The generator of one fresh draw: a pure function of (the scheme's seed, layer, batch, draw)."""
-    from accrot.position.accum import _chunk_seed
-
-    seed = _chunk_seed(_chunk_seed(int(scheme.cfg.seed or 0), _DIAG_STREAM + layer), (batch << 20) + draw)
+    seed = mix_seed(mix_seed(int(scheme.cfg.seed or 0), _DIAG_STREAM + layer), (batch << 20) + draw)
     return torch.Generator().manual_seed(seed)
 
 

@@ -200,13 +200,27 @@ def scheme_label(scheme: dict | None) -> str:
 SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "tie_embeddings")
 
 
+def _identity(scheme: dict | None) -> dict:
+    """The scheme keys that decide what a checkpoint means. ``vocab_size`` follows the model's vocabulary
+    (compared with the shapes); ``seed`` matters only where something is drawn at random (random increments, a
+    learned mixing floor), and there as the value it resolves to (None, from a model built outside the CLI,
+    is 0)."""
+    d = dict(scheme or {})
+    d.pop("vocab_size", None)
+    random = d.get("rotation") == "accum" and (
+        d.get("increments") in ("random_position", "random_token")
+        or (d.get("increments") == "learned" and (d.get("window") is not None or d.get("sigma") is not None)))
+    seed = d.pop("seed", None)
+    if random:
+        d["seed"] = 0 if seed is None else seed
+    return d
+
+
 def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path) -> str | None:
     """None if ``checkpoint``'s weights load into ``model`` (a LitLM); else a one-line reason naming what differs."""
     hp = checkpoint.get("hyper_parameters") or {}
     mine = dict(getattr(model, "hparams", {}))
-    theirs_scheme, my_scheme = dict(hp.get("scheme") or {}), dict(mine.get("scheme") or {})
-    for d in (theirs_scheme, my_scheme):
-        d.pop("vocab_size", None)  # follows the model's vocabulary (compared below)
+    theirs_scheme, my_scheme = _identity(hp.get("scheme")), _identity(mine.get("scheme"))
     if theirs_scheme and my_scheme and theirs_scheme != my_scheme:
         differ = sorted(k for k in set(theirs_scheme) | set(my_scheme) if theirs_scheme.get(k) != my_scheme.get(k))
         detail = ", ".join(f"{k}={theirs_scheme.get(k)!r} (config: {my_scheme.get(k)!r})" for k in differ[:3])

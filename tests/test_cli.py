@@ -206,3 +206,23 @@ def test_warmup_longer_than_the_run_is_one_warning_line(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "accrot.lit"]
     assert lines == ["accrot: warning: model.warmup_steps=50 >= the run's 3 steps: the learning rate rises "
                      "linearly for the whole run and never reaches model.lr=0.003"]
+
+
+def test_checkpoint_fit_compares_the_seed_only_where_something_is_random():
+    """A random-increment checkpoint means its own realisation: another scheme seed is refused, by name. For a
+    deterministic scheme the seed is irrelevant, and an unset seed (a model built outside the CLI) is 0."""
+    from accrot.lit import LitLM
+    from accrot.position import SchemeConfig
+    from accrot.resume import check_fits
+
+    def ckpt(model):
+        return {"hyper_parameters": dict(model.hparams), "state_dict": model.state_dict()}
+
+    def lit(**scheme):
+        return LitLM(d_model=32, n_layers=1, n_heads=4, scheme=SchemeConfig(**scheme))
+
+    random = {"rotation": "accum", "increments": "random_position"}
+    reason = check_fits(ckpt(lit(**random, seed=4)), lit(**random, seed=3), "x.ckpt")
+    assert reason is not None and "seed=4 (config: 3)" in reason
+    assert check_fits(ckpt(lit(**random)), lit(**random, seed=0), "x.ckpt") is None  # None resolves to 0
+    assert check_fits(ckpt(lit(rotation="rope", seed=4)), lit(rotation="rope", seed=3), "x.ckpt") is None

@@ -126,7 +126,7 @@ def _run_seed(cfg: SchemeConfig) -> int:
     return 0 if cfg.seed is None else int(cfg.seed)
 
 
-def _chunk_seed(seed: int, index: int) -> int:
+def mix_seed(seed: int, index: int) -> int:
     """SplitMix64 of (seed, index): well-separated generator seeds for neighbouring chunks and seeds."""
     z = ((seed & _MASK64) * 0x9E3779B97F4A7C15 + index + 1) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
@@ -194,7 +194,7 @@ class RandomPositionIncrements(nn.Module):
 
     def next_generator(self, device: torch.device) -> torch.Generator:
         """The generator of the next training draw: seeded by (seed, stream, draw count), a pure function."""
-        seed = _chunk_seed(_chunk_seed(_run_seed(self.cfg), _TRAIN_STREAM + self.stream), self.draws)
+        seed = mix_seed(mix_seed(_run_seed(self.cfg), _TRAIN_STREAM + self.stream), self.draws)
         self.draws += 1
         return torch.Generator(device=device).manual_seed(seed)
 
@@ -219,9 +219,9 @@ class RandomPositionIncrements(nn.Module):
     def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
         """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
         chunks = []
-        layer_seed = _chunk_seed(_run_seed(self.cfg), _EVAL_STREAM + self.stream)
+        layer_seed = mix_seed(_run_seed(self.cfg), _EVAL_STREAM + self.stream)
         for index in range(first, stop):
-            gen = torch.Generator().manual_seed(_chunk_seed(layer_seed, index))
+            gen = torch.Generator().manual_seed(mix_seed(layer_seed, index))
             chunks.append(self.draw((self.n_heads, POSITION_CHUNK, self.P), generator=gen))
         return torch.stack(chunks) if chunks else torch.empty(0, self.n_heads, POSITION_CHUNK, self.P)
 
@@ -269,7 +269,7 @@ class RandomTokenIncrements(nn.Module):
     def _draw_table(self, layer: int) -> torch.Tensor:
         """The table of layer ``layer``: ``[vocab_size, H, P]`` float32 from the generator of (seed, layer)."""
         mean, sigma = increment_distribution(self.cfg, 2 * self.P)  # [P] float64 each
-        gen = torch.Generator().manual_seed(_chunk_seed(_run_seed(self.cfg), _TOKEN_STREAM + layer))
+        gen = torch.Generator().manual_seed(mix_seed(_run_seed(self.cfg), _TOKEN_STREAM + layer))
         z = _standard_noise((self.vocab_size, self.n_heads, self.P), self.cfg.increment_family, gen)  # [V, H, P]
         return (mean + sigma * z).to(torch.float32)
 
