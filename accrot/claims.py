@@ -492,9 +492,13 @@ def coherence_share(run: Run) -> float | None:
 def _finite_windows(run: Run) -> float | None:
     """Share of (layer, head) whose window at L is censored: not placed inside the measured range (0 = all are)."""
     L = (run.diagnostics or {}).get("train_length")
-    flags = [bool(f) for layer in _diag_layers(run) for c in layer["coherence"] if c["length"] == L
-             for f in c.get("window_censored", [w is None for w in c["window"]])]
+    flags = [f for layer in _diag_layers(run) for c in layer["coherence"] if c["length"] == L for f in _censored(c)]
     return sum(flags) / len(flags) if flags else None
+
+
+def _censored(coherence: dict) -> list[bool]:
+    """Per head: is the window censored (diagnostics before the fitted window had only null windows)."""
+    return [bool(f) for f in coherence.get("window_censored", [w is None for w in coherence["window"]])]
 
 
 def _windows(run: Run, length: int) -> tuple[list[float], int]:
@@ -503,8 +507,8 @@ def _windows(run: Run, length: int) -> tuple[list[float], int]:
     for layer in _diag_layers(run):
         for c in layer["coherence"]:
             if c["length"] == length:
-                flags = c.get("window_censored", [w is None for w in c["window"]])
-                censored += sum(map(bool, flags))
+                flags = _censored(c)
+                censored += sum(flags)
                 found += [w for w, f in zip(c["window"], flags) if not f and w is not None]
     return found, censored
 

@@ -194,11 +194,6 @@ def study(nll: dict[str, tuple[float, float]], diag: dict[str, dict] | None = No
     return Results(runs)
 
 
-def straddle(values: tuple[float, float, float]) -> tuple[float, ...]:
-    """Per-seed noise large enough that a difference of ~0.1 sits inside the spread."""
-    return values
-
-
 NOISY = (-0.3, 0.0, 0.3)
 ROTATION_ONLY = ("accum-random", "accum-token", "accum-learned", "accum-learned+values", "PaTH")
 ACCUM = ("accum-random", "accum-token", "accum-learned", "accum-learned+values")
