@@ -258,21 +258,28 @@ def scheme_coherence_sums(
                 add(column[d], lm.double(), li, (2,))
                 out["count"][..., column[d]] = r.numel()
         return out
+    draws = 1
     if kind == "so2":
-        theta = scheme.angles(x, tokens) if theta is None else theta  # [B|1, H, T, P]
-        qm, km = rotate_pairs(q, theta), rotate_pairs(k, theta)  # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ M_ts k_s
+        theta = scheme.angles(x, tokens) if theta is None else theta  # [B|1 or draws·B, H, T, P]
+        if theta.shape[0] > B:  # several draws at once, draw-major: replicate r = d·B + b pairs θ_d with block b
+            if theta.shape[0] % B:
+                raise ValueError(f"theta has {theta.shape[0]} rows, not a multiple of the batch {B}")
+            draws = theta.shape[0] // B
+            out = {name: torch.zeros(draws * B, H, dist.numel(), dtype=torch.float64) for name in out}
+        qr, kr = (q, k) if draws == 1 else (q.repeat(draws, 1, 1, 1), k.repeat(draws, 1, 1, 1))
+        qm, km = rotate_pairs(qr, theta), rotate_pairs(kr, theta)  # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ M_ts k_s
     else:
         qm, km = q, k
     dist = dist.to(q.device)
     t_all, valid_all = _spread_many(dist, T, max_queries)  # [n, R] queries t ∈ [Δ, T) per distance
     # a group of distances per step: few large ops rather than many tiny ones (CPU threads idle on tiny ops)
-    group = max(1, _ROW_BUDGET // max(1, B * H * t_all.shape[1] * D))
+    group = max(1, _ROW_BUDGET // max(1, draws * B * H * t_all.shape[1] * D))
     for g in range(0, dist.numel(), group):
         t, valid = t_all[g : g + group], valid_all[g : g + group]  # [n', R]
         s = t - dist[g : g + group, None]  # [n', R] keys s = t − Δ
-        li = (q[:, :, t] * k[:, :, s]).sum(-1).double() * valid  # [B, H, n', R]
+        li = (q[:, :, t] * k[:, :, s]).sum(-1).double() * valid  # [B, H, n', R], the same for every draw
         lm = li if kind == "none" else (qm[:, :, t] * km[:, :, s]).sum(-1).double() * valid
-        add(slice(g, g + group), lm, li, (3,))
+        add(slice(g, g + group), lm, li.repeat(draws, 1, 1, 1), (3,))
         out["count"][..., g : g + group] = valid.sum(-1).double().cpu()  # [n'] broadcast over B, H
     return out
 
@@ -313,6 +320,7 @@ def scheme_coherence(scheme, q, k, x, tokens, distances, max_queries: int | None
 
 COHERENCE_SUMS = ("num", "den", "msq", "count")
 FRESH_DRAWS = 32  # independent increment draws per block for the coherence of random increments
+_DRAW_BUDGET = 1 << 23  # elements of the rotated q (and k) of the fresh draws handled together
 _DIAG_STREAM = 1 << 43  # generator indices of the diagnostics' fresh draws (disjoint from the scheme's own)
 
 
@@ -337,10 +345,13 @@ def scheme_coherence_fresh(
     """Coherence sums of a random-increment scheme under ``draws`` fresh, independent draws of its increment
     distribution: ``[draws · B, H, n]`` each (one replicate per draw and block). The draws come from generators
     that are a pure function of (the scheme's seed, ``layer``, ``batch``, draw)."""
-    reps = [scheme_coherence_sums(scheme, q, k, x, tokens, distances, max_queries,
-                                  theta=scheme.rotation.independent_angles(tokens, _fresh_generator(
-                                      scheme, layer, batch, d)))
-            for d in range(draws)]
+    B, H, T, D = q.shape
+    chunk = max(1, _DRAW_BUDGET // (B * H * T * D))  # draws rotated at once: one pass over q, k per chunk
+    reps = []
+    for first in range(0, draws, chunk):
+        theta = torch.cat([scheme.rotation.independent_angles(tokens, _fresh_generator(scheme, layer, batch, d))
+                           for d in range(first, min(draws, first + chunk))])  # [chunk · B, H, T, P]
+        reps.append(scheme_coherence_sums(scheme, q, k, x, tokens, distances, max_queries, theta=theta))
     return {n: torch.cat([r[n] for r in reps]) for n in COHERENCE_SUMS}
 
 

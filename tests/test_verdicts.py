@@ -2,7 +2,7 @@
 
 Part 1, the coherence instrument (T1, T2): synthetic q, k (anisotropic and correlated, so the prediction is
 exact only because fresh draws are independent of them) transported by the scheme's own increment distribution
-at the tiny geometry (H = 4, D = 16, L = 128, window 96). The error bars cover |φ|^Δ at their nominal rate; the
+at the geometry of the default ablation preset (read from it: H = 4, D = 24, L = 128, window 96). The error bars cover |φ|^Δ at their nominal rate; the
 T1 rule passes a model that follows the theory in every trial and fails one whose increments spread 30 % more;
 the fitted window is the same at L and at 2× L (T2) and moves when the decay rate does.
 
@@ -41,7 +41,23 @@ from accrot.position import SchemeConfig, build
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
-H, D, D_MODEL, L, WINDOW = 4, 16, 64, 128, 96.0  # the tiny preset: d_model 64, 4 heads, L = 128, W = 0.75 L
+
+
+def _study_geometry() -> tuple[int, int, int, int, float]:
+    """(heads, head dim, d_model, L, window) of the default ``accrot ablation`` preset, from its base config."""
+    import yaml
+
+    from accrot.ablation import SIZES, WINDOW_FRACTION
+    from accrot.cli import config_path
+
+    size = SIZES["study"]
+    model = yaml.safe_load(config_path(size.base).read_text())["model"]
+    d_model = int(size.overrides.get("model.d_model", model["d_model"]))
+    heads = int(size.overrides.get("model.n_heads", model["n_heads"]))
+    return heads, d_model // heads, d_model, size.seq_len, WINDOW_FRACTION * size.seq_len
+
+
+H, D, D_MODEL, L, WINDOW = _study_geometry()
 FIT = 7 * L // 8  # the windows' Δ range
 
 
@@ -117,6 +133,32 @@ def test_fitted_window_recovers_the_truth_and_t2_holds_across_lengths(trials):
         assert abs(fast["window"].mean() / at_l["window"].mean() - 1) > T2_TOLERANCE
     # the jackknife error bar of the fitted window covers the true window at about its nominal 95 %
     assert 0.85 <= sum(covered) / len(covered) <= 1.0, sum(covered) / len(covered)
+
+
+@pytest.mark.parametrize("increments", ["random_position", "random_token"])
+def test_fresh_draws_batched_equal_one_draw_at_a_time(increments, monkeypatch):
+    """The fast path rotates several draws in one pass and computes the unrotated logits once; its naive twin
+    is one :func:`scheme_coherence_sums` per draw with that draw's angles. Chunks of 3 draws cut 7 unevenly."""
+    import accrot.diagnostics as diagnostics
+    from accrot.diagnostics import _fresh_generator, scheme_coherence_sums
+    from tests.tolerance import assert_close
+
+    scheme = build(SchemeConfig(rotation="accum", increments=increments, window=WINDOW, seed=5, vocab_size=64),
+                   D_MODEL, H).eval()
+    gen = torch.Generator().manual_seed(3)
+    B, T = 2, 40
+    q, k = torch.randn(B, H, T, D, generator=gen), torch.randn(B, H, T, D, generator=gen)
+    tokens = torch.randint(0, 64, (B, T), generator=gen)
+    x, dist = torch.zeros(B, T, D_MODEL), default_distances(T)
+    monkeypatch.setattr(diagnostics, "_DRAW_BUDGET", 3 * B * H * T * D)
+    fast = scheme_coherence_fresh(scheme, q, k, x, tokens, dist, max_queries=16, draws=7, layer=1, batch=2)
+    reps = [scheme_coherence_sums(scheme, q, k, x, tokens, dist, max_queries=16, theta=scheme.rotation
+                                  .independent_angles(tokens, _fresh_generator(scheme, 1, 2, d))) for d in range(7)]
+    for name in ("num", "den", "msq", "count"):
+        ref = torch.cat([r[name] for r in reps])  # [7 · B, H, n], draw-major
+        assert fast[name].shape == ref.shape
+        assert_close(ref, fast[name], 1e-12, name)
+    assert not torch.equal(reps[0]["num"], reps[1]["num"])  # the draws differ
 
 
 def test_window_beyond_the_measured_range_is_censored_not_dropped():
