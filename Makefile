@@ -16,8 +16,8 @@ WORKERS ?= 1
 STUDY ?= $(SWEEP)
 STORAGE ?=
 PORT ?= 8080
-# the study in one command: make ablation [SIZE=tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
-SIZE ?= tiny
+# the study in one command: make ablation [SIZE=study|tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
+SIZE ?= study
 SEEDS ?=
 ABLATION_WORKERS ?= 2
 

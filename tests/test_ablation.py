@@ -273,8 +273,11 @@ def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
     from accrot.cli import main
 
     for argv, expect in [
-        (["--size=huge"], "--size='huge' is not valid; choose one of tiny, small, paper"),
+        (["--size=huge"], "--size='huge' is not valid; choose one of study, tiny, small, paper"),
         (["--variants=[NoPE, Rope]"], "unknown variant 'Rope'; choose from NoPE, RoPE"),
+        (["--variants", "NoPE", "Rope"], "unknown variant 'Rope'; choose from NoPE, RoPE"),  # shell words
+        (["--variants=[NoPE, Rope"], "--variants='[NoPE, Rope' is not valid; give names (a b) or one YAML list"),
+        (["--multipliers", "1", "x"], "--multipliers=['1', 'x'] is not valid"),
         (["--seeds=0"], "--seeds=0 is not valid"),
         (["--multipliers=[2, 4]"], "positive multiples of L that include 1"),
     ]:
