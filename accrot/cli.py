@@ -20,16 +20,17 @@ import errno
 import os
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from accrot.logs import hold_startup_logs
-from accrot.position.config import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1  # the input was fine but the run failed (it diverged)
+EXIT_INTERRUPTED = 128 + 2  # Ctrl-C (SIGINT), the shell's code; a run checkpointed first (callbacks.preemption)
 EXIT_STOPPED = 128 + 15  # stopped by SIGTERM / the SLURM warning signal, checkpointed (the shell's code for SIGTERM)
 # an output directory that cannot be written (read-only, not a directory, full) is bad input, not a bug
 _UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
@@ -43,6 +44,7 @@ def bad_input_message(err: BaseException) -> str | None:
     """The one-line message of a bad input anywhere in ``err``'s cause chain; None for a real bug."""
     from jsonargparse import ArgumentError
 
+    from accrot.position.config import ConfigError
     from data_modules import DataError
 
     chain, seen = [], err
@@ -68,6 +70,11 @@ _UNION = re.compile(r"Does not validate against any of the Union subtypes; Subty
                     r"(?P<errors>.+?)(; Expected a <class 'NoneType'>.*)?$")
 
 
+_OPTIONAL_LITERAL = re.compile(r'Parser key "(?P<key>[\w.]+)":; Does not validate against any of the Union subtypes; '
+                               r"Subtypes: \[typing\.Literal\[(?P<choices>[^\]]*)\], <class 'NoneType'>\].*?"
+                               r"Given value: (?P<value>[^;]*)$")
+
+
 def one_line(message: str) -> str:
     """Collapse a (possibly nested, multi-line) parser message into one readable line."""
     message = str(message)
@@ -86,6 +93,10 @@ def one_line(message: str) -> str:
     # jsonargparse nests "Problem with given class_path ..." / "Parser key ...": keep the informative parts
     lines = [ln for ln in lines if not ln.startswith(("Given value type", "Subcommand", "tip:"))]
     text = re.sub(r"\s+", " ", "; ".join(dict.fromkeys(lines)))
+    optional = _OPTIONAL_LITERAL.search(text)
+    if optional:  # an Optional[Literal[...]] key given a value outside the literal
+        return (f"{optional.group('key')}={optional.group('value').strip()!r} is not valid; choose one of "
+                f"{optional.group('choices')} (or null)")
     union = _UNION.match(text)
     if union:  # a class's own error, wrapped by jsonargparse's Union matching: keep that error alone
         text = union.group("errors")
@@ -121,6 +132,7 @@ def _make_cli_class():
         latest_resumable_run,
         read_checkpoint,
         remove_partials,
+        settings_differences,
     )
     from accrot.slurm import check_launch
     from callbacks.checkpoint import make_resumable
@@ -168,7 +180,9 @@ def _make_cli_class():
             try:
                 super().parse_arguments(parser, args)
             except ArgumentError as err:
-                unknown = re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
+                # an unknown flag, or an unknown key inside a config file (jsonargparse: "does not accept")
+                unknown = (re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
+                           or re.search(r"does not accept option '([\w.]+)'", str(err)))
                 if not unknown:
                     raise
                 raise UsageError(self._unknown_key_message(parser, unknown.group(1))) from err
@@ -200,6 +214,7 @@ def _make_cli_class():
         def instantiate_classes(self) -> None:
             from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+            from accrot.position.config import ConfigError
             from data_modules import DataError
 
             try:
@@ -295,6 +310,18 @@ def _make_cli_class():
                 checkpoint = read_checkpoint(ckpt)
             except ValueError as err:
                 raise UsageError(str(err)) from None
+            if self.subcommand == "fit":  # Lightning restores the whole run: the config must be the run's
+                differ = settings_differences(checkpoint, dict(cfg["model"].hparams),
+                                              dict(getattr(cfg["data"], "hparams", {}) or {}))
+                if differ:
+                    if self.resume_dir is not None:
+                        fix = (f"undo the edit of {str(self.resume_dir / 'config.yaml')!r}, or train a new run with "
+                               f"it: accrot fit --config {self.resume_dir / 'config.yaml'}")
+                    else:
+                        fix = "continue a run with `accrot fit --resume RUN_DIR`, which uses its own config"
+                    raise UsageError(f"checkpoint {str(ckpt)!r} was trained with other settings than the config: "
+                                     f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; {fix} (a resumed "
+                                     "run may change trainer.max_steps, evaluation and logging only)")
             reason = check_fits(checkpoint, cfg["model"], ckpt)
             if reason:
                 raise UsageError(reason)
@@ -355,14 +382,55 @@ def wandb_mode(requested: str) -> str:
 
 
 def resolve_config_args(args: list[str]) -> list[str]:
-    """Let ``--config tiny`` name a shipped config (``accrot/configs/tiny.yaml``)."""
+    """Let ``--config tiny`` name a shipped config (``accrot/configs/tiny.yaml``); every config file is read and
+    checked first (:func:`check_config_file`), so a broken one is one line naming the file."""
     out = list(args)
     for i, arg in enumerate(out):
         if arg in ("-c", "--config") and i + 1 < len(out):
-            out[i + 1] = str(config_path(out[i + 1]))
+            out[i + 1] = str(check_config_file(config_path(out[i + 1])))
         elif arg.startswith("--config="):
-            out[i] = "--config=" + str(config_path(arg.split("=", 1)[1]))
+            out[i] = "--config=" + str(check_config_file(config_path(arg.split("=", 1)[1])))
     return out
+
+
+_SECTIONS = ("trainer", "model", "extrapolation")  # sections that hold options (data may name a class alone)
+
+
+def check_config_file(path: Path) -> Path:
+    """A config file that exists must be UTF-8 YAML holding a mapping whose option sections are mappings; a
+    one-line UsageError naming the file otherwise (the parser would raise a decode error, a type error, or name
+    ``<unicode string>``). A missing file is left to the parser, which names it."""
+    import yaml
+
+    if not path.is_file():
+        return path
+    where = f"config {str(path)!r}"
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{where} is not UTF-8 text (a binary file?); pass a YAML config such as "
+                         "accrot/configs/tiny.yaml") from None
+    except OSError as err:
+        raise UsageError(f"{where} cannot be read ({err.strerror})") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UsageError(f"{where} is not valid YAML: {problem}{at}") from None
+    if doc is None:
+        raise UsageError(f"{where} is empty; a config holds trainer:, model: and data: sections "
+                         "(see accrot/configs/tiny.yaml)")
+    if not isinstance(doc, dict):
+        raise UsageError(f"{where} holds a {type(doc).__name__} ({str(doc)[:40]!r}), not a mapping of sections "
+                         "(trainer:, model:, data:)")
+    for section in _SECTIONS:
+        value = doc.get(section)
+        if value is not None and not isinstance(value, dict):
+            raise UsageError(f"{where}: {section}: {str(value)[:40]!r} is not valid; {section} holds its options "
+                             f"as a mapping ({section}: {{key: value, ...}})")
+    return path
 
 
 def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
@@ -522,7 +590,7 @@ def resolve_run(ckpt: str, config: str | None) -> tuple[Path, Path, Path]:
     cfg = Path(config) if config else run_dir / "config.yaml"
     if not cfg.is_file():
         raise UsageError(f"config {str(cfg)!r} does not exist; pass --config with the run's config.yaml")
-    return path, run_dir, cfg
+    return path, run_dir, check_config_file(cfg)
 
 
 def load_checkpoint(path: str | Path):
@@ -544,6 +612,30 @@ def load_checkpoint(path: str | Path):
     except (TypeError, RuntimeError, ValueError) as err:
         raise UsageError(f"checkpoint {str(path)!r} does not match the model it describes: {one_line(str(err))[:200]}") from err
     return model, state
+
+
+def _check_eval_config(ckpt: Path, state: dict, config: Path, dm) -> None:
+    """``eval --config``: the model is the checkpoint's own, so a config whose model section (or training length,
+    or vocabulary) says otherwise is refused, naming the keys, rather than ignored. Other data is fine."""
+    import yaml
+
+    from accrot.resume import settings_differences
+
+    given = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+    saved = dict(state.get("hyper_parameters") or {})
+    wanted = {k: v for k, v in given.items() if k != "scheme" and k in saved}
+    scheme = {**(saved.get("scheme") or {}), **(given.get("scheme") or {})}
+    if (given.get("scheme") or {}).get("seed", 0) is None:  # "follow the run's seed": the saved value stands
+        scheme["seed"] = (saved.get("scheme") or {}).get("seed")
+    differ = settings_differences(state, {**saved, **wanted, "scheme": scheme}, dict(dm.hparams),
+                                  data_keys=frozenset({"seq_len"}))
+    vocab = getattr(dm, "vocab_size", None)
+    if vocab is not None and saved.get("vocab_size") is not None and int(vocab) > int(saved["vocab_size"]):
+        differ.append(f"data vocabulary {vocab} tokens (the model has {saved['vocab_size']})")
+    if differ:
+        raise UsageError(f"--config {str(config)!r} describes another model than checkpoint {str(ckpt)!r}: "
+                         f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; evaluate with the run's own "
+                         "config.yaml (the default), or a config that changes only the data")
 
 
 def eval_main(argv: list[str]) -> int:
@@ -573,6 +665,8 @@ def eval_main(argv: list[str]) -> int:
         raise UsageError("evaluation lengths and multipliers must be positive")
     model, state = load_checkpoint(ckpt)
     dm = _load_data_module(config)
+    if args.config:  # another config than the run's own: it may name other data, never another model
+        _check_eval_config(ckpt, state, Path(args.config), dm)
     train_length = int(dm.seq_len)
     lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
@@ -605,8 +699,61 @@ def _check_environment() -> None:
         raise UsageError(str(err)) from None
 
 
+LIGHTNING_COMMANDS = {"fit": "train a model (a LightningCLI subcommand: --config, dotted overrides, --resume RUN_DIR)",
+                      "validate": "validate a checkpoint on the validation split (LightningCLI)",
+                      "test": "test a checkpoint (LightningCLI)"}
+COMMAND_HELP = {"eval": "evaluate a checkpoint at many lengths (JSON + PNG)",
+                "diagnose": "the theory diagnostics of a checkpoint (coherence, windows, far mass, ...)",
+                "demo": "train the tiny model under several schemes and compare their extrapolation",
+                "bench": "side-by-side timing ratios of the kernels and the pipeline",
+                "sweep": "an Optuna study from a sweep spec (workers, storages, resume)",
+                "report": "the table and figures of a finished sweep",
+                "ablation": "the paper's ablation in one command: every variant, both data sets, the claims",
+                "slurm": "submit accrot fit or a sweep to SLURM"}
+
+
+def version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("accrot")
+    except metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "0+unknown"
+
+
+def _front_door(argv: list[str]) -> int | None:
+    """Answers that need no torch: ``--help`` (and no arguments), ``--version``, an unknown command. None when
+    the command is a real one (it then imports what it needs)."""
+    import difflib
+
+    if not argv or argv[0] in ("-h", "--help"):
+        width = max(map(len, [*LIGHTNING_COMMANDS, *COMMAND_HELP]))
+        rows = "\n".join(f"  {name:<{width}}  {text}" for name, text in {**LIGHTNING_COMMANDS, **COMMAND_HELP}.items())
+        print(f"usage: accrot COMMAND [options]   (accrot COMMAND --help for a command's options)\n\n"
+              f"accrot {version()}: small causal LMs that differ only in their position scheme, and how they "
+              f"extrapolate.\n\ncommands:\n{rows}\n\nexamples:\n  accrot fit --config tiny "
+              f"--model.scheme.rotation=rope\n  accrot ablation            (the study: results/ablation-study/REPORT.md)")
+        return 0 if argv else EXIT_BAD_INPUT
+    if argv[0] in ("-V", "--version"):
+        print(f"accrot {version()}")
+        return 0
+    if argv[0] in COMMANDS or argv[0] in LIGHTNING_COMMANDS:
+        return None
+    if argv[0].startswith("-"):
+        # LightningCLI's options before a subcommand (--config ...): let it parse them
+        return None
+    close = difflib.get_close_matches(argv[0], [*LIGHTNING_COMMANDS, *COMMANDS], n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    print(f"accrot: error: unknown command {argv[0]!r}; {hint}commands: "
+          f"{', '.join([*LIGHTNING_COMMANDS, *COMMANDS])} (accrot --help)", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    answered = _front_door(argv)
+    if answered is not None:
+        return answered
     try:
         _check_environment()
         if argv and argv[0] in COMMANDS:
@@ -628,13 +775,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # Ctrl-C: whatever was running has stopped (a sweep re-queued its trials)
         print("accrot: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except SystemExit as err:  # --help and argparse's own exits; a run stopped by a signal
         if type(err).__name__ == "SIGTERMException":  # callbacks.preemption checkpointed it: not a success
-            kept = f" {str(_LAST_RUN_DIR)!r}" if _LAST_RUN_DIR else ""
-            print(f"accrot: stopped by a signal (SIGTERM or the SLURM warning); the run{kept} is checkpointed: "
-                  "continue it with `accrot fit --resume RUN_DIR`", file=sys.stderr)
+            run = str(_LAST_RUN_DIR) if _LAST_RUN_DIR else "RUN_DIR"
+            if getattr(err, "signum", None) == signal.SIGINT:
+                print(f"accrot: interrupted (Ctrl-C); the run {run!r} is checkpointed after its last step: "
+                      f"continue it with `accrot fit --resume {run}`", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            print(f"accrot: stopped by a signal (SIGTERM or the SLURM warning); the run {run!r} is checkpointed: "
+                  f"continue it with `accrot fit --resume {run}`", file=sys.stderr)
             return EXIT_STOPPED
+        if isinstance(err.__context__, KeyboardInterrupt):  # Lightning turns a hard Ctrl-C into exit(1)
+            print("accrot: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return int(err.code or 0) if isinstance(err.code, int) else 0
 
 

@@ -1,4 +1,5 @@
-"""Preemption: on SLURM's warning signal (``#SBATCH --signal=USR1@90``) or SIGTERM, checkpoint and requeue.
+"""Preemption: on SLURM's warning signal (``#SBATCH --signal=USR1@90``), SIGTERM or Ctrl-C, checkpoint between
+steps (and requeue under SLURM).
 
 Lightning's :class:`~lightning.fabric.plugins.environments.SLURMEnvironment` names the warning signal
 (``requeue_signal``) and whether the job requeues itself (``auto_requeue``); its own handler, though, saves an
@@ -22,7 +23,9 @@ idle in ``barrier`` and ``broadcast``).
 
 The requeued job runs the same command, whose ``--ckpt_path last`` continues the newest run of that name in
 the same directory; ``run.json`` counts the resume (``resumes``) and said ``"status": "preempted"`` meanwhile.
-Outside SLURM (a laptop, torchrun) SIGTERM still checkpoints; nothing is requeued. Under SLURM the warning
+Outside SLURM (a laptop, torchrun) SIGTERM still checkpoints; nothing is requeued. Ctrl-C (SIGINT) is taken the
+same way, never requeued: the run stops after the step it is in with its exact checkpoint, ``run.json`` says
+``interrupted``, and ``accrot`` exits 130; a second Ctrl-C, or one after the last step, stops at once. Under SLURM the warning
 signal reaches the tasks alone; SIGTERM (preemption, ``scontrol requeue``) also reaches ``srun``, which may
 SIGKILL the tasks before they finish the checkpoint, so there it is best effort and the periodic checkpoints
 bound what is lost.
@@ -89,7 +92,9 @@ class Preemption(L.Callback):
         env = getattr(trainer.strategy, "cluster_environment", None)  # single-device strategies have none
         self._requeue = isinstance(env, SLURMEnvironment) and env.auto_requeue
         warn = env.requeue_signal if isinstance(env, SLURMEnvironment) else signal.SIGUSR1
-        for signum in {int(warn or signal.SIGUSR1), int(signal.SIGTERM)}:
+        # Ctrl-C (SIGINT) too: the run stops after the step it is in, checkpointed, instead of Lightning's
+        # KeyboardInterrupt mid-step (no checkpoint, exit 1); a second Ctrl-C stops at once (_handler)
+        for signum in {int(warn or signal.SIGUSR1), int(signal.SIGTERM), int(signal.SIGINT)}:
             signal.signal(signum, self._handler(trainer))
             # restart interrupted system calls: Python's default (EINTR) can fail a gloo collective on one rank,
             # which Lightning's per-batch SIGTERM broadcast swallows, and the ranks fall out of step
@@ -97,6 +102,9 @@ class Preemption(L.Callback):
 
     def _handler(self, trainer: L.Trainer):
         def handle(signum, frame) -> None:  # no collective, no I/O: on_train_batch_end acts on it
+            if signum == signal.SIGINT and (self.signal == signal.SIGINT or trainer.fit_loop.done):
+                # a second Ctrl-C, or one after the last step (the final evaluation): stop now, as Python would
+                raise KeyboardInterrupt
             self.signal = self.signal or signum
 
         return handle
@@ -119,6 +127,7 @@ class Preemption(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
             return
+        exception.signum = int(self.signal or signal.SIGTERM)  # the entry point names it (and exits 130 on Ctrl-C)
         path = self.checkpoint_path(trainer)
         self._patch = self._step if self._step is not None and self._step[0] == trainer.global_step else None
         try:

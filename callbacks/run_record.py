@@ -1,7 +1,8 @@
 """Record what produced a run (STYLE §12): git revision, data fingerprint, versions, seed, scheme facts.
 
 ``run.json`` also records the launch (``launch``: ranks, nodes, strategy, SLURM job) and says how the run went:
-``status`` (``running``, ``finished``, ``preempted``, ``failed`` with ``error``), the checkpoint it started from,
+``status`` (``running``, ``finished``, ``preempted`` (SIGTERM, SLURM's warning), ``interrupted`` (Ctrl-C),
+``failed`` with ``error``), the checkpoint it started from,
 and ``resumes`` (how often ``accrot fit --resume`` or a requeued ``--ckpt_path last`` continued it, with the step
 and command of each). Every checkpoint carries the ``accrot`` section a resumed run needs: how many rows
 ``metrics.csv`` held when it was taken (flushed first) and the wandb run to continue.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
 from accrot.report import atomic_write_text
+from callbacks.preemption import Preemption
 
 PACKAGES = ("torch", "lightning", "torchmetrics", "jsonargparse", "optuna", "wandb", "datasets", "numpy")
 
@@ -124,8 +127,13 @@ class RunRecord(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if isinstance(exception, SIGTERMException):  # SLURM's warning signal or SIGTERM (callbacks.preemption)
-            self._finish(trainer, status="preempted", step=trainer.global_step)
+        if isinstance(exception, SIGTERMException):  # a signal, checkpointed between steps (callbacks.preemption)
+            signum = next((cb.signal for cb in trainer.callbacks if isinstance(cb, Preemption)), None)
+            status = "interrupted" if signum == signal.SIGINT else "preempted"
+            self._finish(trainer, status=status, step=trainer.global_step)
+            return
+        if isinstance(exception, KeyboardInterrupt):  # a second Ctrl-C: stopped mid-step, no new checkpoint
+            self._finish(trainer, status="interrupted", step=trainer.global_step)
             return
         self._finish(trainer, status="failed", step=trainer.global_step,
                      error=f"{type(exception).__name__}: {' '.join(str(exception).split())[:500]}")

@@ -7,6 +7,9 @@ prints, for example::
 
     killed and resumed: NoPE match: yes (killed after the checkpoint of step 10 of 40) ...
     runs killed and resumed: 3, matching the uninterrupted run: 3/3
+    Ctrl-C at step 5 of 40 (before the first checkpoint): exit 130, run.json 'interrupted', checkpointed at ...
+    copied run directory resumed: checkpoints ['last.ckpt'], last.ckpt at step 20 (the original stays at 10)
+    first answer, median of 3 fresh processes: accrot --help 0.1 s, ..., accrot fit --help 3 s, ...
     sweep trials lost: 0 (4 trials, 1 worker killed mid-trial: trial 1 failed with its reason and retried)
     bad inputs tried and rejected cleanly: 33/33
 
@@ -156,6 +159,76 @@ def kill_and_resume(workdir: Path, scheme: str, extra: list[str] | None = None) 
                       differences(workdir / "reference" / "version_0", run_dir))
 
 
+def interrupted(workdir: Path, name: str, steps: str, signum: str = "INT") -> tuple[subprocess.CompletedProcess, Path]:
+    """A run that sends itself ``signum`` (a terminal's Ctrl-C: INT) at the start of the given steps
+    (tests/signal_probe.py), before its first periodic checkpoint (step 10)."""
+    args = [*RUN, *SCHEMES["NoPE"], f"--root={workdir}", f"--name={name}",
+            "--trainer.callbacks+=tests.signal_probe.SignalAt"]
+    run_env = {**env(), "ACCROT_TEST_SIGNAL": signum, "ACCROT_TEST_SIGNAL_STEPS": steps}
+    done = subprocess.run([sys.executable, "-m", "accrot.cli", *args], cwd=REPO, env=run_env, capture_output=True,
+                          text=True, timeout=600)
+    return done, workdir / name / "version_0"
+
+
+def ctrl_c_and_resume(workdir: Path) -> dict:
+    """Ctrl-C at step 5 of 40 (before the first checkpoint), then ``--resume``: the exit status, run.json's
+    status, the step checkpointed, and whether the resumed run equals an uninterrupted one."""
+    import torch
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "ctrl-c.log"
+    reference = start([*RUN, *SCHEMES["NoPE"], f"--root={workdir}", "--name=reference"], log)
+    done, run_dir = interrupted(workdir, "stopped", "5")
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    result = {"rc": done.returncode, "stderr": done.stderr,
+              "status": json.loads((run_dir / "run.json").read_text()).get("status") if run_dir.exists() else None,
+              "step": int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
+              if ckpt.is_file() else None}
+    wait(reference, log)
+    if result["step"] is not None:
+        wait(start(["fit", "--resume", str(run_dir)], log), log)
+    result["differences"] = differences(workdir / "reference" / "version_0", run_dir) if result["step"] else ["no checkpoint"]
+    return result
+
+
+def copied_run_resumes(workdir: Path) -> dict:
+    """A run of 10 steps (checkpoint at 10), copied with ``cp -a`` and the copy resumed to 20: which checkpoint
+    files the copy holds afterwards and the step of its last.ckpt (the original stays at 10)."""
+    import shutil
+
+    import torch
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "copied.log"
+    wait(start([*RUN, "--trainer.max_steps=10", f"--root={workdir}", "--name=original"], log), log)
+    original, copy = workdir / "original", workdir / "copy"
+    shutil.copytree(original, copy, symlinks=True)  # cp -a
+    wait(start(["fit", "--resume", str(copy / "version_0"), "--trainer.max_steps=20"], log), log)
+    step = lambda run: int(torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu",  # noqa: E731
+                                      weights_only=False)["global_step"])
+    return {"files": sorted(p.name for p in (copy / "version_0" / "checkpoints").iterdir()),
+            "copy_step": step(copy / "version_0"), "original_step": step(original / "version_0")}
+
+
+def startup_times(repeats: int = 3) -> dict[str, float]:
+    """Median wall time (s) to the answer of commands a user types first, each in a fresh process."""
+    import statistics
+
+    cases = {"accrot --help": ["--help"], "accrot --version": ["--version"], "accrot fitt (unknown)": ["fitt"],
+             "accrot fit --help": ["fit", "--help"],
+             "accrot fit (config error)": ["fit", "--config", "tiny", "--model.scheme.rotation=bogus"]}
+    out = {}
+    for label, argv in cases.items():
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "accrot.cli", *argv], cwd=REPO, env=env(), capture_output=True,
+                           timeout=120)
+            times.append(time.perf_counter() - t0)
+        out[label] = statistics.median(times)
+    return out
+
+
 def sweep_with_a_killed_worker(workdir: Path) -> dict:
     """smoke.yaml (a configuration × 2 seeds, 2 workers): SIGKILL a worker mid-trial; count trials lost."""
     import contextlib
@@ -247,6 +320,19 @@ def main(argv: list[str] | None = None) -> int:
               + ("" if r.match else f" — {'; '.join(r.differences)}"), flush=True)
     matched = sum(r.match for r in results)
     print(f"runs killed and resumed: {len(results)}, matching the uninterrupted run: {matched}/{len(results)}")
+    c = ctrl_c_and_resume(work / "ctrl-c")
+    ctrl_ok = c["rc"] == 130 and c["status"] == "interrupted" and c["step"] == 6 and not c["differences"]
+    print(f"Ctrl-C at step 5 of 40 (before the first checkpoint): exit {c['rc']}, run.json {c['status']!r}, "
+          f"checkpointed at step {c['step']}; resumed {'equals' if not c['differences'] else 'differs from'} the "
+          f"uninterrupted run" + ("" if ctrl_ok else f" — NOT AS PROMISED: {'; '.join(c['differences'])} "
+                                 f"{c['stderr'][-300:]}"))
+    cp = copied_run_resumes(work / "copied")
+    copy_ok = cp["files"] == ["last.ckpt"] and cp["copy_step"] == 20 and cp["original_step"] == 10
+    print(f"copied run directory resumed: checkpoints {cp['files']}, last.ckpt at step {cp['copy_step']} (the "
+          f"original stays at {cp['original_step']})" + ("" if copy_ok else " — NOT AS PROMISED"))
+    times = startup_times()
+    print("first answer, median of 3 fresh processes: "
+          + ", ".join(f"{label} {t:.2f} s" for label, t in times.items()))
     lost = 0
     if not args.quick:
         s = sweep_with_a_killed_worker(work / "sweep")
@@ -257,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bad inputs tried and rejected cleanly: {clean}/{tried}")
     for p in problems:
         print(f"  not clean: {p}")
-    return 0 if matched == len(results) and lost == 0 and clean == tried else 1
+    return 0 if matched == len(results) and lost == 0 and clean == tried and ctrl_ok and copy_ok else 1
 
 
 if __name__ == "__main__":

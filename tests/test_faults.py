@@ -21,7 +21,20 @@ import torch
 
 from accrot.cli import main
 from accrot.resume import PARTIAL, AtomicCheckpointIO
-from tests.fault_injection import REPO, RUN, SCHEMES, differences, kill_and_resume, numbers, rows, start, wait
+from tests.fault_injection import (
+    REPO,
+    RUN,
+    SCHEMES,
+    copied_run_resumes,
+    ctrl_c_and_resume,
+    differences,
+    interrupted,
+    kill_and_resume,
+    numbers,
+    rows,
+    start,
+    wait,
+)
 from tests.fault_injection import env as run_env
 
 QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--model.d_model=32",
@@ -126,6 +139,37 @@ def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_pat
         pytest.skip(message)
     wait(start(["fit", "--resume", str(run_dir)], log), log)
     assert differences(tmp_path / "reference" / "version_0", run_dir) == []
+
+
+def test_ctrl_c_checkpoints_between_steps_exits_130_and_resumes_exactly(tmp_path):
+    """Ctrl-C at step 5, before the first periodic checkpoint (step 10): the run finishes step 5, writes its exact
+    checkpoint, keeps its directory, says in one line how to resume and exits 130; run.json says interrupted;
+    resumed, it ends with the uninterrupted run's metrics."""
+    c = ctrl_c_and_resume(tmp_path)
+    run_dir = (tmp_path / "stopped" / "version_0").resolve()
+    assert c["rc"] == 130, c["stderr"][-2000:]
+    lines = [ln for ln in c["stderr"].splitlines() if ln.startswith("accrot:")]
+    assert lines == [f"accrot: interrupted (Ctrl-C); the run {str(run_dir)!r} is checkpointed after its "
+                     f"last step: continue it with `accrot fit --resume {run_dir}`"], c["stderr"][-2000:]
+    assert "Traceback" not in c["stderr"]
+    assert c["status"] == "interrupted"
+    assert c["step"] == 6  # step 5 (0-based) finished: six optimiser steps, none lost, none half-done
+    assert c["differences"] == []
+
+
+def test_copied_run_directory_resumes_into_its_own_last_ckpt(tmp_path):
+    """`cp -a RUN RUN2; accrot fit --resume RUN2`: the copy continues from its checkpoint and keeps writing its own
+    last.ckpt (Lightning alone wrote last-v1.ckpt there and left last.ckpt stale); the original is untouched."""
+    cp = copied_run_resumes(tmp_path)
+    assert cp == {"files": ["last.ckpt"], "copy_step": 20, "original_step": 10}
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    """Ctrl-C twice: the second stops mid-step without a new checkpoint, exit 130, run.json interrupted."""
+    done, run_dir = interrupted(tmp_path, "twice", "5,5")
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert [ln for ln in done.stderr.splitlines() if ln.startswith("accrot:")] == ["accrot: interrupted"]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
 class CrashOnce(L.Callback):
