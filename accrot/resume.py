@@ -174,7 +174,18 @@ class ResumableCSVLogger(CSVLogger):
 # the run to resume, and whether a checkpoint fits the model
 # ---------------------------------------------------------------------------------------------------
 def last_checkpoint(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / "last.ckpt"
+    """``checkpoints/last.ckpt``, or a checkpoint written after it (``last-v1.ckpt``, which Lightning wrote for a
+    copied run directory before :class:`callbacks.checkpoint.ResumableCheckpoint` kept the name): the newest."""
+    folder = Path(run_dir) / "checkpoints"
+    last = folder / "last.ckpt"
+    try:
+        found = [(p.stat().st_mtime_ns, p.name != "last.ckpt", p) for p in folder.glob("*.ckpt") if p.is_file()]
+    except OSError:
+        return last
+    if not found or not last.is_file():
+        return last if not found else max(found)[2]
+    newest = max(found, key=lambda f: (f[0], not f[1]))  # a tie goes to last.ckpt
+    return newest[2]
 
 
 def latest_resumable_run(save_dir: str | Path, name: str) -> Path | None:
@@ -242,6 +253,43 @@ def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path) -> st
                 f"{wrong[0]} has shape {tuple(weights[wrong[0]].shape)}, the model {tuple(own[wrong[0]].shape)}")
         return f"checkpoint {str(path)!r} does not fit the model of the config ({what})"
     return None
+
+
+# data settings a resumed run may change: how the batches are loaded, not which batches they are
+RESUMABLE_DATA_KEYS = frozenset({"num_workers"})
+
+
+def _settings(hparams: dict | None, prefix: str) -> dict[str, Any]:
+    """Flat ``{prefix.key: value}`` of saved hyperparameters, bookkeeping keys dropped; ``_class_path`` becomes
+    ``prefix.class_path`` (the data module's class)."""
+    out: dict[str, Any] = {}
+    for key, value in (hparams or {}).items():
+        if key == "_class_path":
+            out[f"{prefix}.class_path"] = value
+        elif not key.startswith("_"):
+            out[f"{prefix}.{key}"] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def settings_differences(checkpoint: dict, model_hparams: dict, data_hparams: dict | None = None,
+                         data_keys: frozenset[str] | None = None) -> list[str]:
+    """``key=saved (config: new)`` for every model, scheme and data setting where the config differs from the
+    run the checkpoint was trained by. Data keys: every one but :data:`RESUMABLE_DATA_KEYS`, or only
+    ``data_keys`` when given. A key one side does not record (an older checkpoint) is not compared."""
+    saved_model, mine = dict(checkpoint.get("hyper_parameters") or {}), dict(model_hparams or {})
+    saved = {**_settings({k: v for k, v in saved_model.items() if k != "scheme"}, "model"),
+             **_settings(_identity(saved_model.get("scheme")), "model.scheme")}
+    new = {**_settings({k: v for k, v in mine.items() if k != "scheme"}, "model"),
+           **_settings(_identity(mine.get("scheme")), "model.scheme")}
+    theirs_data = _settings(checkpoint.get("datamodule_hyper_parameters"), "data")
+    if data_hparams is not None and theirs_data:
+        mine_data = _settings(data_hparams, "data")
+        for key in set(theirs_data) | set(mine_data):
+            name = key.removeprefix("data.")
+            if name in RESUMABLE_DATA_KEYS or (data_keys is not None and name not in data_keys):
+                continue
+            saved[key], new[key] = theirs_data.get(key), mine_data.get(key)
+    return [f"{k}={saved[k]!r} (config: {new[k]!r})" for k in sorted(set(saved) & set(new)) if saved[k] != new[k]]
 
 
 def read_checkpoint(path: str | Path) -> dict:

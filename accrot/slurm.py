@@ -362,6 +362,13 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str]) -> int:
     """``accrot slurm train|sweep ...``"""
+    if argv and argv[0] in ("-h", "--help"):
+        print("usage: accrot slurm {train,sweep} [options]\n\n"
+              "  train   submit `accrot fit` as one multi-node DDP job (accrot slurm train --nodes 2 "
+              "--tasks_per_node 4 -- --config small)\n"
+              "  sweep   create the study, then submit K array tasks of workers (accrot slurm sweep SPEC --workers K --storage URL)\n\n"
+              "accrot slurm train --help, accrot slurm sweep --help: the options of each")
+        return 0
     if not argv or argv[0] not in ("train", "sweep"):
         got = f" (got {argv[0]!r})" if argv and not argv[0].startswith("-") else ""
         raise UsageError(f"accrot slurm needs a command: train or sweep{got}; e.g. accrot slurm train --nodes 2 "

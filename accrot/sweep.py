@@ -680,8 +680,43 @@ def check_stratum(spec: SweepSpec, stratum: Stratum, n_samples: int = 1, seed: i
                 raise
             raise UsageError(f"{where}: sampled config {render(values)} is not valid: {message}") from None
         study.tell(trial, [0.0] * len(spec.objectives))
+    if n_samples:
+        _check_every_value(spec, stratum, where, values, context)
     return StratumInfo(context=context, multipliers=multipliers,
                        train_length=int(train_length) if train_length is not None else None)
+
+
+_UNSET = object()  # a parameter the sample left out (inactive)
+
+
+def _check_every_value(spec: SweepSpec, stratum: Stratum, where: str, sample: Mapping[str, Any],
+                       context: Mapping[str, Any]) -> None:
+    """Every categorical choice and both bounds of every range go through the CLI's own checks (:func:`probe`),
+    one at a time on top of a valid sample, before any trial starts: a choice no sample happened to draw
+    (``rotation: [none, rope, rotary]``) would otherwise fail its trials one by one. A conditional parameter is
+    checked with its ``when`` keys set to an allowed value; parameters the checked value switches off are left
+    out, as a trial would leave them."""
+    for key, p in spec.space.items():
+        candidates = list(p.choices) if p.type == "categorical" else [p.low, p.high]
+        forced = {cond: (allowed[0] if isinstance(allowed, list) else allowed)
+                  for cond, allowed in (p.when or {}).items() if cond in spec.space}
+        for value in candidates:
+            if p.type == "int":
+                value = int(value)
+            ctx, values = dict(context), {}
+            for k, q in spec.space.items():  # in order, as sample_space activates them
+                v = value if k == key else forced.get(k, sample.get(k, _UNSET))
+                if k == key or (v is not _UNSET and q.active(ctx)):
+                    values[k] = ctx[k] = v
+            if values == dict(sample):
+                continue  # the sample itself: already probed
+            try:
+                probe(trial_args(spec, stratum, Path(tempfile.gettempdir()), 0, spec.seeds[0], values))
+            except Exception as err:  # noqa: BLE001
+                message = bad_input_message(err)
+                if message is None:
+                    raise
+                raise UsageError(f"{where}: space.{key} value {value!r} is not valid: {message}") from None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -732,6 +767,9 @@ class StorageRef:
                 url = f"postgresql+{_pg_driver()}://" + url[len("postgresql://"):]
             return cls(url, "postgresql")
         if url.startswith("journal://"):
+            if not url[len("journal://"):].startswith("/"):  # relative to whichever folder each worker starts in
+                raise UsageError(f"storage {url!r} names a relative file; write journal:///ABS/PATH.log (three "
+                                 "slashes: workers on other machines or folders must find the same file)")
             path = Path(url[len("journal://"):]).resolve()
             return cls(f"journal://{path}", "journal", path)
         raise UsageError(f"storage {redact(url)!r} is not supported; use sqlite:///PATH, "
@@ -1093,7 +1131,8 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
                 # this worker was told to stop (SIGTERM: the sweep interrupted, a scheduler): the run is
                 # checkpointed; fail the trial with the reason and queue its retry, then end the worker
                 _record_run_dir(trial, trial_root)
-                attr(trial, "fail_reason", f"worker {me} was stopped by SIGTERM during the trial (checkpointed)")
+                attr(trial, "fail_reason", f"worker {me} was stopped by {_signal_name(err)} during the trial "
+                                           "(checkpointed)")
                 RetryTrial(spec.retries)(study, retry_storage(lambda: study._storage.get_trial(trial._trial_id),
                                                               "reading the stopped trial"))
                 raise
@@ -1150,7 +1189,7 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
             except SystemExit as err:
                 if type(err).__name__ != "SIGTERMException" or ranks is not None:
                     raise
-                print(f"worker {me}: stopped by SIGTERM; its trial is failed and queued again", flush=True)
+                print(f"worker {me}: stopped by {_signal_name(err)}; its trial is failed and queued again", flush=True)
                 return 128 + 15
             ran += 1
             reconcile_orphans(studies, storage, me, spec.retries)  # a storage error Optuna swallowed
@@ -1254,6 +1293,12 @@ def create_studies(spec: SweepSpec, storage, infos: Mapping[str, StratumInfo]) -
                              "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
         out.append(study)
     return out
+
+
+def _signal_name(err: BaseException) -> str:
+    """The signal that stopped a run (callbacks.preemption records it on the exception): SIGTERM, SIGINT, ..."""
+    signum = getattr(err, "signum", None)
+    return signal.Signals(signum).name if signum else "SIGTERM"
 
 
 def _describe_exit(rc: int) -> str:
@@ -1402,7 +1447,24 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
     if left and (deadline is None or time.time() < deadline):
         console.print(f"[red]unfinished: {', '.join(left)} ({failed_workers} worker(s) died)[/]")
         return 1
+    dead = retry_storage(lambda: _all_failed(studies), "the failed studies", console)
+    if dead:
+        console.print(f"[red]every trial failed in {len(dead)} of {len(studies)} stud{'y' if len(studies) == 1 else 'ies'}: "
+                      + "; ".join(f"{name} ({n} failed; first: {why})" for name, n, why in dead[:3]) + "[/]")
+        return 1
     return 0
+
+
+def _all_failed(studies) -> list[tuple[str, int, str]]:
+    """``(study, failed trials, first reason)`` of every study whose finished trials all failed."""
+    out = []
+    for s in studies:
+        finished = s.get_trials(deepcopy=False, states=_FINISHED)
+        failed = [t for t in finished if t.state == TrialState.FAIL]
+        if finished and len(failed) == len(finished):
+            why = next((t.user_attrs.get("fail_reason") for t in failed if t.user_attrs.get("fail_reason")), "?")
+            out.append((s.study_name, len(failed), " ".join(str(why).split())[:200]))
+    return out
 
 
 REPORT_EVERY = 5.0  # seconds between the parent's reads of finished trials

@@ -15,6 +15,7 @@ turns every plain ``ModelCheckpoint`` of a config into this class (:func:`make_r
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -72,6 +73,28 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, candidates)
         finally:
             self._patch = None
+
+    # -- where -------------------------------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A copied or moved run directory (``cp -a RUN RUN2``; ``--resume RUN2``): Lightning drops the saved
+        paths when the directory differs, finds ``last.ckpt`` taken by a file it does not know and writes
+        ``last-v1.ckpt`` beside it, leaving ``last.ckpt`` stale for the next resume. Paths under the saved
+        directory are moved to this one instead, and ``last.ckpt`` stays the name of the newest checkpoint."""
+        state_dict = dict(state_dict)
+        old = state_dict.get("dirpath")
+        if self.dirpath and old and os.path.abspath(old) != os.path.abspath(self.dirpath):
+            def moved(path: str) -> str:
+                inside = path and os.path.abspath(path).startswith(os.path.abspath(old) + os.sep)
+                return os.path.join(self.dirpath, os.path.relpath(path, old)) if inside else path
+
+            for key in ("best_model_path", "kth_best_model_path", "last_model_path"):
+                if key in state_dict:
+                    state_dict[key] = moved(state_dict[key])
+            state_dict["best_k_models"] = {moved(k): v for k, v in (state_dict.get("best_k_models") or {}).items()}
+            state_dict["dirpath"] = self.dirpath
+        if self.save_last and self.dirpath:
+            state_dict["last_model_path"] = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        super().load_state_dict(state_dict)
 
     # -- what --------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:

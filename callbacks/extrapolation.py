@@ -40,8 +40,12 @@ class ExtrapolationCallback(L.Callback):
         sliding_stride: int | None = None,
     ) -> None:
         super().__init__()
-        if not multipliers or any(m <= 0 for m in multipliers):
+        if not multipliers or any(not m > 0 for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
+        if len(set(multipliers)) != len(multipliers):  # any order is fine (the ladder is sorted); twice is a typo
+            twice = sorted({m for m in multipliers if list(multipliers).count(m) > 1})
+            raise ValueError(f"multipliers={multipliers!r} is not valid; {', '.join(f'{m:g}' for m in twice)} "
+                             "given twice (each length is evaluated once)")
         self.multipliers = sorted(float(m) for m in multipliers)
         self.budget_tokens = budget_tokens
         self.every_n_steps = every_n_steps

@@ -706,7 +706,12 @@ class HFDataModule(TokenStreamDataModule):
             if ds.num_rows == 0:
                 raise DataError(f"{self._label(split)} holds no documents; pass data with at least one document")
             pending: dict[str, list[str]] = {"train": [], "validation": []}
+            missing, first_missing = 0, None
             for index, text in enumerate(self._documents(ds, split)):
+                if text is None:  # a row without the column (JSON) or a null: malformed, not an empty document
+                    missing += 1
+                    first_missing = index if first_missing is None else first_missing
+                    continue
                 to, f = target, 0.0
                 if to is None:
                     f = document_fraction(index)
@@ -721,6 +726,10 @@ class HFDataModule(TokenStreamDataModule):
                 if len(pending[to]) >= _BATCH:
                     add(to, pending[to])
                     pending[to] = []
+            if missing:
+                raise DataError(
+                    f"{missing} of {ds.num_rows} rows of {self._label(split)} have no '{self.column}' (row "
+                    f"{first_missing} is the first); give every row a '{self.column}', or pass column=<another>")
             for to, texts in pending.items():
                 if texts:
                     add(to, texts)

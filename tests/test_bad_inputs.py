@@ -112,6 +112,12 @@ class Fixtures:
         return self._once("docs.jsonl", lambda p: p.write_text("".join(
             f'{{"text": "document {i} " , "id": {i}}}\n' for i in range(200))))
 
+    def jsonl_missing_text(self) -> Path:
+        """200 rows, every 50th without its text (another key instead)."""
+        return self._once("holes.jsonl", lambda p: p.write_text("".join(
+            (f'{{"body": "row {i}", "id": {i}}}\n' if i % 50 == 7 else f'{{"text": "document {i} ", "id": {i}}}\n')
+            for i in range(200))))
+
     def a_file(self) -> Path:
         return self._once("a-file", lambda p: p.write_text("not a folder\n"))
 
@@ -128,6 +134,34 @@ class Fixtures:
             return Path("/sys")
         probe.rmdir()
         return None
+
+    # -- config files ----------------------------------------------------------------------------------
+    def config_file(self, name: str, text: str | bytes) -> Path:
+        path = self.dir / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def tiny_with(self, name: str, old: str, new: str) -> Path:
+        """tiny.yaml with one edit (and the fixture corpus as its data, so only the edit is wrong)."""
+        text = (REPO / "accrot" / "configs" / "tiny.yaml").read_text()
+        assert old in text, old
+        text = text.replace(old, new).replace(
+            "    seq_len: 128", f"    seq_len: 128\n    root: {self.corpus}\n    val_fraction: 0.3")
+        return self.config_file(name, text)
+
+    def edited_run(self, name: str, old: str, new: str) -> Path:
+        """A real run with a checkpoint (one step, its own --root), whose config.yaml was then edited."""
+        run = self.dir / "edited" / name / "version_0"
+        if not run.exists():
+            from accrot.cli import main
+
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                rc = main([*self.fit(f"--root={self.dir / 'edited'}", f"--name={name}")])
+            assert rc == 0 and (run / "checkpoints" / "last.ckpt").is_file(), "could not train the run the row needs"
+            text = (run / "config.yaml").read_text()
+            assert old in text, old
+            (run / "config.yaml").write_text(text.replace(old, new))
+        return run
 
     # -- checkpoints -----------------------------------------------------------------------------------
     def rope_checkpoint(self) -> Path:
@@ -256,6 +290,13 @@ CATALOGUE: list[Row] = [
     Row("zero-lr", "--model.lr=0", lambda f: f.fit("--model.lr=0"), "model.lr=0"),
     Row("negative-warmup", "--model.warmup_steps=-1", lambda f: f.fit("--model.warmup_steps=-1"),
         "model.warmup_steps=-1 is not valid; it must be an integer >= 0"),
+    Row("window-beyond-float32", "--model.scheme.rotation=accum --model.scheme.increments=random_position "
+        "--model.scheme.window=1e12",
+        lambda f: f.fit("--model.scheme.rotation=accum", "--model.scheme.increments=random_position",
+                        "--model.scheme.window=1e12"),
+        "window=1000000000000.0 is not valid; at most 2^24 = 16777216 tokens"),
+    Row("evaluation-length-twice", "--extrapolation.multipliers=[1, 2, 2]",
+        lambda f: f.fit("--extrapolation.multipliers=[1, 2, 2]"), "multipliers=[1.0, 2.0, 2.0] is not valid; 2 given twice"),
     Row("out-of-range-data", "--data.init_args.seq_len=0", lambda f: f.fit("--data.init_args.seq_len=0"),
         "seq_len=0 is not valid; use an integer >= 1"),
     Row("out-of-range-trainer", "--trainer.max_steps=-5", lambda f: f.fit("--trainer.max_steps=-5"),
@@ -273,6 +314,22 @@ CATALOGUE: list[Row] = [
         lambda f: ["fit", "--config=/nonexistent/x.yaml", f"--root={f.runs}"], "/nonexistent/x.yaml"),
     Row("unknown-shipped-config", "--config=tinyy", lambda f: ["fit", "--config=tinyy", f"--root={f.runs}"],
         "config 'tinyy' is neither a YAML file nor a shipped config; shipped: "),
+    Row("config-not-text", "--config=RANDOM_BYTES.yaml (200 bytes of /dev/urandom)",
+        lambda f: ["fit", f"--config={f.config_file('random.yaml', bytes(range(56, 256)))}", f"--root={f.runs}"],
+        ("random.yaml' is not UTF-8 text", "pass a YAML config")),
+    Row("config-section-not-a-mapping", "a config file holding model: 5",
+        lambda f: ["fit", f"--config={f.config_file('model5.yaml', 'model: 5')}", f"--root={f.runs}"],
+        "model5.yaml': model: '5' is not valid; model holds its options as a mapping"),
+    Row("config-nested-unknown-key", "a config file with model: {d_modle: 3}",
+        lambda f: ["fit", f"--config={f.tiny_with('nested.yaml', '  d_model: 64', '  d_modle: 3')}", *QUICK,
+                   f"--root={f.runs}"],
+        "unknown key 'model.d_modle'; did you mean model.d_model"),
+    Row("config-empty", "an empty config file",
+        lambda f: ["fit", f"--config={f.config_file('empty.yaml', '')}", f"--root={f.runs}"],
+        "empty.yaml' is empty; a config holds trainer:, model: and data: sections"),
+    Row("config-not-yaml", "a config file with model: [1 (a YAML syntax error)",
+        lambda f: ["fit", f"--config={f.config_file('broken.yaml', 'model: [1')}", f"--root={f.runs}"],
+        ("broken.yaml' is not valid YAML: ", "at line 1, column 10")),
     Row("bad-wandb-mode", "--wandb=sometimes", lambda f: f.fit("--wandb=sometimes"),
         "--wandb='sometimes' is not valid; choose auto, online, offline or disabled"),
     Row("bad-kernel-switch", "ACCROT_CPU_KERNELS=fast accrot fit ...", lambda f: f.fit(),
@@ -306,6 +363,11 @@ CATALOGUE: list[Row] = [
                         "--data.init_args.column=content", f"--data.init_args.cache_dir={f.dir / 'cache'}",
                         corpus=False),
         "column 'content' is not in 'docs.jsonl'; columns: text, id"),
+    Row("dataset-rows-without-text", "--data=data_modules.HFDataModule --data.init_args.path=HOLES.jsonl "
+        "(4 of 200 rows lack text)",
+        lambda f: f.fit("--data=data_modules.HFDataModule", f"--data.init_args.path={f.jsonl_missing_text()}",
+                        f"--data.init_args.cache_dir={f.dir / 'cache'}", corpus=False),
+        ("4 of 200 rows of 'holes.jsonl'", "have no 'text' (row 7 is the first)")),
     Row("evaluation-too-long", "--extrapolation.multipliers=[100000]",
         lambda f: f.fit("--extrapolation.multipliers=[100000]"),
         "evaluation length 12800000 needs 12800001 tokens per block but the validation stream has"),
@@ -341,6 +403,17 @@ CATALOGUE: list[Row] = [
     Row("resume-with-another-config", "accrot fit --resume RUN_DIR --config tiny",
         lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), "--config", "tiny"],
         "--resume takes the run's own config.yaml and last checkpoint; drop --config"),
+    Row("eval-with-another-model", "accrot eval --ckpt ROPE_RUN.ckpt --config OTHER.yaml (rotation: path)",
+        lambda f: ["eval", "--ckpt", str(f.rope_checkpoint()),
+                   "--config", str(f.tiny_with("path.yaml", "rotation: none", "rotation: path"))],
+        ("describes another model than checkpoint", "model.scheme.rotation='rope' (config: 'path')")),
+    Row("resume-after-editing-seq-len", "accrot fit --resume RUN_DIR after editing seq_len in RUN_DIR/config.yaml",
+        lambda f: ["fit", "--resume", str(f.edited_run("seq-len", "seq_len: 128", "seq_len: 64"))],
+        ("was trained with other settings than the config: data.seq_len=128 (config: 64)",
+         "undo the edit of '")),
+    Row("resume-after-editing-rotation", "accrot fit --resume RUN_DIR after editing the rotation in its config.yaml",
+        lambda f: ["fit", "--resume", str(f.edited_run("rotation", "rotation: none", "rotation: rope"))],
+        ("model.scheme.rotation='none' (config: 'rope')", "or train a new run with it: accrot fit --config")),
     # -- sweeps and storages ------------------------------------------------------------------------------------
     Row("sweep-unknown-spec", "accrot sweep nope", lambda f: ["sweep", "nope", f"--root={f.sweeps}"],
         "sweep spec 'nope' does not exist; give a YAML path or one of:"),
@@ -351,6 +424,21 @@ CATALOGUE: list[Row] = [
         lambda f: ["sweep", str(f.spec("bad-space", space={"model.lrr": {"type": "float", "low": 1e-3, "high": 1e-2}})),
                    f"--root={f.sweeps}"],
         "search-space key 'model.lrr' is not a key of the accrot fit config; did you mean model.lr"),
+    Row("sweep-invalid-choice", "spec with space: {model.scheme.rotation: [none, rope, rotary]}",
+        lambda f: ["sweep", str(f.spec("bad-choice", space={"model.scheme.rotation": ["none", "rope", "rotary"]})),
+                   f"--root={f.sweeps}"],
+        "space.model.scheme.rotation value 'rotary' is not valid: model.scheme.rotation='rotary' is not valid"),
+    Row("sweep-invalid-conditional-choice", "spec with increments: {choices: [random_position, lerned], when: "
+        "{model.scheme.rotation: accum}}",
+        lambda f: ["sweep", str(f.spec("bad-when", space={
+            "model.scheme.rotation": ["none", "accum"],
+            "model.scheme.increments": {"type": "categorical", "choices": ["random_position", "lerned"],
+                                        "when": {"model.scheme.rotation": "accum"}}})), f"--root={f.sweeps}"],
+        "model.scheme.increments='lerned' is not valid; choose one of 'random_position', 'random_token', 'learned'"),
+    Row("sweep-invalid-bound", "spec with space: {model.lr: {type: float, low: -1.0e-3, high: 1.0e-2}}",
+        lambda f: ["sweep", str(f.spec("bad-bound", space={"model.lr": {"type": "float", "low": -1e-3, "high": 1e-2}})),
+                   f"--root={f.sweeps}"],
+        "space.model.lr value -0.001 is not valid: model.lr=-0.001 is not valid"),
     Row("sweep-objective-not-evaluated", "spec with objectives: [nll@16x] (runs evaluate at 1×, 2×)",
         lambda f: ["sweep", str(f.spec("bad-objective", objectives=[{"metric": "nll@16x"}])), f"--root={f.sweeps}"],
         "objective 'nll@16x' is never produced: the runs evaluate at multipliers 1, 2"),
@@ -361,6 +449,9 @@ CATALOGUE: list[Row] = [
         lambda f: ["sweep", str(f.spec("unreachable")), f"--root={f.sweeps}", "--workers=2",
                    f"--storage=postgresql://accrot:pw@127.0.0.1:{free_port()}/accrot"],
         ("accrot:***@127.0.0.1:", "' is unreachable: ")),
+    Row("sweep-relative-journal", "--storage=journal://relative/x.log",
+        lambda f: ["sweep", str(f.spec("journal")), f"--root={f.sweeps}", "--storage=journal://relative/x.log"],
+        "storage 'journal://relative/x.log' names a relative file; write journal:///ABS/PATH.log"),
     Row("sweep-duplicate-study", "a spec named like a study of the storage, with another space",
         lambda f: ["sweep", str(f.spec("taken-second", space={"model.weight_decay": [0.0, 0.1]})),
                    f"--root={f.sweeps}", "--workers=0", f"--storage={f.existing_study()}"],
@@ -387,6 +478,9 @@ CATALOGUE: list[Row] = [
         "--size='huge' is not valid; choose one of study, tiny, small, paper"),
     Row("ablation-unknown-variant", "accrot ablation --variants='[NoPE, Rope]'",
         lambda f: ["ablation", "--variants=[NoPE, Rope]", f"--out={f.sweeps}"],
+        "unknown variant 'Rope'; choose from NoPE, RoPE"),
+    Row("ablation-unknown-variant-words", "accrot ablation --variants NoPE Rope",
+        lambda f: ["ablation", "--variants", "NoPE", "Rope", f"--out={f.sweeps}"],
         "unknown variant 'Rope'; choose from NoPE, RoPE"),
     Row("ablation-other-options", "the same --study again with other options (here --seeds 3)",
         lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accrot.cli import CONFIG_DIR, main
+from accrot.cli import CONFIG_DIR, main, version
+
+REPO = Path(__file__).resolve().parent.parent
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--extrapolation.budget_tokens=2048"]
@@ -113,6 +115,32 @@ def test_bad_input_from_the_shell(tmp_path):
 def test_help_lists_scheme_keys(capsys):
     assert main(["fit", "--help"]) == 0
     assert "--model.scheme.rotation" in capsys.readouterr().out
+
+
+def test_front_door_answers_without_torch():
+    """`accrot --help`, `--version` and an unknown command import neither torch nor Lightning (they answer in a
+    fraction of a second; `make faults` prints the times): the entry module itself imports none of them."""
+    code = ("import sys, contextlib, io\n"
+            "from accrot.cli import main\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+            "    codes = [main(['--help']), main(['--version']), main(['fitt'])]\n"
+            "heavy = [m for m in ('torch', 'lightning', 'jsonargparse') if m in sys.modules]\n"
+            "print(codes, heavy)\n"
+            "print(out.getvalue())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    first, _, text = res.stdout.partition("\n")
+    assert first == "[0, 0, 2] []", res.stdout + res.stderr
+    for name in ("fit", "eval", "sweep", "ablation", "slurm", "report", "demo", "bench", "diagnose"):
+        assert f"\n  {name} " in text, text
+    assert "accrot: error: unknown command 'fitt'; did you mean fit?" in text
+    assert f"accrot {version()}" in text
+
+
+def test_slurm_help_lists_its_commands(capsys):
+    assert main(["slurm", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: accrot slurm {train,sweep}" in out and "  train " in out and "  sweep " in out
 
 
 def test_shipped_configs_exist():

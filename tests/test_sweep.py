@@ -457,9 +457,10 @@ def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
 
 
 @pytest.mark.slow
-def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path):
+def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path, capsys):
     """A huge learning rate makes the evaluation non-finite: the trial fails and says why. A threshold
-    pruner under every NLL stops the other variant at its first evaluation: pruned, with a checkpoint."""
+    pruner under every NLL stops the other variant at its first evaluation: pruned, with a checkpoint. A study
+    whose every trial failed makes the sweep exit 1 with a summary line that names it and why."""
     overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 3,
                  "extrapolation.every_n_steps": 1}
     spec = write_spec(tmp_path, "np", overrides=overrides, space={"model.weight_decay": [0.0, 0.1]},
@@ -468,7 +469,9 @@ def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path):
                                 "pruned": {}},
                       sampler={"type": "random", "seed": 0}, pruner={"type": "threshold", "upper": 0.0}, trials=1)
     root = tmp_path / "root"
-    assert sweep(spec, root, "--workers=1") == 0
+    assert sweep(spec, root, "--workers=1") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every trial failed in 1 of 2 studies: np/diverged (1 failed; first: the run diverged" in out, out[-2000:]
     url = f"sqlite:///{root}/np/study.db"
     (diverged,) = load(url, "np/diverged").get_trials()
     assert diverged.state == TrialState.FAIL

@@ -30,6 +30,8 @@ def _check_choice(name: str, value: object, literal: object) -> None:
         raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
 
 
+MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
+
 @dataclass
 class SchemeConfig:
     """One cell of the ablation grid plus the knobs of its parts.
@@ -143,6 +145,10 @@ class SchemeConfig:
             raise ConfigError(f"beta_max={self.beta_max!r} is not valid; it must lie in (0, 2]")
         if self.window is not None and self.sigma is not None:
             raise ConfigError("window and sigma both set; set the spread by one of them")
+        if self.window is not None and self.window > MAX_WINDOW:
+            raise ConfigError(f"window={self.window!r} is not valid; at most 2^24 = {MAX_WINDOW} tokens (float32 holds "
+                              "positions exactly up to 2^24; a longer window mixes nothing at any length accrot "
+                              "evaluates: use rotation=rope for fixed angles)")
 
     @classmethod
     def field_names(cls) -> list[str]:
