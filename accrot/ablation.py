@@ -16,7 +16,7 @@ the seeds. The spec it generates is written beside the results (``<study>.yaml``
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
 about 45-50 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
-at 150 steps and 2 seeds: a 10-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
+at 150 steps, 2 seeds, evaluated to 32× L: a 10-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and batch 32, 3 seeds: a GPU node or a
 cluster).
 """
@@ -82,7 +82,8 @@ class Size:
 # The default, "study", was chosen by measurement on a quiet 2-core machine (issue #15; README "The study"): the
 # tiny recipe at 3 seeds took 37 min and left C1 inside the seeds' spread (4× NLL, accum-random − RoPE:
 # −0.22 ± 0.26); at d_model 96 the same 3 seeds resolve it (−0.12 ± 0.09: RoPE's seeds agree more), for 1.35× the
-# run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget.
+# run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget,
+# and lengths up to 32× (the 64× evaluation and diagnostics cost PaTH and the random variants most).
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768},
@@ -91,8 +92,9 @@ SIZES: dict[str, Size] = {
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
-                 cost="52 runs of 150 steps (d64, 2 layers, L = 128): about 10 min with 2 workers on 2 CPU cores; "
-                      "2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
+                 multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32),
+                 cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 10 min with 2 workers on "
+                      "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
     "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
                   overrides={"extrapolation.budget_tokens": 131072},
                   cost="78 runs of 5000 steps (d256, 6 layers, L = 512): a GPU; see the README"),
