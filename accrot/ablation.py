@@ -76,6 +76,7 @@ class Size:
     overrides: dict[str, Any] = field(default_factory=dict)
     multipliers: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
     diagnostics: tuple[float, ...] = (1, 8, 64)
+    fresh_draws: int = 32  # increment draws per block for the coherence of random increments (FRESH_DRAWS)
     cost: str = ""
 
 
@@ -83,7 +84,8 @@ class Size:
 # tiny recipe at 3 seeds took 37 min and left C1 inside the seeds' spread (4× NLL, accum-random − RoPE:
 # −0.22 ± 0.26); at d_model 96 the same 3 seeds resolve it (−0.12 ± 0.09: RoPE's seeds agree more), for 1.35× the
 # run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget,
-# and lengths up to 32× (the 64× evaluation and diagnostics cost PaTH and the random variants most).
+# lengths up to 32× and 8 fresh increment draws in the coherence instrument, not 32 (the measured costs: the 64×
+# evaluation and the diagnostics' fresh draws are what PaTH and the random variants spend most on).
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768},
@@ -92,7 +94,7 @@ SIZES: dict[str, Size] = {
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
-                 multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32),
+                 multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
                  cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 10 min with 2 workers on "
                       "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
     "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
@@ -126,7 +128,7 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
         common["trainer.max_steps"] = max_steps
     ckpt = checkpoint_callback(size.base)
     diagnostics = {"class_path": "callbacks.diagnostics.DiagnosticsCallback",
-                   "init_args": {"multipliers": diag, "blocks": 2}}
+                   "init_args": {"multipliers": diag, "blocks": 2, "draws": size.fresh_draws}}
     strata: dict[str, dict[str, Any]] = {}
     for data in datasets:
         for label in variants:

@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from accrot.diagnostics import diagnose, plot_diagnostics, summary
+from accrot.diagnostics import FRESH_DRAWS, diagnose, plot_diagnostics, summary
 from accrot.report import atomic_write_text
 
 
@@ -29,6 +29,8 @@ class DiagnosticsCallback(L.Callback):
         eps: ε of the mixing window.
         far_window: far = keys more than this many tokens back (None: training length / 4).
         dirname: folder inside the run directory.
+        draws: fresh increment draws per block for the coherence of random increments (the error bars are across
+            blocks × draws; fewer draws are cheaper and wider).
     """
 
     def __init__(
@@ -39,8 +41,12 @@ class DiagnosticsCallback(L.Callback):
         eps: float = 0.05,
         far_window: int | None = None,
         dirname: str = "diagnostics",
+        draws: int = FRESH_DRAWS,
     ) -> None:
         super().__init__()
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 2:
+            raise ValueError(f"draws={draws!r} is not valid; at least 2 fresh draws (an error bar needs a spread)")
+        self.draws = draws
         if not multipliers or any(not m > 0 for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
         if blocks < 1:
@@ -90,7 +96,8 @@ class DiagnosticsCallback(L.Callback):
         self._last_step = trainer.global_step
         t0 = time.perf_counter()
         model = getattr(pl_module, "model", pl_module)
-        result = diagnose(model, self._blocks, self.train_length, eps=self.eps, far_window=self.far_window)
+        result = diagnose(model, self._blocks, self.train_length, eps=self.eps, far_window=self.far_window,
+                          draws=self.draws)
         result.update(step=trainer.global_step, seconds=round(time.perf_counter() - t0, 3))
         self.last_result = result
         metrics = {}

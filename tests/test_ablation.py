@@ -209,6 +209,10 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     assert drift["model.scheme.increment_mean"] == "rope"
     assert drift["model.scheme.window"] == 0.75 * SIZES[size].seq_len
     assert max(spec.overrides["extrapolation.multipliers"]) == max(SIZES[size].multipliers) >= 32
+    diag = next(s for s in strata if s.variant == "corpus.accum-random").overrides["trainer.callbacks"][-1]
+    assert diag["class_path"].endswith("DiagnosticsCallback")
+    assert diag["init_args"]["draws"] == SIZES[size].fresh_draws >= 8  # the coherence instrument's fresh draws
+    assert max(diag["init_args"]["multipliers"]) == max(SIZES[size].multipliers)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.
 
 
 
-def _study_geometry() -> tuple[int, int, int, int, float]:
-    """(heads, head dim, d_model, L, window) of the default ``accrot ablation`` preset, from its base config."""
+def _study_geometry() -> tuple[int, int, int, int, float, int]:
+    """(heads, head dim, d_model, L, window, fresh draws) of the default ``accrot ablation`` preset, from its
+    base config."""
     import yaml
 
     from accrot.ablation import SIZES, WINDOW_FRACTION
@@ -54,10 +55,10 @@ def _study_geometry() -> tuple[int, int, int, int, float]:
     model = yaml.safe_load(config_path(size.base).read_text())["model"]
     d_model = int(size.overrides.get("model.d_model", model["d_model"]))
     heads = int(size.overrides.get("model.n_heads", model["n_heads"]))
-    return heads, d_model // heads, d_model, size.seq_len, WINDOW_FRACTION * size.seq_len
+    return heads, d_model // heads, d_model, size.seq_len, WINDOW_FRACTION * size.seq_len, size.fresh_draws
 
 
-H, D, D_MODEL, L, WINDOW = _study_geometry()
+H, D, D_MODEL, L, WINDOW, DRAWS = _study_geometry()
 FIT = 7 * L // 8  # the windows' Δ range
 
 
@@ -67,7 +68,7 @@ def random_scheme(window: float, seed: int = 0):
 
 
 def measure(seed: int, T: int = L, window: float = WINDOW, blocks: int = 2):
-    """Coherence of synthetic q, k under fresh draws (the ablation's 2 blocks, FRESH_DRAWS each): per-replicate
+    """Coherence of synthetic q, k under fresh draws (the ablation's 2 blocks, DRAWS each): per-replicate
     sums, curve, stderr ``[H, n]`` and the distances."""
     gen = torch.Generator().manual_seed(1000 + seed)
     scale = torch.linspace(0.5, 1.5, D)  # anisotropic: coordinates of different size
@@ -75,7 +76,7 @@ def measure(seed: int, T: int = L, window: float = WINDOW, blocks: int = 2):
     k = 0.6 * q + 0.8 * torch.randn(blocks, H, T, D, generator=gen)  # q·k has a systematic part
     dist = default_distances(T)
     sums = scheme_coherence_fresh(random_scheme(window, seed), q, k, torch.zeros(blocks, T, D_MODEL),
-                                  torch.zeros(blocks, T, dtype=torch.long), dist, max_queries=512, draws=FRESH_DRAWS)
+                                  torch.zeros(blocks, T, dtype=torch.long), dist, max_queries=512, draws=DRAWS)
     curve, stderr = curve_and_stderr(sums)
     return sums, curve, stderr, dist
 
