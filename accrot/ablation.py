@@ -16,7 +16,7 @@ the seeds. The spec it generates is written beside the results (``<study>.yaml``
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
 about 45-50 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
-at 150 steps, 2 seeds, evaluated to 32× L: a 10-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
+at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and batch 32, 3 seeds: a GPU node or a
 cluster).
 """
@@ -95,7 +95,7 @@ SIZES: dict[str, Size] = {
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
                  multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
-                 cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 10 min with 2 workers on "
+                 cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
                       "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
     "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
                   overrides={"extrapolation.budget_tokens": 131072},
