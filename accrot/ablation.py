@@ -15,7 +15,7 @@ the seeds. The spec it generates is written beside the results (``<study>.yaml``
 * ``--report_only`` rebuilds the report from whatever trials are complete.
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
-about 45-50 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
+about 50 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
 at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 3 seeds: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and batch 32, 3 seeds: a GPU node or a
 cluster).
@@ -89,7 +89,7 @@ class Size:
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768},
-                  cost="78 runs of 300 steps (d96, 2 layers, L = 128): about 45-50 min with 2 workers on 2 CPU cores; "
+                  cost="78 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
                        "3 seeds: the size measured to resolve the claims on a CPU"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
