@@ -310,6 +310,9 @@ def _make_cli_class():
                 checkpoint = read_checkpoint(ckpt)
             except ValueError as err:
                 raise UsageError(str(err)) from None
+            reason = check_fits(checkpoint, cfg["model"], ckpt)  # another scheme or shape: the specific message
+            if reason:
+                raise UsageError(reason)
             if self.subcommand == "fit":  # Lightning restores the whole run: the config must be the run's
                 differ = settings_differences(checkpoint, dict(cfg["model"].hparams),
                                               dict(getattr(cfg["data"], "hparams", {}) or {}))
@@ -322,9 +325,6 @@ def _make_cli_class():
                     raise UsageError(f"checkpoint {str(ckpt)!r} was trained with other settings than the config: "
                                      f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; {fix} (a resumed "
                                      "run may change trainer.max_steps, evaluation and logging only)")
-            reason = check_fits(checkpoint, cfg["model"], ckpt)
-            if reason:
-                raise UsageError(reason)
             if io is not None:
                 io.preload(ckpt, checkpoint)  # Lightning's restore takes it from memory: read once
             return checkpoint

@@ -1,16 +1,20 @@
-"""Lightning's start-up lines are held until training starts, so an error is the only line a user sees.
+"""Lightning's start-up lines (and warnings) are held until training starts, so an error is the only line a user
+sees.
 
 Lightning logs "Seed set to 0", "GPU available: …" and its hints while LightingCLI parses and builds the
 Trainer, which is also where accrot rejects bad input. :func:`hold_startup_logs` swaps the handlers of
 Lightning's two top loggers for one that keeps the records; :func:`release_startup_logs` (called when training
 starts, or when the command ends well) replays them through the original handlers in order; a command that
-fails drops them, so nothing prints before its one-line error.
+fails drops them, so nothing prints before its one-line error. Python warnings raised meanwhile (Lightning's
+"The `srun` command is available on your system but is not used", from its SLURM detection) are held and replayed
+or dropped the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 
 LOGGERS = ("lightning.pytorch", "lightning.fabric")  # both have propagate=False and their own StreamHandler
@@ -20,6 +24,11 @@ class _Held(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[tuple[logging.Logger, logging.LogRecord]] = []
+        self.warnings: list[warnings.WarningMessage] = []  # in order
+        self.showwarning = warnings.showwarning
+
+    def hold_warning(self, message, category, filename, lineno, file=None, line=None) -> None:
+        self.warnings.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append((logging.getLogger(record.name), record))
@@ -35,6 +44,10 @@ def release_startup_logs() -> None:
     if _held is None:
         return
     held, _held = _held, None
+    if warnings.showwarning == held.hold_warning:
+        warnings.showwarning = held.showwarning
+    for msg in held.warnings:  # the module's own dispatch: it honours catch_warnings(record=True) (pytest)
+        warnings._showwarnmsg(msg)
     for name, handlers in _saved.items():
         logger = logging.getLogger(name)
         logger.removeHandler(held)
@@ -51,6 +64,7 @@ def _drop() -> None:
     global _held
     if _held is not None:
         _held.records.clear()
+        _held.warnings.clear()
         release_startup_logs()
 
 
@@ -66,6 +80,7 @@ def hold_startup_logs() -> Iterator[None]:
         yield
         return
     _held = _Held()
+    warnings.showwarning = _held.hold_warning
     for name in LOGGERS:
         logger = logging.getLogger(name)
         _saved[name] = list(logger.handlers)

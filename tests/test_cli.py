@@ -254,3 +254,23 @@ def test_checkpoint_fit_compares_the_seed_only_where_something_is_random():
     assert reason is not None and "seed=4 (config: 3)" in reason
     assert check_fits(ckpt(lit(**random)), lit(**random, seed=0), "x.ckpt") is None  # None resolves to 0
     assert check_fits(ckpt(lit(rotation="rope", seed=4)), lit(rotation="rope", seed=3), "x.ckpt") is None
+
+
+def test_warnings_during_start_up_are_held_then_replayed_or_dropped():
+    """A warning raised while the command is being built (Lightning's srun hint, on a machine with SLURM's
+    binaries) prints after the input proved good, through the warnings machinery (pytest records it), and is
+    dropped when the command fails: the one-line error stays the only line."""
+    import warnings
+
+    from accrot.logs import hold_startup_logs
+
+    with pytest.warns(UserWarning, match="replayed once training starts"):
+        with hold_startup_logs():
+            warnings.warn("replayed once training starts", UserWarning)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError), hold_startup_logs():
+            warnings.warn("dropped with the failed command", UserWarning)
+            raise ValueError("bad input")
+    assert not [w for w in seen if "dropped" in str(w.message)]
+    assert getattr(warnings.showwarning, "__name__", "") != "hold_warning"  # the original is back
