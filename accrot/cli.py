@@ -310,18 +310,18 @@ def _make_cli_class():
                 checkpoint = read_checkpoint(ckpt)
             except ValueError as err:
                 raise UsageError(str(err)) from None
-            reason = check_fits(checkpoint, cfg["model"], ckpt)  # another scheme or shape: the specific message
+            if self.resume_dir is not None:  # --resume read the run's own config.yaml: it was edited
+                fix = (f"undo the edit of {str(self.resume_dir / 'config.yaml')!r}, or train a new run with "
+                       f"it: accrot fit --config {self.resume_dir / 'config.yaml'}")
+            else:
+                fix = "resume a run with `accrot fit --resume RUN_DIR`, which uses its own config"
+            reason = check_fits(checkpoint, cfg["model"], ckpt, advice=fix)  # another scheme or shape: specific
             if reason:
                 raise UsageError(reason)
             if self.subcommand == "fit":  # Lightning restores the whole run: the config must be the run's
                 differ = settings_differences(checkpoint, dict(cfg["model"].hparams),
                                               dict(getattr(cfg["data"], "hparams", {}) or {}))
                 if differ:
-                    if self.resume_dir is not None:
-                        fix = (f"undo the edit of {str(self.resume_dir / 'config.yaml')!r}, or train a new run with "
-                               f"it: accrot fit --config {self.resume_dir / 'config.yaml'}")
-                    else:
-                        fix = "continue a run with `accrot fit --resume RUN_DIR`, which uses its own config"
                     raise UsageError(f"checkpoint {str(ckpt)!r} was trained with other settings than the config: "
                                      f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; {fix} (a resumed "
                                      "run may change trainer.max_steps, evaluation and logging only)")

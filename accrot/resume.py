@@ -227,8 +227,12 @@ def _identity(scheme: dict | None) -> dict:
     return d
 
 
-def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path) -> str | None:
-    """None if ``checkpoint``'s weights load into ``model`` (a LitLM); else a one-line reason naming what differs."""
+RESUME_ADVICE = "resume a run with `accrot fit --resume RUN_DIR`, which uses its own config"
+
+
+def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path, advice: str = RESUME_ADVICE) -> str | None:
+    """None if ``checkpoint``'s weights load into ``model`` (a LitLM); else a one-line reason naming what differs,
+    ending with ``advice`` (what to do instead)."""
     hp = checkpoint.get("hyper_parameters") or {}
     mine = dict(getattr(model, "hparams", {}))
     theirs_scheme, my_scheme = _identity(hp.get("scheme")), _identity(mine.get("scheme"))
@@ -236,12 +240,11 @@ def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path) -> st
         differ = sorted(k for k in set(theirs_scheme) | set(my_scheme) if theirs_scheme.get(k) != my_scheme.get(k))
         detail = ", ".join(f"{k}={theirs_scheme.get(k)!r} (config: {my_scheme.get(k)!r})" for k in differ[:3])
         return (f"checkpoint {str(path)!r} is of another scheme ({scheme_label(theirs_scheme)}) than the config "
-                f"({scheme_label(my_scheme)}): {detail}; resume a run with `accrot fit --resume RUN_DIR`, which "
-                "uses its own config")
+                f"({scheme_label(my_scheme)}): {detail}; {advice}")
     for key in SHAPE_KEYS:
         if key in hp and key in mine and hp[key] != mine[key]:
             return (f"checkpoint {str(path)!r} has model.{key}={hp[key]!r} but the config builds model.{key}="
-                    f"{mine[key]!r}; resume a run with `accrot fit --resume RUN_DIR`, which uses its own config")
+                    f"{mine[key]!r}; {advice}")
     weights = checkpoint.get("state_dict") or {}
     own = model.state_dict()
     missing = [k for k in own if k not in weights]

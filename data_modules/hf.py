@@ -708,10 +708,9 @@ class HFDataModule(TokenStreamDataModule):
             pending: dict[str, list[str]] = {"train": [], "validation": []}
             missing, first_missing = 0, None
             for index, text in enumerate(self._documents(ds, split)):
-                if text is None:  # a row without the column (JSON) or a null: malformed, not an empty document
+                if text is None:  # a row without the column (JSON) or a null: counted as empty, and said once
                     missing += 1
                     first_missing = index if first_missing is None else first_missing
-                    continue
                 to, f = target, 0.0
                 if to is None:
                     f = document_fraction(index)
@@ -727,9 +726,9 @@ class HFDataModule(TokenStreamDataModule):
                     add(to, pending[to])
                     pending[to] = []
             if missing:
-                raise DataError(
-                    f"{missing} of {ds.num_rows} rows of {self._label(split)} have no '{self.column}' (row "
-                    f"{first_missing} is the first); give every row a '{self.column}', or pass column=<another>")
+                log.warning(f"accrot: warning: {missing} of {ds.num_rows} rows of {self._label(split)} have no "
+                            f"'{self.column}' (row {first_missing} is the first); they are skipped as empty documents "
+                            "(run.json counts them)")
             for to, texts in pending.items():
                 if texts:
                     add(to, texts)

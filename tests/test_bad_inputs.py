@@ -112,12 +112,6 @@ class Fixtures:
         return self._once("docs.jsonl", lambda p: p.write_text("".join(
             f'{{"text": "document {i} " , "id": {i}}}\n' for i in range(200))))
 
-    def jsonl_missing_text(self) -> Path:
-        """200 rows, every 50th without its text (another key instead)."""
-        return self._once("holes.jsonl", lambda p: p.write_text("".join(
-            (f'{{"body": "row {i}", "id": {i}}}\n' if i % 50 == 7 else f'{{"text": "document {i} ", "id": {i}}}\n')
-            for i in range(200))))
-
     def a_file(self) -> Path:
         return self._once("a-file", lambda p: p.write_text("not a folder\n"))
 
@@ -363,11 +357,6 @@ CATALOGUE: list[Row] = [
                         "--data.init_args.column=content", f"--data.init_args.cache_dir={f.dir / 'cache'}",
                         corpus=False),
         "column 'content' is not in 'docs.jsonl'; columns: text, id"),
-    Row("dataset-rows-without-text", "--data=data_modules.HFDataModule --data.init_args.path=HOLES.jsonl "
-        "(4 of 200 rows lack text)",
-        lambda f: f.fit("--data=data_modules.HFDataModule", f"--data.init_args.path={f.jsonl_missing_text()}",
-                        f"--data.init_args.cache_dir={f.dir / 'cache'}", corpus=False),
-        ("4 of 200 rows of 'holes.jsonl'", "have no 'text' (row 7 is the first)")),
     Row("evaluation-too-long", "--extrapolation.multipliers=[100000]",
         lambda f: f.fit("--extrapolation.multipliers=[100000]"),
         "evaluation length 12800000 needs 12800001 tokens per block but the validation stream has"),
@@ -413,7 +402,8 @@ CATALOGUE: list[Row] = [
          "undo the edit of '")),
     Row("resume-after-editing-rotation", "accrot fit --resume RUN_DIR after editing the rotation in its config.yaml",
         lambda f: ["fit", "--resume", str(f.edited_run("rotation", "rotation: none", "rotation: rope"))],
-        ("model.scheme.rotation='none' (config: 'rope')", "or train a new run with it: accrot fit --config")),
+        ("is of another scheme (rotation=none, far_mass=none) than the config (rotation=rope, far_mass=none)",
+         "undo the edit of '", "or train a new run with it: accrot fit --config")),
     # -- sweeps and storages ------------------------------------------------------------------------------------
     Row("sweep-unknown-spec", "accrot sweep nope", lambda f: ["sweep", "nope", f"--root={f.sweeps}"],
         "sweep spec 'nope' does not exist; give a YAML path or one of:"),

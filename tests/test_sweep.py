@@ -470,7 +470,7 @@ def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path, 
                       sampler={"type": "random", "seed": 0}, pruner={"type": "threshold", "upper": 0.0}, trials=1)
     root = tmp_path / "root"
     assert sweep(spec, root, "--workers=1") == 1
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().err.split())  # the sweep's console writes to stderr
     assert "every trial failed in 1 of 2 studies: np/diverged (1 failed; first: the run diverged" in out, out[-2000:]
     url = f"sqlite:///{root}/np/study.db"
     (diverged,) = load(url, "np/diverged").get_trials()

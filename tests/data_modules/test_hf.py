@@ -166,11 +166,17 @@ def test_files_named_by_split(tmp_path):
     assert make(data, tmp_path, val_split="test").val_stream.numel() == len("\n\n".join(val_docs).encode())
 
 
-def test_empty_documents_are_skipped_and_counted(tmp_path):
+def test_empty_documents_are_skipped_and_counted(tmp_path, caplog):
     docs = [d if i % 3 else "" for i, d in enumerate(documents(60))]
     path = tmp_path / "gappy.jsonl"
     path.write_text("".join(json.dumps({"text": d if d else None}) + "\n" for d in docs))  # nulls count as empty
-    dm = make(path, tmp_path, val_fraction=0.2)
+    with caplog.at_level("WARNING", logger="data_modules.hf"):
+        dm = make(path, tmp_path, val_fraction=0.2)
+        dm.train_stream  # noqa: B018 - the streams are read (and the rows counted) on first use
+    # rows without the text are not silent: one warning line says how many and where the first is
+    said = [r.getMessage() for r in caplog.records if r.name == "data_modules.hf"]
+    assert said == ["accrot: warning: 20 of 60 rows of 'gappy.jsonl' have no 'text' (row 0 is the first); they are "
+                    "skipped as empty documents (run.json counts them)"], said
     assert (bytes(dm.train_stream.numpy()), bytes(dm.val_stream.numpy())) == expected(docs, 0.2)
     splits = dm.describe()["splits"]
     assert splits["train"]["empty_documents"] + splits["validation"]["empty_documents"] == 20
