@@ -266,11 +266,11 @@ def test_warnings_during_start_up_are_held_then_replayed_or_dropped():
 
     with pytest.warns(UserWarning, match="replayed once training starts"):
         with hold_startup_logs():
-            warnings.warn("replayed once training starts", UserWarning)
+            warnings.warn("replayed once training starts", UserWarning, stacklevel=2)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with pytest.raises(ValueError), hold_startup_logs():
-            warnings.warn("dropped with the failed command", UserWarning)
+            warnings.warn("dropped with the failed command", UserWarning, stacklevel=2)
             raise ValueError("bad input")
     assert not [w for w in seen if "dropped" in str(w.message)]
     assert getattr(warnings.showwarning, "__name__", "") != "hold_warning"  # the original is back
