@@ -179,13 +179,10 @@ def last_checkpoint(run_dir: Path) -> Path:
     folder = Path(run_dir) / "checkpoints"
     last = folder / "last.ckpt"
     try:
-        found = [(p.stat().st_mtime_ns, p.name != "last.ckpt", p) for p in folder.glob("*.ckpt") if p.is_file()]
+        found = [(p.stat().st_mtime_ns, p == last, p) for p in folder.glob("*.ckpt") if p.is_file()]
     except OSError:
         return last
-    if not found or not last.is_file():
-        return last if not found else max(found)[2]
-    newest = max(found, key=lambda f: (f[0], not f[1]))  # a tie goes to last.ckpt
-    return newest[2]
+    return max(found)[2] if found else last  # the newest; a tie goes to last.ckpt
 
 
 def latest_resumable_run(save_dir: str | Path, name: str) -> Path | None:
