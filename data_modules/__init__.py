@@ -1,7 +1,7 @@
 """LightningDataModules (DESIGN §4): the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
 corpus shares, and the synthetic tasks (offset copy, passkey retrieval)."""
 
-from data_modules.errors import DataError
+from accrot.errors import DataError
 from data_modules.hf import HFDataModule
 from data_modules.stdlib import StdlibDataModule, stdlib_root
 from data_modules.streams import TokenStreamDataModule, TokenStreams, TokenWindows

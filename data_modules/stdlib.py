@@ -8,8 +8,8 @@ directory of text files.
   named in ``exclude_dirs`` and hidden directories (``.git``) are pruned. For the stdlib the default prunes
   ``site-packages``, ``dist-packages``, ``test``/``tests`` (this covers lib2to3's tests), ``idlelib`` and
   ``__pycache__``. Empty files (many ``__init__.py``) are skipped and counted.
-* Split: a file goes to validation iff ``sha1(salt + relative path)`` read as a fraction of 2⁶⁴ is below
-  ``val_fraction``: independent of listing order, machine and seed, never both splits.
+* Split: a file goes to validation iff the hashed fraction of its relative path is below ``val_fraction``
+  (:mod:`data_modules.split`): independent of listing order, machine and seed, never both splits.
 * Streams: the files of a split in sorted order of relative path, their raw bytes joined by ``"\\n\\n"``.
   Bytes are read as they are: the tokenizer is bytes, so no file is decoded and a non-UTF-8 file costs
   nothing (the stdlib of 3.11 is all UTF-8).
@@ -19,33 +19,25 @@ directory of text files.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import platform
 import sysconfig
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from data_modules.errors import DataError
+from accrot.errors import DataError
+from data_modules.split import FILE_SALT, check_both_splits, file_fraction, salt_label
 from data_modules.streams import TokenStreamDataModule, TokenStreams
 from data_modules.tokenizer import ByteTokenizer
 
 STDLIB_EXCLUDE_DIRS = ("site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__")
 DEFAULT_EXCLUDE_DIRS = ("__pycache__",)
 SEPARATOR = b"\n\n"
-# Part of the split's definition: changing it reshuffles which files are validation.
-SPLIT_SALT = b"accrot/file-split/v1\0"
 
 
 def stdlib_root() -> Path:
     """Directory of the running interpreter's standard library (the base interpreter's, inside a venv)."""
     return Path(sysconfig.get_paths()["stdlib"])
-
-
-def split_fraction(relpath: str) -> float:
-    """Deterministic number in [0, 1) for a relative path; validation iff it is below ``val_fraction``."""
-    digest = hashlib.sha1(SPLIT_SALT + relpath.encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
 def glob_match(relpath: str, pattern: str) -> bool:
@@ -92,7 +84,8 @@ class StdlibDataModule(TokenStreamDataModule):
         val_fraction: expected fraction of files in the validation split, in (0, 1).
         exclude_dirs: directory names pruned at any depth; None = the stdlib list for the stdlib,
             ``__pycache__`` otherwise. Hidden directories are always pruned.
-        seq_len, batch_size, num_workers, seed, val_blocks, max_train_tokens: see :class:`TokenStreamDataModule`.
+        **kwargs: seq_len, batch_size, num_workers, seed, val_blocks, max_train_tokens of
+            :class:`TokenStreamDataModule`.
     """
 
     def __init__(
@@ -101,21 +94,9 @@ class StdlibDataModule(TokenStreamDataModule):
         glob: str = "**/*.py",
         val_fraction: float = 0.05,
         exclude_dirs: list[str] | None = None,
-        seq_len: int = 128,
-        batch_size: int = 16,
-        num_workers: int = 0,
-        seed: int = 0,
-        val_blocks: int = 64,
-        max_train_tokens: int | None = None,
+        **kwargs,
     ) -> None:
-        super().__init__(
-            seq_len=seq_len,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            seed=seed,
-            val_blocks=val_blocks,
-            max_train_tokens=max_train_tokens,
-        )
+        super().__init__(**kwargs)
         if not (isinstance(val_fraction, (int, float)) and 0.0 < val_fraction < 1.0):
             raise DataError(
                 f"val_fraction={val_fraction!r} is not valid; use a number strictly between 0 and 1"
@@ -151,21 +132,10 @@ class StdlibDataModule(TokenStreamDataModule):
             raise DataError(
                 f"all {len(files)} files {where} matching '{self.glob}' are empty; pass a directory of non-empty text files"
             )
-        fractions = {rel: split_fraction(rel) for rel in names}
+        fractions = {rel: file_fraction(rel) for rel in names}
+        check_both_splits(list(fractions.values()), self.val_fraction, "files", where)
         val = [rel for rel in names if fractions[rel] < self.val_fraction]
         train = [rel for rel in names if fractions[rel] >= self.val_fraction]
-        if not val:
-            lowest = math.floor(min(fractions.values()) * 1e4) / 1e4 + 1e-4
-            raise DataError(
-                f"val_fraction={self.val_fraction} puts none of the {len(names)} files {where} in the validation "
-                f"split; use val_fraction >= {lowest:.4f} or more files"
-            )
-        if not train:
-            highest = math.floor(max(fractions.values()) * 1e4) / 1e4
-            raise DataError(
-                f"val_fraction={self.val_fraction} puts all {len(names)} files {where} in the validation split; "
-                f"use val_fraction <= {highest:.4f} or more files"
-            )
         return train, val, len(files) - len(names)
 
     def load_streams(self) -> TokenStreams:
@@ -195,7 +165,7 @@ class StdlibDataModule(TokenStreamDataModule):
             "glob": self.glob,
             "exclude_dirs": list(self.exclude_dirs),
             "val_fraction": self.val_fraction,
-            "split": "sha1(salt + relative path) < val_fraction, salt " + SPLIT_SALT.decode().rstrip("\0"),
+            "split": "sha1(salt + relative path) < val_fraction, salt " + salt_label(FILE_SALT),
             "separator": SEPARATOR.decode(),
             "empty_files_skipped": self.empty_files,
             "splits": splits,

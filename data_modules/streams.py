@@ -26,7 +26,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from data_modules.errors import DataError
+from accrot.errors import DataError
 from data_modules.tokenizer import ByteTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from data_modules.errors import DataError
+from accrot.errors import DataError
 from data_modules.streams import TokenStreamDataModule, TokenStreams, _check_int
 from data_modules.tokenizer import ByteTokenizer
 

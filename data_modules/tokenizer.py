@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from data_modules.errors import DataError
+from accrot.errors import DataError
 
 
 @runtime_checkable

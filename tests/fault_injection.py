@@ -34,9 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# run as a script, sys.path[0] is tests/, whose data_modules/ (the tests' package) would shadow the real one:
-# the repository goes first, whatever PYTHONPATH holds
-sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() not in (REPO, REPO / "tests")]
+if str(REPO) not in sys.path:  # run as a script: make `tests` and the packages importable
+    sys.path.insert(0, str(REPO))
 
 # a tiny run that still checkpoints, validates and evaluates mid-run: every 10 of 40 steps
 RUN = ["fit", "--config", "tiny", "--trainer.max_steps=40", "--model.d_model=32", "--trainer.limit_val_batches=1",
@@ -239,7 +238,8 @@ def sweep_with_a_killed_worker(workdir: Path) -> dict:
     from optuna.trial import TrialState
 
     from accrot.cli import main
-    from accrot.sweep import SPEC_DIR, StorageRef, load_spec, open_storage
+    from accrot.sweep.spec import SPEC_DIR, load_spec
+    from accrot.sweep.storage import StorageRef, open_storage
 
     doc = yaml.safe_load((SPEC_DIR / "smoke.yaml").read_text())
     doc.update(name="kill", trials=2, seeds=[0, 1], retries=1, pruner={"type": "none"})

@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from data_modules import ByteTokenizer, DataError, StdlibDataModule, TokenWindows
-from data_modules.stdlib import SEPARATOR, STDLIB_EXCLUDE_DIRS, glob_match, list_files, split_fraction
+from data_modules.split import file_fraction
+from data_modules.stdlib import SEPARATOR, STDLIB_EXCLUDE_DIRS, glob_match, list_files
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +257,7 @@ def test_no_match_and_empty_files(tmp_path):
 def test_empty_validation_split_suggests_a_fraction(tmp_path):
     (tmp_path / "only.py").write_text("x = 1\n" * 10)
     (tmp_path / "other.py").write_text("y = 2\n" * 10)
-    lowest = min(split_fraction("only.py"), split_fraction("other.py"))
+    lowest = min(file_fraction("only.py"), file_fraction("other.py"))
     with pytest.raises(DataError) as err:
         StdlibDataModule(root=str(tmp_path), val_fraction=lowest / 2)
     msg = one_line(err)

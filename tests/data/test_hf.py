@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from data_modules import DataError, HFDataModule
-from data_modules import hf as hfmod
-from data_modules.hf import document_fraction, looks_local, split_of, stream_dtype
+from data_modules import DataError, HFDataModule, hf_source
+from data_modules.hf_pack import stream_dtype
+from data_modules.hf_source import looks_local, split_of
+from data_modules.split import document_fraction
 
 WORDS = ["alpha", "beta", "gamma", "délta", "epsilon", "zeta", "eta", "theta"]
 
@@ -202,7 +203,7 @@ def test_hub_name_offline_fails_fast():
 def test_hub_name_without_network_fails_fast(monkeypatch):
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var)
-    monkeypatch.setattr(hfmod, "network_problem", lambda: "no network: cannot reach huggingface.co:443")
+    monkeypatch.setattr(hf_source, "network_problem", lambda: "no network: cannot reach huggingface.co:443")
     start = time.perf_counter()
     with pytest.raises(DataError) as err:
         HFDataModule(path="Salesforce/wikitext")
@@ -215,7 +216,7 @@ def test_network_probe_reports_an_unreachable_endpoint(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: closed
     start = time.perf_counter()
-    assert hfmod.network_problem(timeout=1.0) == "no network: cannot reach 127.0.0.1:9"
+    assert hf_source.network_problem(timeout=1.0) == "no network: cannot reach 127.0.0.1:9"
     assert time.perf_counter() - start < 1.5
 
 
@@ -228,7 +229,7 @@ def cached_hub_dataset(tmp_path_factory) -> str:
     src = tmp_path_factory.mktemp("hub-src")
     files = {"train": str(write_jsonl(src / "a.jsonl", documents(40))),
              "validation": str(write_jsonl(src / "b.jsonl", documents(8, start=200)))}
-    with hfmod._quiet_datasets():
+    with hf_source.quiet_datasets():
         builder = Json(cache_dir=str(src / "build"), dataset_name="tiny_corpus", config_name="en", data_files=files)
         builder.download_and_prepare()
     dest = Path(datasets.config.HF_DATASETS_CACHE) / "accrot-test___tiny_corpus" / "en" / "0.0.0" / "0123456789abcdef"
