@@ -11,18 +11,19 @@ bad): a diverged run must never keep training on NaNs. The gradient check is off
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import asdict
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
+from accrot.errors import ConfigError
 from accrot.model import ModelConfig, Transformer
-from accrot.position import ConfigError, SchemeConfig
+from accrot.position import SchemeConfig
 
 _log = logging.getLogger(__name__)
 
@@ -50,48 +51,34 @@ class LitLM(L.LightningModule):
     """A causal LM whose attention differs only by ``scheme``.
 
     Args:
-        d_model, n_layers, n_heads, vocab_size, mlp_hidden, tie_embeddings: backbone shape (:class:`ModelConfig`).
-        scheme: the position scheme of every layer (:class:`SchemeConfig`).
         lr: peak learning rate of AdamW.
         weight_decay: decoupled weight decay on matrices (not on norms, biases or embeddings' gains).
         betas: AdamW betas.
         warmup_steps: linear warm-up length.
         min_lr_ratio: the cosine decays to ``lr · min_lr_ratio`` at ``trainer.max_steps``.
+        **backbone: every field of :class:`~accrot.model.ModelConfig` (``d_model``, ``n_layers``, ``n_heads``,
+            ``vocab_size``, ``mlp_hidden``, ``tie_embeddings``, ``norm_eps``, ``init_std``, and ``scheme``, the
+            position scheme of every layer), under the same keys (``--model.d_model=96``).
     """
 
     def __init__(
         self,
-        d_model: int = 128,
-        n_layers: int = 4,
-        n_heads: int = 4,
-        vocab_size: int = 256,
-        mlp_hidden: int | None = None,
-        tie_embeddings: bool = True,
-        scheme: SchemeConfig = SchemeConfig(),  # noqa: B008 - a frozen default, never mutated
         lr: float = 3e-3,
         weight_decay: float = 0.1,
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.1,
+        **backbone: Any,
     ) -> None:
         super().__init__()
         _check_optimiser(lr, weight_decay, betas, warmup_steps, min_lr_ratio)
-        if isinstance(scheme, dict):
-            scheme = SchemeConfig(**scheme)
-        if scheme.vocab_size != vocab_size:  # random_token tables index the model's vocabulary
-            scheme = dataclasses.replace(scheme, vocab_size=vocab_size)
-        self.model_config = ModelConfig(
-            vocab_size=vocab_size,
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            mlp_hidden=mlp_hidden,
-            tie_embeddings=tie_embeddings,
-            scheme=scheme,
-        )
+        # the config's keys are ModelConfig's own (jsonargparse reads them from this call); a scheme given as a
+        # dict (a checkpoint's hyperparameters) becomes a SchemeConfig, whose vocabulary follows the model's
+        self.model_config = ModelConfig(**backbone)
         # plain dicts in the checkpoint: loadable without pickled classes, comparable across runs
         self.save_hyperparameters(ignore=["scheme"])
-        self.hparams["scheme"] = asdict(scheme)
+        backbone = asdict(self.model_config)  # every field, given or default: the checkpoint says what it is
+        self.hparams.update({k: v for k, v in backbone.items() if k != "scheme"}, scheme=backbone["scheme"])
         self.model = Transformer(self.model_config)
         self.train_ppl = Perplexity(ignore_index=IGNORE_INDEX)
         self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)

@@ -7,6 +7,7 @@ No Lightning import here: the LightningModule in :mod:`accrot.lit` adds loop, lo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,10 @@ class ModelConfig:
     scheme: SchemeConfig = field(default_factory=SchemeConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.scheme, dict):  # a checkpoint's hyperparameters
+            self.scheme = SchemeConfig(**self.scheme)
+        if self.scheme.vocab_size != self.vocab_size:  # random_token tables index the model's vocabulary
+            self.scheme = dataclasses.replace(self.scheme, vocab_size=self.vocab_size)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

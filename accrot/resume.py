@@ -32,6 +32,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
+from accrot.position import SchemeConfig
+
 RECORD_KEY = "accrot"  # the checkpoint's section of accrot's own resume facts
 PARTIAL = ".partial-"  # infix of a checkpoint being written: `last.ckpt.partial-<pid>` (never matches *.ckpt)
 
@@ -195,14 +197,9 @@ def latest_resumable_run(save_dir: str | Path, name: str) -> Path | None:
     return max(found)[1] if found else None
 
 
-def scheme_label(scheme: dict | None) -> str:
-    if not scheme:
-        return "an unknown scheme"
-    rot = scheme.get("rotation", "?")
-    if scheme.get("increments"):
-        rot += f" ({scheme['increments']} increments)"
-    values = ", rotate_values" if scheme.get("rotate_values") else ""
-    return f"rotation={rot}, far_mass={scheme.get('far_mass', '?')}{values}"
+def _label(scheme: dict | None) -> str:
+    config = SchemeConfig.of(scheme)
+    return config.label() if config is not None else "an unknown scheme"
 
 
 SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "tie_embeddings")
@@ -236,8 +233,8 @@ def check_fits(checkpoint: dict, model: torch.nn.Module, path: str | Path, advic
     if theirs_scheme and my_scheme and theirs_scheme != my_scheme:
         differ = sorted(k for k in set(theirs_scheme) | set(my_scheme) if theirs_scheme.get(k) != my_scheme.get(k))
         detail = ", ".join(f"{k}={theirs_scheme.get(k)!r} (config: {my_scheme.get(k)!r})" for k in differ[:3])
-        return (f"checkpoint {str(path)!r} is of another scheme ({scheme_label(theirs_scheme)}) than the config "
-                f"({scheme_label(my_scheme)}): {detail}; {advice}")
+        return (f"checkpoint {str(path)!r} is of another scheme ({_label(theirs_scheme)}) than the config "
+                f"({_label(my_scheme)}): {detail}; {advice}")
     for key in SHAPE_KEYS:
         if key in hp and key in mine and hp[key] != mine[key]:
             return (f"checkpoint {str(path)!r} has model.{key}={hp[key]!r} but the config builds model.{key}="

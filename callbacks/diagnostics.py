@@ -16,10 +16,11 @@ import lightning as L
 import torch
 
 from accrot.diagnostics import FRESH_DRAWS, diagnose, plot_diagnostics, summary
-from accrot.report import atomic_write_text
+from accrot.io import atomic_write_text
+from callbacks.cadence import Periodic
 
 
-class DiagnosticsCallback(L.Callback):
+class DiagnosticsCallback(Periodic):
     """Coherence, mixing windows, far mass and value far norms of the model being trained.
 
     Args:
@@ -33,6 +34,8 @@ class DiagnosticsCallback(L.Callback):
             blocks × draws; fewer draws are cheaper and wider).
     """
 
+    setup_stages = ("fit",)  # the blocks are cut for training only (the extrapolation callback's for any stage)
+
     def __init__(
         self,
         every_n_steps: int = 0,
@@ -43,7 +46,7 @@ class DiagnosticsCallback(L.Callback):
         dirname: str = "diagnostics",
         draws: int = FRESH_DRAWS,
     ) -> None:
-        super().__init__()
+        super().__init__(every_n_steps)
         if isinstance(draws, bool) or not isinstance(draws, int) or draws < 2:
             raise ValueError(f"draws={draws!r} is not valid; at least 2 fresh draws (an error bar needs a spread)")
         self.draws = draws
@@ -53,9 +56,6 @@ class DiagnosticsCallback(L.Callback):
             raise ValueError(f"blocks={blocks!r} is not valid; it must be a positive integer")
         if not 0.0 < eps < 1.0:
             raise ValueError(f"eps={eps!r} is not valid; it must lie in (0, 1)")
-        if every_n_steps < 0:
-            raise ValueError(f"every_n_steps={every_n_steps!r} is not valid; it must be >= 0")
-        self.every_n_steps = every_n_steps
         self.multipliers = sorted(float(m) for m in multipliers)
         self.blocks = blocks
         self.eps = eps
@@ -63,32 +63,12 @@ class DiagnosticsCallback(L.Callback):
         self.dirname = dirname
         self.last_result: dict | None = None
         self._blocks: dict[int, torch.Tensor] | None = None
-        self._prepared_for: object | None = None
-        self._last_step = -1
 
-    def prepare(self, dm) -> None:
-        """Cut (once per data module) ``blocks`` blocks of every length; raises DataError if one cannot be filled."""
-        if dm is None or not hasattr(dm, "eval_blocks"):
-            raise ValueError("DiagnosticsCallback needs a data module with eval_blocks(length, budget_tokens)")
-        if self._prepared_for is dm:
-            return
-        self.train_length = int(dm.seq_len)
+
+    def cut(self, dm) -> None:
+        """``blocks`` blocks of every length."""
         lengths = sorted({max(2, round(m * self.train_length)) for m in self.multipliers})
         self._blocks = {n: dm.eval_blocks(n, self.blocks * n, record=False)[:, :n] for n in lengths}  # [N, n] each
-        self._prepared_for = dm
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit":
-            self.prepare(trainer.datamodule)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
-            self.run(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._last_step:
-            self.run(trainer, pl_module)
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:
         """Diagnose on every rank (same blocks, same weights: no collective needed), write on rank 0."""

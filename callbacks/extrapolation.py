@@ -12,11 +12,22 @@ from pathlib import Path
 
 import lightning as L
 
-from accrot.evaluation import SCHEMA, EvalSets, LengthResult, eval_sets, evaluate_lengths, evaluate_sliding
-from accrot.report import atomic_write_text, nll_table, plot_curves
+from accrot.evaluation import (
+    SCHEMA,
+    EvalSets,
+    LengthResult,
+    eval_sets,
+    evaluate_lengths,
+    evaluate_sliding,
+    nll_table,
+    plot_curves,
+)
+from accrot.io import atomic_write_text
+from accrot.position import SchemeConfig
+from callbacks.cadence import Periodic
 
 
-class ExtrapolationCallback(L.Callback):
+class ExtrapolationCallback(Periodic):
     """Multi-length evaluation on the data module's fixed evaluation blocks.
 
     Args:
@@ -39,7 +50,7 @@ class ExtrapolationCallback(L.Callback):
         sliding_multipliers: list[float] = [],  # noqa: B006
         sliding_stride: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(every_n_steps)
         if not multipliers or any(not m > 0 for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
         if len(set(multipliers)) != len(multipliers):  # any order is fine (the ladder is sorted); twice is a typo
@@ -48,42 +59,19 @@ class ExtrapolationCallback(L.Callback):
                              "given twice (each length is evaluated once)")
         self.multipliers = sorted(float(m) for m in multipliers)
         self.budget_tokens = budget_tokens
-        self.every_n_steps = every_n_steps
         self.max_batch_tokens = max_batch_tokens
         self.filename = filename
         self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)
         self.sliding_stride = sliding_stride
         self.history: list[dict] = []
         self._sets: EvalSets | None = None
-        self._prepared_for: object | None = None
-        self._last_step = -1
 
     # -- set-up: cut the evaluation blocks once, failing before any training if the stream is too short --
     def lengths_for(self, train_length: int) -> list[int]:
         return sorted({max(1, int(round(m * train_length))) for m in self.multipliers})
 
-    def prepare(self, dm) -> None:
-        """Cut (once per data module) the blocks of every length; raises DataError if one cannot be filled."""
-        if dm is None or not hasattr(dm, "eval_blocks"):
-            raise ValueError("ExtrapolationCallback needs a data module with eval_blocks(length, budget_tokens)")
-        if self._prepared_for is dm:
-            return
-        self.train_length = int(dm.seq_len)
+    def cut(self, dm) -> None:
         self._sets = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens)
-        self._prepared_for = dm
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self.prepare(trainer.datamodule)
-
-    # -- triggers -------------------------------------------------------------------------------------
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
-            self.run(trainer, pl_module)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self._last_step:
-            self.run(trainer, pl_module)
 
     # -- the evaluation ---------------------------------------------------------------------------------
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[LengthResult]:
@@ -146,7 +134,8 @@ class ExtrapolationCallback(L.Callback):
         if trainer.is_global_zero and self.history:
             from rich.console import Console
 
-            label = "{rotation}/{far_mass}".format(**pl_module.hparams.get("scheme", {"rotation": "?", "far_mass": "?"}))
+            scheme = SchemeConfig.of(pl_module.hparams.get("scheme"))
+            label = scheme.label() if scheme is not None else "?"
             Console().print(nll_table({label: self.history[-1]["lengths"]}, self.train_length,
                                       title=f"NLL (nats/token) per evaluation length at step {self.history[-1]['step']}"))
 

@@ -15,11 +15,9 @@ all-reduce. This callback takes the signal instead and acts between steps, with 
    :class:`callbacks.checkpoint.ResumableCheckpoint` of the last finished step would have it, and global rank 0
    runs ``scontrol requeue`` (when SLURM's ``auto_requeue`` is on).
 
-Why not let the handler raise Lightning's flag itself (as this callback did): Lightning checks the flag in two
-places, a broadcast of rank 0's flag at the start of a batch and a *local* check at its end. A signal that reached
-one rank mid-batch raised there after that batch, while a rank it reached a moment later went on into the next
-batch's broadcast: the two waited on different collectives for ever (seen once in ~20 requeue tests, both ranks
-idle in ``barrier`` and ``broadcast``).
+The handler never raises Lightning's flag itself: Lightning checks it in two places (a broadcast of rank 0's flag
+at the start of a batch, a local check at its end), so ranks the signal reached a moment apart would wait on
+different collectives.
 
 The requeued job runs the same command, whose ``--ckpt_path last`` continues the newest run of that name in
 the same directory; ``run.json`` counts the resume (``resumes``) and said ``"status": "preempted"`` meanwhile.

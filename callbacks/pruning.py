@@ -10,7 +10,7 @@ The trial itself never travels through the config (a storage URL may carry a pas
 registers its live trial with :func:`active_trial` around the in-process run, and the callback's init args
 (``study``, ``trial``) only name it. Outside a sweep worker the callback is inert.
 
-Metric names are those of :func:`accrot.report.parse_metric` (``nll@16x``, ...), shared with the sweep specs.
+Metric names are those of :func:`accrot.metrics.parse_metric` (``nll@16x``, ...), shared with the sweep specs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_warn
 
-from accrot.report import metric_value, parse_metric
+from accrot.metrics import metric_value, parse_metric
 from callbacks.extrapolation import ExtrapolationCallback
 
 _ACTIVE: dict[tuple[str, int], object] = {}  # (study name, trial number) -> optuna.trial.Trial in this process

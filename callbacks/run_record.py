@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import platform
 import signal
-import subprocess
 import sys
 import time
 from importlib import metadata
@@ -23,26 +22,12 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from accrot.io import atomic_write_text, git_revision
 from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
-from accrot.report import atomic_write_text
 from callbacks.preemption import Preemption
 
 PACKAGES = ("torch", "lightning", "torchmetrics", "jsonargparse", "optuna", "wandb", "datasets", "numpy")
-
-
-def git_revision(path: str | Path | None = None) -> str:
-    """``<sha>`` or ``<sha>-dirty``; ``unknown`` outside a git checkout."""
-    cwd = Path(path or Path(__file__).resolve().parent)
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
-        if sha.returncode:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return sha.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def versions() -> dict[str, str]:

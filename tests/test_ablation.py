@@ -17,21 +17,21 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from accrot.ablation import SIZES, VARIANTS, build_spec
-from accrot.claims import (
+from accrot.study.ablation import build_spec
+from accrot.study.claims import Results, Run, check_claims
+from accrot.study.report import write_report
+from accrot.study.stats import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     SUPPORTED,
-    Results,
-    Run,
-    check_claims,
     compare_paired,
     compare_threshold,
     compare_variants,
     t_quantile,
-    write_report,
 )
-from accrot.sweep import StorageRef, SweepSpec, open_storage
+from accrot.study.variants import SIZES, VARIANTS
+from accrot.sweep.spec import SweepSpec
+from accrot.sweep.storage import StorageRef, open_storage
 
 ROOT = Path(__file__).resolve().parents[1]
 

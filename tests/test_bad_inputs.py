@@ -63,7 +63,7 @@ class Fixtures:
 
     def local_runs(self) -> bool:
         """The runs folder is on a node-local filesystem (tmpfs, ext4, ...), as a workstation's /tmp is."""
-        from accrot.slurm import LOCAL_FS, filesystem_type
+        from accrot.sweep.slurm import LOCAL_FS, filesystem_type
 
         return filesystem_type(self.runs) in LOCAL_FS
 
@@ -183,7 +183,7 @@ class Fixtures:
     def spec(self, name: str, **changes) -> Path:
         import yaml
 
-        from accrot.sweep import SPEC_DIR
+        from accrot.sweep.spec import SPEC_DIR
 
         doc = yaml.safe_load((SPEC_DIR / "smoke.yaml").read_text())
         doc["name"] = name.split("-")[0]
@@ -229,16 +229,16 @@ def free_port() -> int:
 @contextlib.contextmanager
 def disk_full() -> Iterator[None]:
     """The run directory's first write fails as on a full disk (ENOSPC), as a real full disk would."""
-    import accrot.cli as cli
+    import accrot.run.rundir as rundir
 
     def full(path: Path) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    saved, cli._write_probe = cli._write_probe, full
+    saved, rundir.write_probe = rundir.write_probe, full
     try:
         yield
     finally:
-        cli._write_probe = saved
+        rundir.write_probe = saved
 
 
 @contextlib.contextmanager
@@ -377,7 +377,7 @@ CATALOGUE: list[Row] = [
         lambda f: f.fit(f"--ckpt_path={f.corrupt_checkpoint()}"), "is not a readable accrot checkpoint"),
     Row("checkpoint-of-another-scheme", "accrot fit ... --model.scheme.rotation=path --ckpt_path=ROPE_RUN.ckpt",
         lambda f: f.fit("--model.scheme.rotation=path", f"--ckpt_path={f.rope_checkpoint()}"),
-        "is of another scheme (rotation=rope, far_mass=none) than the config (rotation=path, far_mass=none)"),
+        "is of another scheme (rope/none) than the config (path/none)"),
     Row("checkpoint-of-another-shape", "accrot fit ... --model.d_model=32 --ckpt_path=ROPE_RUN.ckpt",
         lambda f: f.fit("--model.scheme.rotation=rope", "--model.d_model=32", f"--ckpt_path={f.rope_checkpoint()}"),
         "has model.d_model=64 but the config builds model.d_model=32"),
@@ -402,7 +402,7 @@ CATALOGUE: list[Row] = [
          "undo the edit of '")),
     Row("resume-after-editing-rotation", "accrot fit --resume RUN_DIR after editing the rotation in its config.yaml",
         lambda f: ["fit", "--resume", str(f.edited_run("rotation", "rotation: none", "rotation: rope"))],
-        ("is of another scheme (rotation=none, far_mass=none) than the config (rotation=rope, far_mass=none)",
+        ("is of another scheme (none/none) than the config (rope/none)",
          "undo the edit of '", "or train a new run with it: accrot fit --config")),
     # -- sweeps and storages ------------------------------------------------------------------------------------
     Row("sweep-unknown-spec", "accrot sweep nope", lambda f: ["sweep", "nope", f"--root={f.sweeps}"],
@@ -481,8 +481,8 @@ CATALOGUE: list[Row] = [
 
 @contextlib.contextmanager
 def _patched(**targets) -> Iterator[None]:
-    """Replace functions of accrot.slurm (the cluster's answers) for one row."""
-    import accrot.slurm as mod
+    """Replace functions of accrot.sweep.slurm (the cluster's answers) for one row."""
+    import accrot.sweep.slurm as mod
 
     saved = {name: getattr(mod, name) for name in targets}
     for name, value in targets.items():

@@ -1,15 +1,15 @@
 """``accrot bench``: the schemes report has a row per built cell with positive ratios and NoPE at exactly 1,
-bad input is one line and exit status 2, a missing ``accrot.bench_path`` is a note. No timing assertions."""
+bad input is one line and exit status 2. No timing assertions."""
 
 from __future__ import annotations
 
 import json
 import random
-import sys
 
 import pytest
 
-from accrot.bench import ROTATION_LIMIT, ROTATION_VALUES_LIMIT, grid, main
+from accrot.bench.command import main
+from accrot.bench.grid import ROTATION_LIMIT, ROTATION_VALUES_LIMIT, grid
 from accrot.cli import main as cli_main
 from accrot.position import FAR_MASS, ROTATIONS
 
@@ -76,13 +76,6 @@ def test_bad_input_is_one_line(argv, capsys):
     assert len(err) == 1 and err[0].startswith("accrot: error: ")
 
 
-def test_path_without_bench_path_is_a_note(monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(sys.modules, "accrot.bench_path", None)  # as if the module were not written yet
-    assert main(["path", "--out", str(tmp_path / "p.json")]) == 0
-    assert "not written yet" in capsys.readouterr().err
-    assert not (tmp_path / "p.json").exists()
-
-
 def test_pipeline_bench_times_both_loops_on_the_same_model(tmp_path):
     """Both loops train: the same number of timed steps each, positive times, the ratio their quotient."""
     out = tmp_path / "pipe.json"
@@ -101,18 +94,18 @@ def test_pipeline_loops_reach_the_same_weights():
     import lightning as L
     import torch
 
-    from accrot.bench_pipeline import _bare, _batches, _lightning
+    from accrot.bench.pipeline import bare, fixed_batches, lightning_loop
     from accrot.lit import LitLM
 
     L.seed_everything(0, verbose=False)
     base = LitLM(d_model=32, n_layers=1, n_heads=2, vocab_size=256, lr=3e-3, warmup_steps=2)
-    batches = _batches(256, 4, 16, 6, seed=0)
+    batches = fixed_batches(256, 4, 16, 6, seed=0)
     a, b = copy.deepcopy(base), copy.deepcopy(base)
-    _bare(a, batches, 1.0, 6)
+    bare(a, batches, 1.0, 6)
     import tempfile
 
     with tempfile.TemporaryDirectory() as root:
-        _lightning(b, batches, 1.0, 6, False, root)
+        lightning_loop(b, batches, 1.0, 6, False, root)
     for (name, p), q in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -120,7 +113,7 @@ def test_pipeline_loops_reach_the_same_weights():
 def test_interleaved_ratios_are_unbiased_under_noise():
     """A variant exactly 1.10× NoPE, every sample scaled by the same noise (uniform 1–1.3, as on a shared
     machine): both statistics must recover 1.10. The minimum of two neighbours as the reference read ~1.15."""
-    from accrot.bench import interleaved_rounds
+    from accrot.bench.grid import interleaved_rounds
 
     rng = random.Random(0)
 

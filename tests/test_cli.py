@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accrot.cli import CONFIG_DIR, main, version
+from accrot.cli import main, version
+from accrot.run.args import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 

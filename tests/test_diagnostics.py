@@ -10,13 +10,11 @@ import math
 import pytest
 import torch
 
-from accrot import cli
-from accrot.cli import UsageError, main
+from accrot.cli import main
 from accrot.diagnostics import (
     attention_rows,
     coherence_curve,
     diagnose,
-    diagnose_main,
     far_mass,
     layer_inputs,
     mixing_window_measured,
@@ -24,10 +22,12 @@ from accrot.diagnostics import (
     scheme_coherence,
     value_far_norm,
 )
+from accrot.errors import UsageError
 from accrot.model import ModelConfig, Transformer
 from accrot.ops.rotary import rotate_pairs
 from accrot.position import SchemeConfig, build
 from accrot.position.alibi import alibi_slopes
+from accrot.run.diagnose import main as diagnose_main
 from tests.tolerance import assert_close
 
 
@@ -258,7 +258,6 @@ def test_diagnose_main_rejects_bad_input(fitted_run, tmp_path, monkeypatch, caps
     with pytest.raises(UsageError, match="does not exist"):
         diagnose_main(["--ckpt", str(tmp_path / "missing.ckpt")])
     # through the accrot command: one line, exit status 2
-    monkeypatch.setitem(cli.COMMANDS, "diagnose", "accrot.diagnostics:diagnose_main")
     assert main(["diagnose", "--ckpt", str(tmp_path / "missing.ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("accrot: error: checkpoint") and "does not exist" in err[0]

@@ -80,7 +80,7 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
         "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec"])
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
-    monkeypatch.setattr("accrot.slurm.cluster_is_this_machine", lambda: False)
+    monkeypatch.setattr("accrot.sweep.slurm.cluster_is_this_machine", lambda: False)
     if "CONFIG_WITH_DEVICES_4" in argv:
         cfg = tmp_path / "four.yaml"
         cfg.write_text((Path(__file__).parent.parent / "accrot/configs/tiny.yaml").read_text()

@@ -26,21 +26,10 @@ import yaml
 from optuna.trial import TrialState
 
 from accrot.cli import main
-from accrot.sweep import (
-    SPEC_DIR,
-    BudgetLock,
-    HeartbeatSpec,
-    RetryTrial,
-    StorageRef,
-    budget_state,
-    check_stratum,
-    fail_stale_journal,
-    load_spec,
-    open_storage,
-    redact,
-    sample_space,
-    trial_args,
-)
+from accrot.sweep.recovery import RetryTrial, budget_state, fail_stale_journal
+from accrot.sweep.spec import SPEC_DIR, HeartbeatSpec, load_spec
+from accrot.sweep.storage import BudgetLock, StorageRef, open_storage, redact
+from accrot.sweep.trials import check_stratum, sample_space, trial_args
 
 SHIPPED = sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
 SMOKE = SPEC_DIR / "smoke.yaml"
@@ -172,7 +161,7 @@ def test_retried_trial_does_not_count_twice():
     study._storage.set_trial_user_attr(trial._trial_id, "worker", "h:1")
     study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     retry(study, study._storage.get_trial(trial._trial_id))
-    assert budget_state(study, 2) == (1, 1, 0)  # the failed one is replaced by its WAITING retry
+    assert budget_state(study) == (1, 1, 0)  # the failed one is replaced by its WAITING retry
     (waiting,) = study.get_trials(states=(TrialState.WAITING,))
     assert waiting.params == trial.params and waiting.user_attrs == {"seed": 1, "retry_of": 0}
     assert waiting.system_attrs["retry_history"] == [0]
@@ -229,7 +218,7 @@ def test_storage_urls():
 
 @pytest.mark.parametrize("doc, expect", [
     ({"samplr": {"type": "tpe"}}, "unknown key 'samplr'; did you mean 'sampler'?"),
-    ({"sampler": {"type": "cmaes"}}, "sampler: type='cmaes' is not valid; choose one of tpe, random, grid, nsga2"),
+    ({"sampler": {"type": "cmaes"}}, "sampler: type='cmaes' is not valid; choose one of 'tpe', 'random', 'grid', 'nsga2'"),
     ({"pruner": {"type": "median", "upper": 1}}, "upper is not an option of the median pruner"),
     ({"space": {"model.lr": {"type": "float", "low": 0, "high": 1, "log": True}}}, "low=0 is not valid with log: true"),
     ({"space": {"model.lr": {"type": "float", "lo": 0, "high": 1}}}, "unknown key 'lo'; did you mean 'low'?"),
@@ -567,7 +556,7 @@ def test_report_of_two_objective_study_with_variants(tmp_path):
 def test_grid_sampler_lets_a_seed_copy_finish_while_the_last_grid_point_runs():
     """Optuna's GridSampler raised KeyError('grid_id') in after_trial when an enqueued trial (a seed copy) finished
     while the grid's last point still ran in another worker, killing that worker; ours does not."""
-    from accrot.sweep import SamplerSpec, load_spec
+    from accrot.sweep.spec import SamplerSpec, load_spec
 
     space = load_spec(write_spec(Path(tempfile.mkdtemp()), "g", space={"model.lr": [1.0e-3]}, trials=1,
                                  sampler={"type": "grid"}, pruner={"type": "none"})).space

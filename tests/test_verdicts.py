@@ -17,17 +17,6 @@ import math
 import pytest
 import torch
 
-from accrot.claims import (
-    INCONCLUSIVE,
-    NOT_SUPPORTED,
-    SUPPORTED,
-    T1_TOLERANCE,
-    T2_TOLERANCE,
-    Results,
-    Run,
-    check_claims,
-    coherence_disagreement,
-)
 from accrot.diagnostics import (
     FRESH_DRAWS,
     curve_and_stderr,
@@ -38,6 +27,8 @@ from accrot.diagnostics import (
     scheme_coherence_fresh,
 )
 from accrot.position import SchemeConfig, build
+from accrot.study.claims import T1_TOLERANCE, T2_TOLERANCE, Results, Run, check_claims, coherence_disagreement
+from accrot.study.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
@@ -48,8 +39,8 @@ def _study_geometry() -> tuple[int, int, int, int, float, int]:
     base config."""
     import yaml
 
-    from accrot.ablation import SIZES, WINDOW_FRACTION
-    from accrot.cli import config_path
+    from accrot.run.args import config_path
+    from accrot.study.variants import SIZES, WINDOW_FRACTION
 
     size = SIZES["study"]
     model = yaml.safe_load(config_path(size.base).read_text())["model"]
@@ -140,8 +131,9 @@ def test_fitted_window_recovers_the_truth_and_t2_holds_across_lengths(trials):
 def test_fresh_draws_batched_equal_one_draw_at_a_time(increments, monkeypatch):
     """The fast path rotates several draws in one pass and computes the unrotated logits once; its naive twin
     is one :func:`scheme_coherence_sums` per draw with that draw's angles. Chunks of 3 draws cut 7 unevenly."""
-    import accrot.diagnostics as diagnostics
-    from accrot.diagnostics import _fresh_generator, scheme_coherence_sums
+    import accrot.diagnostics.coherence as coherence
+    from accrot.diagnostics import scheme_coherence_sums
+    from accrot.diagnostics.coherence import fresh_generator
     from tests.tolerance import assert_close
 
     scheme = build(SchemeConfig(rotation="accum", increments=increments, window=WINDOW, seed=5, vocab_size=64),
@@ -151,10 +143,10 @@ def test_fresh_draws_batched_equal_one_draw_at_a_time(increments, monkeypatch):
     q, k = torch.randn(B, H, T, D, generator=gen), torch.randn(B, H, T, D, generator=gen)
     tokens = torch.randint(0, 64, (B, T), generator=gen)
     x, dist = torch.zeros(B, T, D_MODEL), default_distances(T)
-    monkeypatch.setattr(diagnostics, "_DRAW_BUDGET", 3 * B * H * T * D)
+    monkeypatch.setattr(coherence, "DRAW_BUDGET", 3 * B * H * T * D)
     fast = scheme_coherence_fresh(scheme, q, k, x, tokens, dist, max_queries=16, draws=7, layer=1, batch=2)
     reps = [scheme_coherence_sums(scheme, q, k, x, tokens, dist, max_queries=16, theta=scheme.rotation
-                                  .independent_angles(tokens, _fresh_generator(scheme, 1, 2, d))) for d in range(7)]
+                                  .independent_angles(tokens, fresh_generator(scheme, 1, 2, d))) for d in range(7)]
     for name in ("num", "den", "msq", "count"):
         ref = torch.cat([r[name] for r in reps])  # [7 · B, H, n], draw-major
         assert fast[name].shape == ref.shape
@@ -315,9 +307,9 @@ def test_diagnose_end_to_end_on_a_model_that_follows_the_theory():
     """A freshly initialised tiny model with random increments (its q, k are whatever the weights make them):
     ``diagnose`` measures each layer under fresh draws, T1's share of disagreeing points stays far under its
     tolerance, and T2's fitted windows agree with the prediction (96) at L and at 8× L."""
-    from accrot.claims import coherence_share, window_change
     from accrot.diagnostics import diagnose
     from accrot.model import ModelConfig, Transformer
+    from accrot.study.claims import coherence_share, window_change
 
     torch.manual_seed(0)
     model = Transformer(ModelConfig(d_model=D_MODEL, n_layers=2, n_heads=H, scheme=SchemeConfig(

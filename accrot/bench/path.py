@@ -23,10 +23,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from accrot.bench.grid import SCHEMA
 from accrot.ops.path import path_attention
 
 
@@ -157,7 +159,7 @@ def _live_tensor_peak(fn: Callable[[], object]) -> int | None:
     return peak
 
 
-def _memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: int) -> None:
+def memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: int) -> None:
     """Run in a fresh interpreter: print one JSON row with the peak memory of one no-grad forward."""
     import gc
     import resource
@@ -214,8 +216,8 @@ def eval_memory(
     rows = []
     for T in lengths:
         code = (
-            "from accrot.bench_path import _memory_child; "
-            f"_memory_child({int(T)}, {int(B)}, {int(H)}, {int(D)}, {int(chunk)}, {kernel!r}, {int(seed)})"
+            "from accrot.bench.path import memory_child; "
+            f"memory_child({int(T)}, {int(B)}, {int(H)}, {int(D)}, {int(chunk)}, {kernel!r}, {int(seed)})"
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -233,7 +235,20 @@ def _growth(value: float | None, base: float | None) -> float | None:
     return None if value is None or base is None or base <= 0 else value / base
 
 
-if __name__ == "__main__":  # python -m accrot.bench_path [threads]
+def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=print) -> dict[str, Any]:
+    """The PaTH kernels' report: :func:`bench_kernels` at each length and the evaluation's peak memory."""
+    started = time.perf_counter()
+    log(f"path: kernels at T = {', '.join(map(str, lengths))} (B {B}, H {H}, D {D}, chunk {chunk})")
+    doc: dict[str, Any] = {"schema": SCHEMA, "bench": "path", "torch": torch.__version__,
+                           "threads": torch.get_num_threads(),
+                           "kernels": bench_kernels(lengths=tuple(lengths), B=B, H=H, D=D, chunk=chunk)}
+    log("path: evaluation peak memory")
+    doc["memory"] = eval_memory(B=B, H=H, D=D, chunk=chunk)
+    doc["wall_s"] = time.perf_counter() - started
+    return doc
+
+
+if __name__ == "__main__":  # python -m accrot.bench.path [threads]
     for row in bench_kernels(threads=int(sys.argv[1]) if len(sys.argv) > 1 else None):
         print(json.dumps(row))
     for row in eval_memory():

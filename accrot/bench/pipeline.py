@@ -1,4 +1,4 @@
-"""``accrot bench pipeline``: what the Lightning training loop costs over a bare PyTorch loop (issue #8).
+"""``accrot bench pipeline``: what the Lightning training loop costs over a bare PyTorch loop.
 
 Both loops train the *same* model (the tiny recipe's :class:`~accrot.lit.LitLM`, same initial weights) on the
 same batches, with the same optimiser and schedule (``LitLM.configure_optimizers``) and gradient clipping:
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 TARGET = 1.10
 
 
-def _batches(vocab: int, batch: int, seq_len: int, n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def fixed_batches(vocab: int, batch: int, seq_len: int, n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
@@ -39,7 +39,7 @@ def _batches(vocab: int, batch: int, seq_len: int, n: int, seed: int) -> list[tu
     return out
 
 
-def _bare(module, batches, clip: float, max_steps: int) -> list[float]:
+def bare(module, batches, clip: float, max_steps: int) -> list[float]:
     from types import SimpleNamespace
 
     model = module.model
@@ -63,7 +63,7 @@ def _bare(module, batches, clip: float, max_steps: int) -> list[float]:
     return times
 
 
-def _lightning(module, batches, clip: float, max_steps: int, with_logger: bool, root: str) -> list[float]:
+def lightning_loop(module, batches, clip: float, max_steps: int, with_logger: bool, root: str) -> list[float]:
     import lightning as L
     from torch.utils.data import DataLoader
 
@@ -110,7 +110,7 @@ def run_pipeline(steps: int = 30, warmup: int = 5, rounds: int = 3, batch: int =
 
     L.seed_everything(seed, verbose=False)
     base = LitLM(d_model=64, n_layers=2, n_heads=4, vocab_size=256, lr=3e-3, warmup_steps=30)
-    batches = _batches(256, batch, seq_len, steps, seed)
+    batches = fixed_batches(256, batch, seq_len, steps, seed)
     clip = 1.0
     per_round = []
     bare_all, light_all = [], []
@@ -123,9 +123,9 @@ def run_pipeline(steps: int = 30, warmup: int = 5, rounds: int = 3, batch: int =
             for which in order:
                 module = copy.deepcopy(base)
                 if which == "bare":
-                    t = _bare(module, batches, clip, steps)
+                    t = bare(module, batches, clip, steps)
                 else:
-                    t = _lightning(module, batches, clip, steps, with_logger, root)
+                    t = lightning_loop(module, batches, clip, steps, with_logger, root)
                 got[which] = t[warmup:]
             bare_all += got["bare"]
             light_all += got["lightning"]

@@ -51,9 +51,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accrot.errors import ConfigError
 from accrot.ops.rotary import accumulate_angles, wrap_angle
 from accrot.position.base import RotationPart
-from accrot.position.config import ConfigError, IncrementFamily, SchemeConfig
+from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.rope import rope_frequencies
 from accrot.position.scheme import register_rotation
 

@@ -8,8 +8,11 @@ that names the offending field and what would be valid.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Literal, get_args
+from typing import Any, Literal
+
+from accrot.errors import ConfigError, check_choice
 
 Rotation = Literal["none", "rope", "accum", "path"]
 FarMass = Literal["none", "alibi", "forget"]
@@ -20,17 +23,8 @@ IncrementFamily = Literal["gaussian", "uniform"]
 PathKernel = Literal["chunked", "recurrent", "fla"]
 
 
-class ConfigError(ValueError):
-    """A bad configuration value; its message is one line naming the field and the valid choices."""
-
-
-def _check_choice(name: str, value: object, literal: object) -> None:
-    choices = get_args(literal)
-    if value not in choices:
-        raise ConfigError(f"{name}={value!r} is not valid; choose one of {', '.join(map(repr, choices))}")
-
-
 MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
+
 
 @dataclass
 class SchemeConfig:
@@ -97,18 +91,24 @@ class SchemeConfig:
     block_size: int = 128
 
     def __post_init__(self) -> None:
-        _check_choice("rotation", self.rotation, Rotation)
-        _check_choice("far_mass", self.far_mass, FarMass)
+        self._check_choices()
+        self._check_numbers()
+        self._check_ranges()
+
+    def _check_choices(self) -> None:
+        """Every Literal field holds one of its values, and the fields that need another agree with it."""
+        check_choice("rotation", self.rotation, Rotation)
+        check_choice("far_mass", self.far_mass, FarMass)
         if not isinstance(self.rotate_values, bool):
             raise ConfigError(f"rotate_values={self.rotate_values!r} is not valid; use true or false")
-        _check_choice("increment_mean", self.increment_mean, IncrementMean)
-        _check_choice("increment_spread", self.increment_spread, IncrementSpread)
-        _check_choice("increment_family", self.increment_family, IncrementFamily)
-        _check_choice("path_kernel", self.path_kernel, PathKernel)
+        check_choice("increment_mean", self.increment_mean, IncrementMean)
+        check_choice("increment_spread", self.increment_spread, IncrementSpread)
+        check_choice("increment_family", self.increment_family, IncrementFamily)
+        check_choice("path_kernel", self.path_kernel, PathKernel)
         if self.rotation == "accum":
             if self.increments is None:
                 self.increments = "random_position"
-            _check_choice("increments", self.increments, Increments)
+            check_choice("increments", self.increments, Increments)
         elif self.increments is not None:
             raise ConfigError(
                 f"increments={self.increments!r} needs rotation='accum' (got rotation={self.rotation!r}); "
@@ -118,23 +118,21 @@ class SchemeConfig:
             raise ConfigError(
                 f"rotate_values=true needs an SO(2) rotation (rope or accum), not rotation={self.rotation!r}"
             )
-        positive = {
-            "rope_base": self.rope_base,
-            "max_increment": self.max_increment,
-            "chunk_size": self.chunk_size,
-            "block_size": self.block_size,
-            "vocab_size": self.vocab_size,
-        }
-        for name in ("window", "sigma", "increment_rank", "path_rank"):
-            if getattr(self, name) is not None:
-                positive[name] = getattr(self, name)
-        for name, value in positive.items():
+
+    def _check_numbers(self) -> None:
+        """Positive where a size or a scale is meant, integers where a count is."""
+        positive = ["rope_base", "max_increment", "chunk_size", "block_size", "vocab_size"]
+        positive += [n for n in ("window", "sigma", "increment_rank", "path_rank") if getattr(self, n) is not None]
+        for name in positive:
+            value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or math.isinf(value):
                 raise ConfigError(f"{name}={value!r} is not valid; it must be a positive number")
         for name in ("chunk_size", "block_size", "increment_rank", "path_rank", "conv_size", "seed", "vocab_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"{name}={value!r} is not valid; it must be an integer")
+
+    def _check_ranges(self) -> None:
         if self.conv_size < 0:
             raise ConfigError(f"conv_size={self.conv_size!r} is not valid; it must be 0 (off) or a positive width")
         if self.learned_init_std < 0:
@@ -150,6 +148,18 @@ class SchemeConfig:
                               "positions exactly up to 2^24; a longer window mixes nothing at any length accrot "
                               "evaluates: use rotation=rope for fixed angles)")
 
+    def label(self) -> str:
+        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values]``: ``accum:learned/forget+values``,
+        ``rope/none``. Figures, tables, sweeps and error messages name a scheme by it."""
+        rotation = f"{self.rotation}:{self.increments}" if self.increments else self.rotation
+        return f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
+
     @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+    def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:
+        """The config a saved dict describes (a checkpoint's or a trial's hyperparameters; keys this version does
+        not know are dropped), or None where it describes no valid scheme."""
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in (scheme or {}).items() if k in known})
+        except (ConfigError, TypeError):
+            return None

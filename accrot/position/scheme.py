@@ -11,10 +11,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from accrot.errors import ConfigError
 from accrot.ops.attention import causal_attention
 from accrot.ops.rotary import cos_sin, rotate_pairs_cs
 from accrot.position.base import FarMassPart, RotationPart
-from accrot.position.config import ConfigError, SchemeConfig
+from accrot.position.config import SchemeConfig
 
 ROTATIONS: dict[str, type[RotationPart]] = {}
 FAR_MASS: dict[str, type[FarMassPart]] = {}

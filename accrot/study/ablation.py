@@ -1,8 +1,8 @@
-"""``accrot ablation``: the paper's controlled experiment in one command (PAPER.md, issue #8).
+"""``accrot ablation``: the paper's controlled experiment in one command (PAPER.md).
 
 It trains every variant of :data:`VARIANTS` on each data set of :data:`DATASETS` with the same recipe, token
 budget, seeds and evaluation blocks, evaluates each run to 64× its training length, runs the theory
-diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.claims` builds it): the
+diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.study.report` builds it): the
 tables, the figures and every claim of PAPER.md marked supported / not supported / inconclusive.
 
 It is a sweep (:mod:`accrot.sweep`): one Optuna study per (data set, variant), a grid of one learning rate ×
@@ -24,93 +24,24 @@ cluster).
 from __future__ import annotations
 
 import signal
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-# label -> model.scheme overrides. The names are the report's; every variant shares everything else.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "NoPE": {},
-    "RoPE": {"rotation": "rope"},
-    "ALiBi": {"far_mass": "alibi"},
-    # zero-mean random increments whose mixing window is just under L (set per size below)
-    "accum-random": {"rotation": "accum", "increments": "random_position"},
-    # the control that breaks the regularity condition: increments drift with RoPE's frequencies
-    "accum-random-drift": {"rotation": "accum", "increments": "random_position", "increment_mean": "rope"},
-    "accum-token": {"rotation": "accum", "increments": "random_token"},
-    "accum-learned": {"rotation": "accum", "increments": "learned"},
-    "accum-learned+values": {"rotation": "accum", "increments": "learned", "rotate_values": True},
-    "PaTH": {"rotation": "path"},
-    "PaTH-FoX": {"rotation": "path", "far_mass": "forget"},
-    # the cells the lower bound points to (DESIGN §5): accumulated rotations with far-mass control
-    "accum-learned+values+forget": {"rotation": "accum", "increments": "learned", "rotate_values": True,
-                                    "far_mass": "forget"},
-    "accum-learned+values+alibi": {"rotation": "accum", "increments": "learned", "rotate_values": True,
-                                   "far_mass": "alibi"},
-    "accum-random+alibi": {"rotation": "accum", "increments": "random_position", "far_mass": "alibi"},
-}
-WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+alibi")
-WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
-
-# data set -> overrides. "corpus": the embedded stdlib bytes (the recipe's data); "local": the offset-copy task,
-# where only answers within K = 8 tokens are scored and only the distractors grow with the length.
-DATASETS: dict[str, dict[str, Any]] = {
-    "corpus": {},
-    "local": {"data": "data_modules.LocalDependencyDataModule"},
-}
-DATASET_TITLES = {"corpus": "embedded corpus (Python stdlib bytes)", "local": "local-dependency task (offset copy)"}
-
-
-@dataclass(frozen=True)
-class Size:
-    """A preset: the shipped config it starts from and what the ablation changes in it."""
-
-    base: str
-    seq_len: int
-    seeds: int
-    lr: float
-    overrides: dict[str, Any] = field(default_factory=dict)
-    multipliers: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
-    diagnostics: tuple[float, ...] = (1, 8, 64)
-    fresh_draws: int = 32  # increment draws per block for the coherence of random increments (FRESH_DRAWS)
-    cost: str = ""
-
-
-# The default, "study", was chosen by measurement on a quiet 2-core machine (issue #15; README "The study"): the
-# tiny recipe at 3 seeds took 37 min and left C1 inside the seeds' spread (4× NLL, accum-random − RoPE:
-# −0.22 ± 0.26); at d_model 96 the same 3 seeds resolve it (−0.12 ± 0.09: RoPE's seeds agree more), for 1.35× the
-# run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget,
-# lengths up to 32× and 8 fresh increment draws in the coherence instrument, not 32 (the measured costs: the 64×
-# evaluation and the diagnostics' fresh draws are what PaTH and the random variants spend most on).
-SIZES: dict[str, Size] = {
-    "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
-                  overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768},
-                  cost="78 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
-                       "3 seeds: the size measured to resolve the claims on a CPU"),
-    "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
-                 overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
-                            "extrapolation.budget_tokens": 16384},
-                 multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
-                 cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
-                      "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
-    "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
-                  overrides={"extrapolation.budget_tokens": 131072},
-                  cost="78 runs of 5000 steps (d256, 6 layers, L = 512): a GPU; see the README"),
-    "paper": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
-                  overrides={"trainer.max_steps": 20000, "trainer.val_check_interval": 2000,
-                             "data.init_args.batch_size": 32, "extrapolation.budget_tokens": 262144},
-                  cost="78 runs of 20 000 steps × 32 × 512 tokens: a GPU node or a cluster; see the README"),
-}
+from accrot.errors import UsageError
+from accrot.io import atomic_write_text
+from accrot.run.args import config_path
+from accrot.study.report import build_report
+from accrot.study.variants import DATASETS, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED, Size
+from accrot.sweep.parent import run_sweep
+from accrot.sweep.spec import load_spec
+from accrot.sweep.storage import StorageRef
 
 
 def checkpoint_callback(base: str) -> dict[str, Any]:
     """The recipe's own checkpoint callback (a ``trainer.callbacks`` override replaces the whole list)."""
-    from accrot.cli import config_path
-
     doc = yaml.safe_load(Path(config_path(base)).read_text())
     (ckpt,) = [c for c in doc["trainer"]["callbacks"] if c["class_path"].endswith("ModelCheckpoint")]
     return ckpt
@@ -159,8 +90,6 @@ def main(argv: list[str]) -> int:
     """``accrot ablation [--size study|tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
     from jsonargparse import ArgumentParser
 
-    from accrot.cli import UsageError
-
     parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=__doc__)
     parser.add_argument("--size", type=str, default="study",
                         help="study (the default), tiny, small or paper (see the README for costs)")
@@ -182,35 +111,13 @@ def main(argv: list[str]) -> int:
     args.variants, args.datasets = _words(args.variants, "--variants"), _words(args.datasets, "--datasets")
     args.multipliers = _numbers(_words(args.multipliers, "--multipliers"))
 
-    if args.size not in SIZES:
-        raise UsageError(f"--size={args.size!r} is not valid; choose one of {', '.join(SIZES)}")
-    size = SIZES[args.size]
-    seeds = size.seeds if args.seeds is None else args.seeds
-    if seeds < 1:
-        raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
-    if args.workers < 0:
-        raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
-    variants = args.variants or list(VARIANTS)
-    datasets = args.datasets or list(DATASETS)
-    for given, known, what in ((variants, VARIANTS, "variant"), (datasets, DATASETS, "data set")):
-        unknown = [v for v in given if v not in known]
-        if unknown:
-            raise UsageError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
-        if len(set(given)) != len(given):
-            raise UsageError(f"a {what} is listed twice: {', '.join(given)}")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise UsageError(f"--max_steps={args.max_steps} is not valid; a positive number of steps")
-    if args.multipliers is not None and (not args.multipliers or 1 not in args.multipliers
-                                         or any(m <= 0 for m in args.multipliers)):
-        raise UsageError(f"--multipliers={args.multipliers} is not valid; positive multiples of L that include 1")
+    size, seeds, variants, datasets = _check_args(args)
     study = args.study or f"ablation-{args.size}"
     out = Path(args.out).resolve()
     folder = out / study
     spec_doc = build_spec(study, size, seeds, variants, datasets, args.wandb, args.max_steps, args.multipliers)
     spec_path = folder / f"{study}.yaml"
 
-    from accrot.claims import build_report
-    from accrot.sweep import StorageRef, load_spec, run_sweep
 
     started = time.time()
     if not args.report_only:
@@ -232,10 +139,34 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _check_args(args) -> tuple[Size, int, list[str], list[str]]:
+    """The size preset, seeds, variants and data sets the options ask for; a one-line UsageError otherwise."""
+    if args.size not in SIZES:
+        raise UsageError(f"--size={args.size!r} is not valid; choose one of {', '.join(SIZES)}")
+    size = SIZES[args.size]
+    seeds = size.seeds if args.seeds is None else args.seeds
+    if seeds < 1:
+        raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
+    if args.workers < 0:
+        raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
+    variants = args.variants or list(VARIANTS)
+    datasets = args.datasets or list(DATASETS)
+    for given, known, what in ((variants, VARIANTS, "variant"), (datasets, DATASETS, "data set")):
+        unknown = [v for v in given if v not in known]
+        if unknown:
+            raise UsageError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
+        if len(set(given)) != len(given):
+            raise UsageError(f"a {what} is listed twice: {', '.join(given)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UsageError(f"--max_steps={args.max_steps} is not valid; a positive number of steps")
+    if args.multipliers is not None and (not args.multipliers or 1 not in args.multipliers
+                                         or any(m <= 0 for m in args.multipliers)):
+        raise UsageError(f"--multipliers={args.multipliers} is not valid; positive multiples of L that include 1")
+    return size, seeds, variants, datasets
+
+
 def _words(values: list[str] | None, flag: str) -> list[str] | None:
     """Items of a list flag given either as shell words (``a b``) or as one YAML list (``'[a, b]'``)."""
-    from accrot.cli import UsageError
-
     if values is None:
         return None
     out: list[str] = []
@@ -254,7 +185,6 @@ def _words(values: list[str] | None, flag: str) -> list[str] | None:
 
 
 def _numbers(values: list[str] | None) -> list[float] | None:
-    from accrot.cli import UsageError
 
     if values is None:
         return None
@@ -266,9 +196,6 @@ def _numbers(values: list[str] | None) -> list[float] | None:
 
 def _write_spec(path: Path, doc: dict[str, Any]) -> None:
     """Write the generated spec; an existing one with other content means other options: refuse, one line."""
-    from accrot.cli import UsageError
-    from accrot.report import atomic_write_text
-
     text = ("# generated by `accrot ablation`; `accrot sweep` reads it too (workers on other machines)\n"
             + yaml.safe_dump(doc, sort_keys=False))
     if path.is_file():
@@ -285,7 +212,6 @@ def _write_spec(path: Path, doc: dict[str, Any]) -> None:
 class _sigterm_as_interrupt:
     """SIGTERM (a scheduler, ``kill``) stops the sweep the way Ctrl-C does: workers are stopped and their running
     trials failed and re-queued, so the next ``accrot ablation`` picks them up."""
-
     def __enter__(self) -> None:
         self._old = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, self._raise)
@@ -297,8 +223,3 @@ class _sigterm_as_interrupt:
     def __exit__(self, *exc) -> None:
         signal.signal(signal.SIGTERM, self._old)
 
-
-if __name__ == "__main__":  # pragma: no cover - `python -m accrot.ablation`
-    from accrot.cli import main as cli_main
-
-    sys.exit(cli_main(["ablation", *sys.argv[1:]]))

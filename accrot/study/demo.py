@@ -36,8 +36,11 @@ def main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
-    from accrot.cli import UsageError, config_path, run_lightning
-    from accrot.report import atomic_write_text, nll_table, plot_curves
+    from accrot.errors import UsageError
+    from accrot.evaluation import nll_table, plot_curves
+    from accrot.io import atomic_write_text
+    from accrot.run.args import config_path
+    from accrot.run.lightning import run_lightning
 
     parser = ArgumentParser(prog="accrot demo", exit_on_error=False, description=__doc__)
     parser.add_argument("--config", type=str, default="tiny", help="shipped config name or YAML path")

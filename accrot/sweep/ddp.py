@@ -32,7 +32,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from accrot.cli import UsageError
+from accrot.errors import UsageError
 
 
 def launch_layout(nodes: int | None = None, tasks_per_node: int | None = None) -> tuple[int, int, int, int, int]:
@@ -98,7 +98,7 @@ def _cpu_group():
 
 
 class Ranks:
-    """Global rank 0's side of a multi-process worker (the hooks :func:`accrot.sweep.run_worker` calls)."""
+    """Global rank 0's side of a multi-process worker (the hooks :func:`accrot.sweep.worker.run_worker` calls)."""
 
     def __init__(self, spec, nodes: int, tasks_per_node: int) -> None:
         from callbacks.preemption import slurm_job_id
@@ -112,16 +112,17 @@ class Ranks:
     def sample(self, entry, trial, context: dict) -> dict:
         from optuna_integration import TorchDistributedTrial
 
-        from accrot.sweep import _quiet_experimental, sample_space
+        from accrot.sweep.spec import quiet_experimental
+        from accrot.sweep.trials import sample_space
 
         _send({"study": entry.stratum.study_name, "context": context})
-        with _quiet_experimental():
+        with quiet_experimental():
             mirror = TorchDistributedTrial(trial, group=_cpu_group())
         mirrored = sample_space(mirror, self.spec.space, context)
         return {k: trial.params.get(k, v) for k, v in mirrored.items()}  # the stored (float64) values
 
     def launch(self, trial, seed: int, values: dict) -> list[str]:
-        from accrot.sweep import attr
+        from accrot.sweep.worker import attr
 
         if self.job:
             attr(trial, "slurm_job", self.job)
@@ -186,8 +187,10 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
     """Ranks other than 0: mirror rank 0's suggestions, then train each trial with it until it says stop."""
     from optuna_integration import TorchDistributedTrial
 
-    from accrot.cli import run_lightning
-    from accrot.sweep import _end_run, _quiet_experimental, sample_space, trial_args
+    from accrot.run.lightning import run_lightning
+    from accrot.sweep.spec import quiet_experimental
+    from accrot.sweep.trials import sample_space, trial_args
+    from accrot.sweep.worker import end_run
 
     strata = {s.study_name: s for s in spec.strata()}
     pending = None
@@ -196,7 +199,7 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
         if msg is None:
             return 0
         if "study" in msg:  # a new trial: sample with rank 0
-            with _quiet_experimental():
+            with quiet_experimental():
                 mirror = TorchDistributedTrial(None, group=_cpu_group())
             values = sample_space(mirror, spec.space, msg["context"])
             pending = (strata[msg["study"]], values)
@@ -210,14 +213,14 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
         except Exception as err:  # noqa: BLE001 - pruned or failed: rank 0 records the trial's result
             outcome = f"{type(err).__name__}: {err}"
         finally:
-            _end_run()
+            end_run()
         print(f"rank {rank}: trial {msg['number']} of {stratum.study_name} {json.dumps(values, sort_keys=True)}: "
               f"{outcome}", flush=True)
 
 
 def run_distributed_worker(spec, ref, root: Path, worker_index: int, deadline: float | None,
                            nodes: int | None = None, tasks_per_node: int | None = None) -> int:
-    from accrot.sweep import run_worker
+    from accrot.sweep.worker import run_worker
 
     rank, world, local, nodes, tasks_per_node = launch_layout(nodes, tasks_per_node)
     init_distributed(rank, world, local)

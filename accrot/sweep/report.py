@@ -4,159 +4,16 @@
 from __future__ import annotations
 
 import json
-import math
-import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rich.table import Table
-
-# matplotlib's cache must never land in a read-only or shared home
-os.environ.setdefault("MPLCONFIGDIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "accrot-mpl"))
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write via a sibling temp file and ``os.replace``: a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def atomic_savefig(fig, path: str | Path) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
-
-
-def load_extrapolation(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
-def plot_curves(
-    curves: Mapping[str, Sequence[Mapping]],
-    train_length: int,
-    path: str | Path,
-    title: str = "",
-) -> Path:
-    """Two panels: NLL vs evaluation length (log₂ axis, training length marked) and per-position NLL.
-
-    ``curves`` maps a label (a scheme, or a training step) to its list of per-length result dicts
-    (the ``lengths`` entries of ``extrapolation.json``).
-    """
-    plt = _pyplot()
-    fig, (ax_len, ax_pos) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for label, rows in curves.items():
-        rows = sorted(rows, key=lambda r: r["length"])
-        line = ax_len.plot([r["length"] for r in rows], [r["nll"] for r in rows], marker="o", label=label)[0]
-        longest = rows[-1]
-        width = longest["bucket_width"]
-        xs = [(i + 0.5) * width for i in range(len(longest["bucket_nll"]))]
-        ax_pos.plot(xs, longest["bucket_nll"], color=line.get_color(), label=f"{label} (ℓ={longest['length']})")
-    for ax in (ax_len, ax_pos):
-        ax.set_xscale("log", base=2)
-        ax.axvline(train_length, color="grey", linestyle="--", linewidth=1)
-        ax.grid(True, alpha=0.3)
-    ax_len.set_xlabel("evaluation length (tokens)")
-    ax_len.set_ylabel("mean NLL (nats/token)")
-    ax_len.set_title("NLL vs length (dashed: training length)")
-    ax_pos.set_xlabel("position in block")
-    ax_pos.set_ylabel("NLL (nats/token)")
-    ax_pos.set_title("per-position NLL at the longest length")
-    ax_len.legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    atomic_savefig(fig, path)
-    plt.close(fig)
-    return Path(path)
-
-
-def nll_table(curves: Mapping[str, Sequence[Mapping]], train_length: int, title: str = "NLL per length") -> Table:
-    """A rich table: one row per label, one column per evaluation length (multiple of the training length)."""
-    lengths = sorted({r["length"] for rows in curves.values() for r in rows})
-    table = Table(title=title)
-    table.add_column("scheme")
-    for ln in lengths:
-        table.add_column(f"{ln / train_length:g}×", justify="right")
-    for label, rows in curves.items():
-        by_len = {r["length"]: r["nll"] for r in rows}
-        table.add_row(label, *(f"{by_len[ln]:.3f}" if ln in by_len else "-" for ln in lengths))
-    return table
-
-
-# ---------------------------------------------------------------------------------------------------
-# metric names of an evaluation (sweep objectives, pruning, study reports)
-# ---------------------------------------------------------------------------------------------------
-# ``nll@{m}x``, ``last_window_nll@{m}x``, ``ppl@{m}x``, ``accuracy@{m}x`` with m an evaluation multiplier;
-# an ``extrap/`` prefix (the name the extrapolation callback logs) is accepted.
-METRIC_FIELDS = ("nll", "last_window_nll", "ppl", "accuracy")
-_METRIC = re.compile(r"^(?:extrap/)?(?P<field>nll|last_window_nll|ppl|accuracy)@(?P<mult>\d+(?:\.\d+)?)x$")
-
-
-def parse_metric(name: str) -> tuple[str, float]:
-    """``"nll@16x"`` -> ``("nll", 16.0)``; ValueError naming the valid forms otherwise."""
-    m = _METRIC.match(str(name).strip())
-    if not m:
-        raise ValueError(f"metric {name!r} is not valid; use FIELD@Mx with FIELD one of "
-                         f"{', '.join(METRIC_FIELDS)} and M an evaluation multiplier (e.g. nll@16x)")
-    return m.group("field"), float(m.group("mult"))
-
-
-def metric_key(field: str, multiplier: float) -> str:
-    return f"{field}@{multiplier:g}x"
-
-
-def metrics_of(lengths: Sequence[Mapping]) -> dict[str, float]:
-    """Every metric of one evaluation (the ``lengths`` rows of an ``extrapolation.json`` entry), flat."""
-    out = {}
-    for row in lengths:
-        for field in METRIC_FIELDS:
-            if row.get(field) is not None:
-                out[metric_key(field, float(row["multiplier"]))] = float(row[field])
-    return out
-
-
-def metric_value(lengths: Sequence[Mapping], name: str) -> float:
-    """The value of metric ``name`` in one evaluation; KeyError if that multiplier was not evaluated."""
-    field, mult = parse_metric(name)
-    for row in lengths:
-        if math.isclose(float(row["multiplier"]), mult):
-            return float(row[field])
-    evaluated = ", ".join(f"{float(r['multiplier']):g}" for r in lengths)
-    raise KeyError(f"metric {name!r}: multiplier {mult:g} was not evaluated (evaluated: {evaluated})")
+from accrot.io import atomic_savefig, atomic_write_text, pyplot
+from accrot.metrics import mean_std, metric_key, parse_metric, pm
 
 
 # ---------------------------------------------------------------------------------------------------
 # study reports: `accrot report --study NAME`
 # ---------------------------------------------------------------------------------------------------
-def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None for a single value)."""
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, None
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-
-
-def pm(values: Sequence[float], digits: int = 4, empty: str = "-") -> str:
-    """``mean ± std`` over seeds (just the mean for one value, ``empty`` for none)."""
-    if not values:
-        return empty
-    mean, std = mean_std(values)
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def _fmt_params(params: Mapping) -> str:
     out = []
     for k, v in params.items():
@@ -219,7 +76,7 @@ def _best_configs(rows: Sequence[dict]) -> dict[str, dict]:
 
 def plot_study_nll(best: Mapping[str, dict], path: str | Path, title: str = "") -> Path:
     """NLL vs evaluation length (multiple of the training length), per variant: mean ± std over seeds."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, b in best.items():
         rs = b["config"]
@@ -255,7 +112,7 @@ def plot_importance(study, path: str | Path, title: str = "") -> Path | None:
         importances = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
     if not importances:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     names = list(importances)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
     ax.barh(names, [importances[n] for n in names])
@@ -281,6 +138,36 @@ def _csv_text(rows: Sequence[dict]) -> str:
     return buf.getvalue()
 
 
+def _best_table(best: Mapping[str, dict], objectives: Sequence[str]) -> list[str]:
+    """Per variant: the best configuration's NLL at each length, mean ± std over its seeds, and its params."""
+    lines: list[str] = []
+    mults = sorted({m for b in best.values() for r in b["config"] for m in _multipliers(r)})
+    header = ["variant", "trials", "best trial", "config", "seeds", *(f"NLL {m:g}×" for m in mults), "params"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for variant, b in sorted(best.items()):
+        rs, bt = b["config"], b["best_trial"]
+        obj = f"objective:{objectives[0]}"
+        cells = [variant, str(b["n_trials"]), f"#{bt['number']} {bt[obj]:.4f}", f"#{rs[0]['config']}", str(len(rs)),
+                 *(pm([r[metric_key('nll', m)] for r in rs if metric_key("nll", m) in r]) for m in mults),
+                 _fmt_params(rs[0]["_params"]).replace("|", "\\|")]
+        lines.append("| " + " | ".join(cells) + " |")
+    if not best:
+        lines.append("| (no completed trials) |" + " |" * (len(header) - 1))
+    return lines
+
+
+def _pareto(storage, names: Sequence[str], objectives: Sequence[str]) -> list[str]:
+    import optuna
+
+    lines = ["", "## Pareto front", ""]
+    for name in names:
+        s = optuna.load_study(study_name=name, storage=storage)
+        for t in sorted(s.best_trials, key=lambda t: t.values[0]):
+            vals = ", ".join(f"{o}={v:.4f}" for o, v in zip(objectives, t.values))
+            lines.append(f"- {name} #{t.number}: {vals} — {_fmt_params(t.params)}")
+    return lines
+
+
 def study_report(study: str, storage_url: str | None = None, root: str | Path = "runs/sweeps",
                  out: str | Path | None = None) -> dict[str, Path]:
     """Write ``report.md`` (per variant: the best configuration's NLL at each length, mean ± std over
@@ -289,8 +176,8 @@ def study_report(study: str, storage_url: str | None = None, root: str | Path = 
     (``<study>/<variant>``) are included."""
     import optuna
 
-    from accrot.cli import UsageError
-    from accrot.sweep import StorageRef, open_storage, redact
+    from accrot.errors import UsageError
+    from accrot.sweep.storage import StorageRef, open_storage, redact
 
     ref = StorageRef.parse(storage_url, study, root)
     storage = open_storage(ref)
@@ -313,25 +200,9 @@ def study_report(study: str, storage_url: str | None = None, root: str | Path = 
              "", f"Objectives: {', '.join(f'{o} ({d})' for o, d in zip(objectives, directions))}. Per variant, the "
              "configuration with the best mean first objective over its seeds; NLL columns are mean ± std over "
              "those seeds (nats/token).", ""]
-    mults = sorted({m for b in best.values() for r in b["config"] for m in _multipliers(r)})
-    header = ["variant", "trials", "best trial", "config", "seeds", *(f"NLL {m:g}×" for m in mults), "params"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    for variant, b in sorted(best.items()):
-        rs, bt = b["config"], b["best_trial"]
-        obj = f"objective:{objectives[0]}"
-        cells = [variant, str(b["n_trials"]), f"#{bt['number']} {bt[obj]:.4f}", f"#{rs[0]['config']}", str(len(rs)),
-                 *(pm([r[metric_key('nll', m)] for r in rs if metric_key("nll", m) in r]) for m in mults),
-                 _fmt_params(rs[0]["_params"]).replace("|", "\\|")]
-        lines.append("| " + " | ".join(cells) + " |")
-    if not best:
-        lines.append("| (no completed trials) |" + " |" * (len(header) - 1))
+    lines += _best_table(best, objectives)
     if len(objectives) > 1:
-        lines += ["", "## Pareto front", ""]
-        for name in names:
-            s = optuna.load_study(study_name=name, storage=storage)
-            for t in sorted(s.best_trials, key=lambda t: t.values[0]):
-                vals = ", ".join(f"{o}={v:.4f}" for o, v in zip(objectives, t.values))
-                lines.append(f"- {name} #{t.number}: {vals} — {_fmt_params(t.params)}")
+        lines += _pareto(storage, names, objectives)
     if best:
         written["nll_png"] = plot_study_nll(best, out / "nll_vs_length.png", title=f"{study}: NLL vs length")
         lines += ["", "![NLL vs length](nll_vs_length.png)"]

@@ -3,7 +3,7 @@
 ``accrot slurm train [options] -- FIT ARGS`` runs ``accrot fit FIT ARGS`` on ``--nodes`` × ``--tasks_per_node``
 DDP ranks (``srun``; Lightning's SLURMEnvironment); ``accrot slurm sweep SPEC --storage URL --workers K
 [options]`` creates the study, then submits K array tasks, each a multi-node worker whose trials are DDP runs
-(:mod:`accrot.sweep_ddp`). ``--dry-run`` prints the script and submits nothing.
+(:mod:`accrot.sweep.ddp`). ``--dry-run`` prints the script and submits nothing.
 
 Everything is checked before submission, one line each (exit status 2): the fit arguments (parsed and built
 by the real CLI, without training), ranks that do not match the config's ``trainer.devices`` /
@@ -26,11 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accrot.cli import UsageError, bad_input_message
+from accrot.errors import UsageError, bad_input_message
+from accrot.run.launch import device_count
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "sweeps" / "slurm"
+TEMPLATES = Path(__file__).resolve().parents[2] / "sweeps" / "slurm"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M[:S]
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 # filesystems only the node that mounts them sees (a run directory on one cannot be shared across nodes)
 LOCAL_FS = {"tmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "vfat", "zfs"}
 
@@ -44,42 +45,6 @@ def render(name: str, values: dict[str, Any]) -> str:
     text = (TEMPLATES / f"{name}.sbatch").read_text()
     lines = _Template(text).substitute({k: str(v) for k, v in values.items()}).splitlines()
     return "\n".join(ln for ln in lines if ln.strip() or not ln) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------------
-# run time: the launch must match the trainer
-# ---------------------------------------------------------------------------------------------------
-def _count(devices: Any) -> int | None:
-    if isinstance(devices, bool):
-        return None
-    if isinstance(devices, int):
-        return devices if devices > 0 else None
-    if isinstance(devices, (list, tuple)):
-        return len(devices)
-    text = str(devices).strip()
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    if "," in text:
-        return len([d for d in text.split(",") if d.strip()])
-    return None  # "auto", -1: Lightning takes what the launch gives
-
-
-def check_launch(trainer_cfg) -> None:
-    """Under ``srun``, ``trainer.devices × trainer.num_nodes`` must equal the job step's task count; Lightning
-    only compares ``--ntasks-per-node`` and ``--nodes`` when SLURM sets them (``srun -n1`` does not)."""
-    from lightning.fabric.plugins.environments import SLURMEnvironment
-
-    tasks = os.environ.get("SLURM_NTASKS")
-    if tasks is None or not tasks.isdigit() or not SLURMEnvironment.detect():
-        return
-    devices, nodes = _count(trainer_cfg.get("devices")), _count(trainer_cfg.get("num_nodes") or 1)
-    if devices is None or nodes is None:
-        return
-    if devices * nodes != int(tasks):
-        raise UsageError(
-            f"trainer.devices={devices} x trainer.num_nodes={nodes} = {devices * nodes} ranks, but srun started "
-            f"{tasks} task(s) (SLURM_NTASKS={tasks}); launch srun with --nodes={nodes} --ntasks-per-node={devices}, "
-            f"or set --trainer.devices and --trainer.num_nodes to the job's layout")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -212,7 +177,7 @@ def _check_common(args) -> None:
         raise UsageError(f"--signal_seconds={args.signal_seconds} is not valid; use 1 to 65535 seconds")
     for name in ("partition", "account", "job_name"):
         value = getattr(args, name)
-        if value is not None and not _NAME.match(value):
+        if value is not None and not NAME.match(value):
             raise UsageError(f"--{name}={value!r} is not valid; use letters, digits and _.+-")
     if args.master_addr is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", args.master_addr):
         raise UsageError(f"--master_addr={args.master_addr!r} is not valid; pass a host name or an IP address")
@@ -240,7 +205,7 @@ def _values(args, root: Path, job_name: str) -> dict[str, Any]:
 
 
 def _flat_fit(fit_args: list[str]) -> dict[str, Any]:
-    from accrot.sweep import probe
+    from accrot.run.probe import probe
 
     try:
         return probe(["fit", *fit_args])
@@ -252,7 +217,7 @@ def _flat_fit(fit_args: list[str]) -> dict[str, Any]:
 
 
 def _check_layout(flat: dict, nodes: int, tasks: int) -> None:
-    devices, num_nodes = _count(flat.get("trainer.devices")), _count(flat.get("trainer.num_nodes") or 1)
+    devices, num_nodes = device_count(flat.get("trainer.devices")), device_count(flat.get("trainer.num_nodes") or 1)
     if devices not in (None, 1, tasks) or num_nodes not in (None, 1, nodes):
         raise UsageError(
             f"the config asks for trainer.devices={flat.get('trainer.devices')} x trainer.num_nodes="
@@ -303,7 +268,9 @@ def train_main(argv: list[str]) -> int:
 
 def sweep_main(argv: list[str]) -> int:
     """``accrot slurm sweep SPEC --storage URL --workers K [options]``: K workers as a job array."""
-    from accrot.sweep import StorageRef, load_spec, run_sweep
+    from accrot.sweep.parent import run_sweep
+    from accrot.sweep.spec import load_spec
+    from accrot.sweep.storage import StorageRef
 
     head, rest = _split(argv)
     if rest:

@@ -321,7 +321,7 @@ def test_fla_matches_chunked(fox):
 
 
 def test_bench_smoke():
-    from accrot.bench_path import bench_kernels
+    from accrot.bench.path import bench_kernels
 
     rows = bench_kernels(lengths=(48,), backward_lengths=(48,), B=1, H=1, D=8, chunk=16, repeats=1)
     assert [(r["T"], r["mode"]) for r in rows] == [(48, "fwd"), (48, "fwd+bwd")]

@@ -1,0 +1,187 @@
+"""``accrot bench``: side-by-side cost of every position scheme, as ratios to NoPE measured in one process.
+
+Subcommands::
+
+    accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
+                         [--eval_repeats 3] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
+                         [--out bench_schemes.json]
+    accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--out bench_path.json]
+    accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
+    accrot bench all     (all three; one table each, one JSON report, default bench.json)
+
+``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches
+(:mod:`accrot.bench.pipeline`).
+
+``schemes`` builds the full :class:`~accrot.model.Transformer` once per built cell of the grid
+rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
+separate rows, rotate_values for rope/accum only, path cells when ``path`` is registered) and measures
+
+* **training step** (forward + next-token cross-entropy + ``loss.backward()``, no optimiser) at ``T`` for each
+  model size. Shapes (d_model, n_layers, n_heads) come from the shipped ``tiny.yaml`` / ``small.yaml``; the
+  batches are cut from 16 and 32 to 8 and 2 (:data:`BENCH_BATCH`, ``--batch``) to keep the run short — the
+  ratios are per-token costs, which the batch barely moves. After one untimed warm-up round, ``--repeats``
+  rounds visit every variant once each, in a freshly shuffled order, all models alive in one process, with a
+  NoPE step between every two (:func:`interleaved_rounds`). Reported: the median time per variant, the median
+  over rounds of its ratio to the mean of the two NoPE steps right beside it (``×``), and the ratio of the
+  minima over equally many samples (``×min``). On a shared machine single steps are now and then slowed 5–30× (another process takes a
+  core and the OpenMP team waits on it); the neighbouring NoPE steps usually share the slowdown, and where a
+  burst still hits most of one variant's samples the minima compare like with like.
+* **evaluation forward** (``model.eval()``, ``torch.no_grad``, batch 1) of the tiny model at each of
+  ``--eval_lengths``: time ratios from the same interleaved rounds (``--eval_repeats``), one forked child per
+  measurement, and the peak-memory ratio from one more child per variant (memory is deterministic; see
+  :func:`eval_probe`). Beyond :data:`LONG_EVAL` tokens the default measures one cell per attention kernel and
+  the rotation kinds on the plain kernel (:func:`eval_plan`: NoPE, ALiBi, FoX, rope, accum); ``--eval_all``
+  measures every cell (combined cells and PaTH: several minutes more).
+
+Peak memory on CPU: torch's CPU allocations are invisible to :mod:`tracemalloc`, so every (variant, length, round)
+runs in its own forked child (:func:`eval_probe`). After its untimed and timed forwards, the child returns free
+heap to the OS and pins glibc's mmap threshold at 64 KiB (glibc otherwise raises it after every free, so how much
+freed memory stays resident depends on the allocation history: peaks then jump between runs by an order of
+magnitude), restarts ``ru_maxrss`` at the current RSS (``echo 5 > /proc/self/clear_refs``), reads the resident
+set from ``/proc/self/statm`` as the baseline, runs one more forward and reads
+``getrusage(RUSAGE_SELF).ru_maxrss``; the peak is ``ru_maxrss − baseline``. The children are forked from a clean
+helper interpreter (:class:`Zygote`), not from the benchmark process: GNU OpenMP's thread pool does not survive
+``fork`` (a child of a process that already ran parallel ops deadlocks on its first one), and
+``multiprocessing``'s forkserver re-imports the caller's ``__main__`` in every child. Limits: this is resident
+memory (page granularity; small allocations come from the heap), not allocator bookkeeping; the logits and the
+eval-mode caches built by the earlier forwards are in the baseline, not the peak.
+On CUDA (``--device cuda``) everything runs in-process: ``torch.cuda.max_memory_allocated`` after
+``reset_peak_memory_stats`` minus the allocation before the forward, after one warm-up forward per variant.
+
+Targets (from the issue; ✓/✗ per row, ``–`` where the issue sets none): rope/none and accum/none (q/k only)
+training steps ≤ 1.10× NoPE at every size; the same cells with rotate_values ≤ 1.15×; none/alibi and
+none/forget evaluation at 16384 tokens (or the longest length measured) ≤ 2× NoPE's time and ≤ 1.5× NoPE's
+peak memory. Combined cells (e.g. accum/forget) are reported without a target.
+
+Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
+thread count is left as it is. The default run takes about 6 minutes on 2 idle cores and several times that
+while the cores are shared. ``--quick`` is a smoke run (~30 s idle): tiny only, batch 4, T = 256, every cell
+evaluated at 1024, one round.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from jsonargparse import ArgumentParser
+from rich.console import Console
+from rich.table import Table
+
+from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, SCHEMA
+from accrot.bench.path import run_path
+from accrot.bench.pipeline import pipeline_table, run_pipeline
+from accrot.bench.schemes import run_schemes, schemes_table
+from accrot.errors import UsageError
+from accrot.io import atomic_write_text
+
+
+# -- command line -------------------------------------------------------------------------------------------
+def _schemes_args(parser) -> None:
+    parser.add_argument("--sizes", nargs="+", type=Literal["tiny", "small"], default=None,
+                        help=f"model sizes for the training step (default {' '.join(FULL['sizes'])})")
+    parser.add_argument("--T", type=int, default=None, help=f"training-step length (default {FULL['T']})")
+    parser.add_argument("--eval_lengths", nargs="*", type=int, default=None,
+                        help="evaluation lengths, tiny model, batch 1 (default 4096 16384)")
+    parser.add_argument("--repeats", type=int, default=None, help=f"timed rounds (default {FULL['repeats']})")
+    parser.add_argument("--eval_repeats", type=int, default=None,
+                        help=f"evaluation rounds, one forward each (default {FULL['eval_repeats']})")
+    parser.add_argument("--batch", type=dict[str, int], default={},
+                        help=f"training batch per size, overriding {BENCH_BATCH} (e.g. '{{small: 4}}')")
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval_all", action="store_true",
+                        help=f"evaluate every cell beyond {LONG_EVAL} tokens too (several minutes more)")
+    parser.add_argument("--quick", action="store_true", help="~30 s smoke run: tiny, batch 4, T 256, eval 1024")
+
+
+def _path_args(parser) -> None:
+    parser.add_argument("--lengths", nargs="+", type=int, default=[512, 2048, 8192], help="PaTH kernel lengths")
+    parser.add_argument("--B", type=int, default=1)
+    parser.add_argument("--H", type=int, default=4)
+    parser.add_argument("--D", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=64)
+
+
+def _schemes_settings(args) -> dict[str, Any]:
+    base = QUICK if args.quick else FULL
+    settings = {k: base[k] if getattr(args, k) is None else getattr(args, k) for k in base}
+    settings["batch"] = {**BENCH_BATCH, **(QUICK_BATCH if args.quick else {}), **args.batch}
+    settings["eval_all"] = bool(args.eval_all or args.quick)
+    return settings
+
+
+COMMANDS = ("schemes", "path", "pipeline", "all")
+DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
+               "all": "bench.json"}
+
+
+def _parser(command: str) -> ArgumentParser:
+    parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=__doc__)
+    if command in ("schemes", "all"):
+        _schemes_args(parser)
+    if command in ("path", "all"):
+        _path_args(parser)
+    if command in ("pipeline", "all"):
+        parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
+        parser.add_argument("--pipeline_rounds", type=int, default=3, help="alternating rounds of the two loops")
+        parser.add_argument("--with_logger", action="store_true", help="the Lightning loop also writes metrics.csv")
+    parser.add_argument("--out", type=str, default=DEFAULT_OUT[command], help="JSON report (written atomically)")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        raise UsageError(f"unknown bench {command!r}; choose one of {', '.join(COMMANDS)}")
+    args = _parser(command).parse_args(rest)
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")
+    if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
+        raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
+    console, progress = Console(), Console(stderr=True, soft_wrap=True)
+    if not console.is_terminal:  # a pipe or a file: rich would wrap the table at 80 columns
+        console = Console(width=240)
+
+    def log(message: str) -> None:
+        progress.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
+
+    report: dict[str, Any] = {}
+    if command in ("schemes", "all"):
+        report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
+        console.print(schemes_table(report["schemes"]))
+    if command in ("path", "all"):
+        report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log)
+        console.print(rows_table(report["path"]["kernels"], "PaTH kernels: chunked vs recurrence"))
+        console.print(rows_table(report["path"]["memory"], "PaTH evaluation peak memory"))
+    if command in ("pipeline", "all"):
+        report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
+                                          with_logger=args.with_logger, log=log)
+        console.print(pipeline_table(report["pipeline"]))
+    doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", **report}
+    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {out}")
+    return 0
+
+
+def rows_table(rows: Sequence[dict[str, Any]], title: str):
+    """A rich table of plain dict rows (columns: the union of their keys, in first-seen order)."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in (row.get(c, "-") for c in columns)))
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

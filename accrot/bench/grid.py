@@ -1,0 +1,142 @@
+"""The cells every benchmark measures (each built scheme of the ablation grid), the shapes per size, and the
+interleaved timing that makes ratios to NoPE robust on a shared machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from accrot.run.args import CONFIG_DIR
+
+SCHEMA = "accrot.bench/1"
+SIZES = ("tiny", "small")
+# training-step batch per size (the recipes train at 16 and 32), cut to keep the default run near 5 minutes
+BENCH_BATCH = {"tiny": 8, "small": 2}
+FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 6, "eval_repeats": 3}
+QUICK = {"sizes": ["tiny"], "T": 256, "eval_lengths": [1024], "repeats": 1, "eval_repeats": 1}
+QUICK_BATCH = {"tiny": 4, "small": 1}
+TARGET_EVAL_LENGTH = 16384
+PROBE_FORWARDS, PROBE_SECONDS = 3, 0.5  # timed forwards per evaluation child (see eval_probe)
+LONG_EVAL = 4096  # beyond this length the default evaluation measures only the anchors (see eval_plan)
+ROTATION_LIMIT, ROTATION_VALUES_LIMIT = 1.10, 1.15  # training step / NoPE
+FAR_MASS_TIME_LIMIT, FAR_MASS_MEMORY_LIMIT = 2.0, 1.5  # evaluation forward / NoPE
+MIB = 2.0**20
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One built cell of the ablation grid."""
+
+    rotation: str
+    far_mass: str = "none"
+    rotate_values: bool = False
+    increments: str | None = None
+
+    @property
+    def name(self) -> str:
+        rot = self.rotation if self.increments is None else f"{self.rotation}:{self.increments}"
+        return f"{rot}/{self.far_mass}" + ("+v" if self.rotate_values else "")
+
+    def scheme(self):
+        from accrot.position import SchemeConfig
+
+        return SchemeConfig(rotation=self.rotation, far_mass=self.far_mass, rotate_values=self.rotate_values,
+                            increments=self.increments)
+
+
+def grid() -> tuple[list[Cell], list[str]]:
+    """Every built cell, NoPE first, and a note per family of DESIGN §2 that is not registered yet."""
+    from accrot.position import FAR_MASS, ROTATIONS
+
+    rotations = [r for r in ("none", "rope", "accum", "path") if r in ROTATIONS]
+    far_masses = ["none"] + [f for f in ("alibi", "forget") if f in FAR_MASS]
+    notes = [f"rotation {r!r} is not built yet" for r in ("rope", "accum", "path") if r not in ROTATIONS]
+    notes += [f"far_mass {f!r} is not built yet" for f in ("alibi", "forget") if f not in FAR_MASS]
+    cells = []
+    for rotation in rotations:
+        kinds: list[str | None] = ["random_position", "learned"] if rotation == "accum" else [None]
+        for increments in kinds:
+            for far_mass in far_masses:
+                for values in (False, True) if rotation in ("rope", "accum") else (False,):
+                    cells.append(Cell(rotation, far_mass, values, increments))
+    return cells, notes
+
+
+def size_shape(size: str) -> dict[str, int]:
+    """d_model, n_layers, n_heads, vocab_size and the recipe's batch of a shipped config."""
+    import yaml
+
+    doc = yaml.safe_load((CONFIG_DIR / f"{size}.yaml").read_text())
+    model = doc["model"]
+    return {"d_model": model["d_model"], "n_layers": model["n_layers"], "n_heads": model["n_heads"],
+            "vocab_size": model.get("vocab_size", 256), "recipe_batch": doc["data"]["init_args"]["batch_size"]}
+
+
+def build_model(cell: Cell, shape: dict[str, int], seed: int, device: torch.device):
+    from accrot.model import ModelConfig, Transformer
+
+    torch.manual_seed(seed)  # same backbone weights for every variant
+    cfg = ModelConfig(vocab_size=shape["vocab_size"], d_model=shape["d_model"], n_layers=shape["n_layers"],
+                      n_heads=shape["n_heads"], scheme=cell.scheme())
+    return Transformer(cfg).to(device)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def interleaved_rounds(names: Sequence[str], nope: str, repeats: int, seed: int,
+                       measure: Callable[[str], dict[str, float]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Measure every variant ``repeats`` times, NoPE interleaved as the reference.
+
+    Each round visits the other variants once in a freshly shuffled order, with a NoPE measurement before the
+    first and after each one, so every sample has two NoPE neighbours taken moments apart: a burst of load from
+    another process (seconds long, here) hits a sample and its reference alike far more often than it would with
+    one NoPE sample per round. ``measure(name)`` returns ``{metric: value}``. Returns, per variant and metric:
+    ``median`` of the samples, ``ratio`` = median over rounds of sample / mean of its two NoPE neighbours (1 for
+    NoPE), ``ratio_of_min`` = min(samples) / min(the NoPE samples measured right before them), and the samples.
+
+    Both statistics compare equal numbers of draws. The minimum of two NoPE neighbours (as a per-sample
+    reference), or the minimum over every NoPE sample of the run (~25 per variant sample), is systematically
+    lower than one draw of the same noisy distribution: it inflated both ratios by about the noise's spread, a few
+    percent on a shared machine, against every variant alike.
+    """
+    others = [n for n in names if n != nope]
+    values: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    refs: dict[str, dict[str, list[float]]] = {n: {} for n in others}  # mean of the two neighbours
+    befores: dict[str, dict[str, list[float]]] = {n: {} for n in others}  # the NoPE sample right before
+
+    def add(store: dict[str, dict[str, list[float]]], name: str, res: dict[str, float]) -> None:
+        for key, value in res.items():
+            store[name].setdefault(key, []).append(value)
+
+    for r in range(repeats):
+        order = list(others)
+        random.Random(seed + r).shuffle(order)
+        before = measure(nope)
+        add(values, nope, before)
+        for name in order:
+            res, after = measure(name), measure(nope)
+            add(values, name, res)
+            add(values, nope, after)
+            add(refs, name, {key: 0.5 * (before[key] + after[key]) for key in res})
+            add(befores, name, {key: before[key] for key in res})
+            before = after
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name in names:
+        out[name] = {}
+        for key, samples in values[name].items():
+            if name == nope:
+                ratios, of_min = [1.0] * len(samples), 1.0
+            else:
+                ratios = [v / ref for v, ref in zip(samples, refs[name][key])]
+                of_min = min(samples) / min(befores[name][key])
+            out[name][key] = {"median": statistics.median(samples), "ratio": statistics.median(ratios),
+                              "ratio_of_min": of_min, "samples": samples, "ratio_samples": ratios}
+    return out

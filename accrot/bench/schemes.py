@@ -1,0 +1,208 @@
+"""``accrot bench schemes``: every built scheme cell's training step and evaluation, as ratios to NoPE measured in
+one process, interleaved round by round, against the targets of each cell."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from accrot.bench.grid import (
+    FAR_MASS_MEMORY_LIMIT,
+    FAR_MASS_TIME_LIMIT,
+    ROTATION_LIMIT,
+    ROTATION_VALUES_LIMIT,
+    SCHEMA,
+    SIZES,
+    TARGET_EVAL_LENGTH,
+    Cell,
+    build_model,
+    grid,
+    interleaved_rounds,
+    size_shape,
+    sync,
+)
+from accrot.bench.memory import eval_plan, measure_eval
+from accrot.ops import cpu_kernels
+
+# -- the grid -----------------------------------------------------------------------------------------------
+
+
+# -- timing -------------------------------------------------------------------------------------------------
+
+
+def _train_step(model, tokens: torch.Tensor) -> float:
+    """Seconds of forward + next-token loss + backward on ``tokens [B, T+1]``."""
+    model.zero_grad(set_to_none=True)
+    sync(tokens.device)
+    t0 = time.perf_counter()
+    logits = model(tokens[:, :-1])  # [B, T, vocab]
+    loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    sync(tokens.device)
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)  # every model stays alive for the rounds; its gradients need not
+    return seconds
+
+
+def time_training(cells: Sequence[Cell], size: str, T: int, batch: int, repeats: int, device: torch.device,
+                  seed: int, log) -> dict[str, dict[str, Any]]:
+    """Training-step ms per variant (see :func:`interleaved_rounds`), after one untimed step of each."""
+    shape = size_shape(size)
+    models = {c.name: build_model(c, shape, seed, device).train() for c in cells}
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, shape["vocab_size"], (batch, T + 1), generator=g).to(device)  # [B, T+1]
+    log(f"train {size}: d_model {shape['d_model']}, {shape['n_layers']} layers, {shape['n_heads']} heads, "
+        f"B {batch}, T {T}: warm-up + {repeats} round(s) × {len(models)} variants, NoPE between each")
+    for name in models:  # warm-up: allocator, thread pools, lazy caches
+        _train_step(models[name], tokens)
+    res = interleaved_rounds(list(models), cells[0].name, repeats, seed,
+                             lambda name: {"ms": _train_step(models[name], tokens) * 1e3})
+    return {name: r["ms"] for name, r in res.items()}
+
+
+# -- targets ------------------------------------------------------------------------------------------------
+def targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets that apply to ``cell``, each ``{what, value, limit, ok}``."""
+    checks = []
+    if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
+        limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
+        for size, res in row["train"].items():
+            checks.append({"what": f"train {size}", "value": res["ratio"], "value_of_min": res["ratio_of_min"],
+                           "limit": limit})
+    if cell.rotation == "none" and cell.far_mass != "none" and row["eval"]:
+        lengths = [int(k) for k in row["eval"]]  # the anchors are measured at every length
+        T = TARGET_EVAL_LENGTH if TARGET_EVAL_LENGTH in lengths else max(lengths)
+        res = row["eval"][str(T)]
+        checks.append({"what": f"eval {T} time", "value": res["ratio"], "value_of_min": res["ratio_of_min"],
+                       "limit": FAR_MASS_TIME_LIMIT})
+        checks.append({"what": f"eval {T} memory", "value": res["mem_ratio"], "value_of_min": res["mem_ratio"],
+                       "limit": FAR_MASS_MEMORY_LIMIT})
+    for check in checks:  # judged on the median ratio; ok_of_min says whether the minima agree
+        check["ok"] = bool(check["value"] <= check["limit"])
+        check["ok_of_min"] = bool(check["value_of_min"] <= check["limit"])
+    return checks
+
+
+# -- the schemes benchmark --------------------------------------------------------------------------------
+def _device(name: str) -> torch.device:
+    from accrot.errors import UsageError
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise UsageError(f"device={name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device={name!r} but CUDA is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"device={name!r} is not supported by the benchmark; use cpu or cuda")
+    return device
+
+
+def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repeats: int, eval_repeats: int,
+                batch: dict[str, int], eval_all: bool = False, device: str = "cpu", seed: int = 0,
+                log=print) -> dict[str, Any]:
+    """Measure every built cell; returns the JSON-ready report (``rows`` in grid order, NoPE first)."""
+    from accrot.errors import UsageError
+
+    for name, value in {"T": T, "repeats": repeats, "eval_repeats": eval_repeats}.items():
+        if value < 1:
+            raise UsageError(f"{name}={value} is not valid; it must be a positive integer")
+    if any(ln < 1 for ln in eval_lengths):
+        raise UsageError(f"eval_lengths={list(eval_lengths)} is not valid; lengths must be positive")
+    bad = [k for k, v in batch.items() if k not in SIZES or not isinstance(v, int) or v < 1]
+    if bad:
+        raise UsageError(f"batch has a bad entry {bad[0]!r}; give sizes {', '.join(SIZES)} positive integers")
+    dev = _device(device)
+    started = time.perf_counter()
+    cells, notes = grid()
+    for note in notes:
+        log(f"note: {note}; its cells are skipped")
+    train = {size: time_training(cells, size, T, batch[size], repeats, dev, seed, log) for size in sizes}
+    plan = eval_plan(cells, list(eval_lengths), eval_all)
+    evals = measure_eval(plan, eval_repeats, dev, seed, log)
+    rows = []
+    for cell in cells:
+        row: dict[str, Any] = {
+            "variant": cell.name, "rotation": cell.rotation, "far_mass": cell.far_mass,
+            "rotate_values": cell.rotate_values, "increments": cell.increments,
+            "train": {size: {"batch": batch[size], "T": T, "ms": res[cell.name]["median"],
+                             "ratio": res[cell.name]["ratio"], "ratio_of_min": res[cell.name]["ratio_of_min"],
+                             "ms_samples": res[cell.name]["samples"],
+                             "ratio_samples": res[cell.name]["ratio_samples"]} for size, res in train.items()},
+            "eval": {str(ln): res[cell.name] for ln, res in evals.items() if cell.name in res},
+        }
+        row["targets"] = targets(cell, row)
+        row["ok"] = all(c["ok"] for c in row["targets"]) if row["targets"] else None
+        rows.append(row)
+    return {
+        "schema": SCHEMA, "bench": "schemes", "device": str(dev), "torch": torch.__version__,
+        "python": platform.python_version(), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "rotation_kernels": cpu_kernels.describe(dev),  # compiled CPU kernels or eager torch ops
+        "settings": {"sizes": {s: {**size_shape(s), "batch": batch[s]} for s in sizes}, "T": T,
+                     "eval_lengths": list(eval_lengths), "eval_model": "tiny", "eval_batch": 1, "repeats": repeats,
+                     "eval_repeats": eval_repeats, "eval_all": eval_all, "seed": seed,
+                     "eval_skipped": {str(ln): [c.name for c in cells if c not in plan[ln]] for ln in plan},
+                     "memory_method": "cuda max_memory_allocated" if dev.type == "cuda"
+                     else "forked child: ru_maxrss after − /proc/self/statm RSS before"},
+        "notes": notes, "rows": rows, "wall_s": time.perf_counter() - started,
+    }
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}×"
+
+
+def _mark(row: dict[str, Any]) -> str:
+    """✓/✗ on the median ratios; where the ratio of minima disagrees, what it says in brackets."""
+    if not row["targets"]:
+        return "–"
+    failed = [f"{c['what']} {c['value']:.3f}>{c['limit']:.2f}" for c in row["targets"] if not c["ok"]]
+    mark = "✓" if not failed else "✗ " + "; ".join(failed)
+    differ = [c for c in row["targets"] if c["ok"] != c["ok_of_min"]]
+    if differ:
+        mark += " [×min: " + "; ".join(f"{c['what']} {c['value_of_min']:.3f} {'✓' if c['ok_of_min'] else '✗'}"
+                                       for c in differ) + "]"
+    return mark
+
+
+def schemes_table(doc: dict[str, Any]):
+    from rich.table import Table
+
+    sizes = list(doc["settings"]["sizes"])
+    lengths = doc["settings"]["eval_lengths"]
+    nope = doc["rows"][0]
+    absolute = [f"{s} train {nope['train'][s]['ms']:.0f} ms" for s in sizes]
+    absolute += [f"eval {ln} {nope['eval'][str(ln)]['ms']:.0f} ms / {nope['eval'][str(ln)]['peak_mib']:.0f} MiB"
+                 for ln in lengths]
+    kernels = f", rotation kernels: {doc['rotation_kernels']}" if "rotation_kernels" in doc else ""
+    table = Table(title=f"position schemes vs NoPE ({doc['device']}, {doc['threads']} threads, T = "
+                        f"{doc['settings']['T']}; eval: tiny, batch 1{kernels})",
+                  caption="NoPE: " + ", ".join(absolute) + ". ×: median of ratios to the two NoPE neighbours; ×min: "
+                          "ratio of the minima; ms: median; n/m: not measured (see --eval_all).")
+    table.add_column("variant")
+    for s in sizes:
+        table.add_column(f"{s} ms", justify="right")
+        table.add_column(f"{s} ×", justify="right")
+        table.add_column(f"{s} ×min", justify="right")
+    for ln in lengths:
+        table.add_column(f"eval {ln} ×t", justify="right")
+        table.add_column(f"{ln} ×mem", justify="right")
+    table.add_column("target")
+    for row in doc["rows"]:
+        cells = [row["variant"]]
+        for s in sizes:
+            res = row["train"][s]
+            cells += [f"{res['ms']:.0f}", _fmt_ratio(res["ratio"]), _fmt_ratio(res["ratio_of_min"])]
+        for ln in lengths:
+            res = row["eval"].get(str(ln))
+            cells += ["n/m", "n/m"] if res is None else [_fmt_ratio(res["ratio"]), _fmt_ratio(res["mem_ratio"])]
+        cells.append(_mark(row))
+        table.add_row(*cells)
+    return table

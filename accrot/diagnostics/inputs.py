@@ -1,0 +1,160 @@
+"""What every diagnostic reads: each layer's q, k, v and scheme (in eval mode, no autocast), the distances
+measured, and PaTH's transport by the per-query recurrence (vector ops only)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+SCHEMA = "accrot.diagnostics/1"
+DENSE_DISTANCES = 256  # every Δ below this is measured; beyond, a log-spaced grid
+LOG_DISTANCES = 32
+ROW_BUDGET = 1 << 22  # elements of one [B, H, rows, T] probability chunk
+GAP_SUMS = ("near_sum", "near_count", "far_sum", "far_sq", "far_count", "far_concentration")
+
+
+# -- per-layer inputs -------------------------------------------------------------------------------------------
+@dataclass
+class LayerInputs:
+    """What one attention layer sees: its scheme, q, k, v ``[B, H, T, D]`` (float32), the normalised layer
+    input x ``[B, T, d_model]`` and the tokens ``[B, T]``."""
+
+    scheme: nn.Module
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    x: torch.Tensor
+    tokens: torch.Tensor
+
+
+def backbone(model: nn.Module) -> nn.Module:
+    if hasattr(model, "blocks") and hasattr(model, "embed"):
+        return model
+    inner = getattr(model, "model", None)
+    if inner is not None and hasattr(inner, "blocks"):
+        return inner
+    raise TypeError(f"expected an accrot Transformer (or a module with .model), got {type(model).__name__}")
+
+
+class eval_mode:
+    """Eval mode, no grad, autocast off; the module's previous mode is restored on exit."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.was_training = model, model.training
+        self.grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.model.eval()
+        self.grad.__enter__()
+        device = next(self.model.parameters()).device.type
+        self.autocast = torch.autocast(device_type=device, enabled=False)
+        self.autocast.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.autocast.__exit__(*exc)
+        self.grad.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def layer_inputs(model: nn.Module, tokens: torch.Tensor) -> Iterator[LayerInputs]:
+    """Walk the backbone block by block on ``tokens [B, T]``, yielding each layer's :class:`LayerInputs`.
+
+    Call inside ``torch.no_grad`` with the model in ``eval()`` (the public functions do)."""
+    net = backbone(model)
+    device = next(net.parameters()).device
+    tokens = tokens.to(device=device, dtype=torch.long)
+    h = net.embed(tokens)  # [B, T, d_model]
+    for block in net.blocks:
+        x = block.attn_norm(h)  # [B, T, d_model] the scheme sees the normalised input
+        q, k, v = block.attn.project(x)  # [B, H, T, D] each
+        # contiguous: the diagnostics gather query / key rows, which is slow on project()'s strided views
+        q, k, v = (t.float().contiguous() for t in (q, k, v))
+        yield LayerInputs(block.attn.scheme, q, k, v, x, tokens)
+        h = block(h, tokens)
+
+
+def batches(tokens: torch.Tensor, max_batch_tokens: int) -> Iterator[torch.Tensor]:
+    if tokens.dim() != 2 or tokens.shape[1] < 1:
+        raise ValueError(f"tokens must be [N, T] with T >= 1, got shape {tuple(tokens.shape)}")
+    per = max(1, max_batch_tokens // tokens.shape[1])
+    for i in range(0, tokens.shape[0], per):
+        yield tokens[i : i + per]
+
+
+def default_distances(length: int, dense: int = DENSE_DISTANCES, n_log: int = LOG_DISTANCES) -> list[int]:
+    """Every Δ in [0, dense), then ``n_log`` log-spaced Δ, up to ⌊7·length/8⌋: the longest distances keep at
+    least an eighth of the block's queries (beyond, a handful of pairs makes the curve pure noise)."""
+    top = max(1, 7 * length // 8)
+    dist = set(range(min(dense, top + 1)))
+    if top > dense:
+        dist.update(int(round(d)) for d in torch.logspace(math.log10(dense), math.log10(top), n_log).tolist())
+    return sorted(dist)
+
+
+def check_distances(distances: Sequence[int], T: int) -> torch.Tensor:
+    d = torch.as_tensor(list(distances), dtype=torch.long)
+    if d.numel() == 0 or d.min() < 0 or d.max() >= T:
+        raise ValueError(f"distances must be non-empty integers in [0, {T - 1}] for blocks of {T} tokens")
+    return d
+
+
+def spread_indices(lo: int, hi: int, n: int | None, device: torch.device) -> torch.Tensor:
+    """At most ``n`` evenly spaced integers of [lo, hi), ascending (all of them when n is None or the range is
+    small)."""
+    t, valid = spread_many(torch.tensor([lo], device=device), hi, n)
+    return t[0, valid[0]]
+
+
+def spread_many(lo: torch.Tensor, hi: int, n: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row i: at most ``n`` evenly spaced integers of [lo_i, hi), ascending and distinct, padded to a common width
+    R: ``(t [len(lo), R], valid [len(lo), R])`` (padding repeats lo_i and is marked invalid)."""
+    span = hi - lo  # [n_rows]
+    R = int(span.max()) if n is None else min(n, int(span.max()))
+    count = span.clamp(max=R)[:, None]  # [n_rows, 1] queries in row i
+    j = torch.arange(R, device=lo.device)[None, :]  # [1, R]
+    valid = j < count  # [n_rows, R]
+    t = lo[:, None] + torch.div(j * span[:, None], count.clamp(min=1), rounding_mode="floor")  # step ≥ 1: distinct
+    return torch.where(valid, t, lo[:, None]), valid
+
+
+# -- PaTH transport by the per-query recurrence -------------------------------------------------------------------
+def path_walk(
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: torch.Tensor, max_steps: int
+) -> Iterator[tuple[int, int, torch.Tensor]]:
+    """For ascending queries ``rows [R]`` walk back d = 0..max_steps keys: yield ``(d, start, ℓᴹ [B, H, R − start])``
+    for the queries ``rows[start:]`` that still have a key t − d ≥ 0, with ℓᴹ = q_tᵀ H_t ⋯ H_{t−d+1} k_{t−d}
+    (unscaled), computed as u·k_{t−d} with u ← H_{t−d+1} u, u_0 = q_t.
+
+    The w, β and k rows of a stretch of steps are gathered at once (the walk is thousands of small steps, so
+    per-step op count is what costs); queries that have reached key 0 drop out at the next stretch."""
+    from bisect import bisect_left
+
+    B, H, _, D = q.shape
+    row_list = rows.tolist()
+    u = q[:, :, rows]  # [B, H, R, D]
+    start = 0
+    stretch = max(1, ROW_BUDGET // max(1, B * H * rows.numel() * D))
+    for d0 in range(0, max_steps + 1, stretch):
+        first = bisect_left(row_list, d0)  # rows[first:] >= d0 still have keys
+        if first >= len(row_list):
+            return
+        u, start = u[:, :, first - start :], first  # [B, H, R', D]
+        live = rows[start:]  # [R']
+        steps = torch.arange(d0, min(d0 + stretch, max_steps + 1), device=rows.device)  # [c]
+        key = (live[:, None] - steps[None, :]).clamp(min=0)  # [R', c] k_{t−d} (clamped where finished)
+        hh = (key + 1).clamp(max=w.shape[2] - 1)  # [R', c] H_{t−d+1}
+        # step-major copies, so every step reads contiguous [B, H, R', D] slices
+        wj_all = w[:, :, hh].permute(3, 0, 1, 2, 4).contiguous()  # [c, B, H, R', D]
+        kj_all = k[:, :, key].permute(3, 0, 1, 2, 4).contiguous()  # [c, B, H, R', D]
+        bj_all = beta[:, :, hh].permute(3, 0, 1, 2).contiguous()  # [c, B, H, R']
+        for j, d in enumerate(steps.tolist()):
+            if d > 0:
+                wj = wj_all[j]  # [B, H, R', D]
+                coef = bj_all[j] * torch.linalg.vecdot(u, wj)  # [B, H, R']
+                u = torch.addcmul(u, coef[..., None], wj, value=-1.0)  # [B, H, R', D]  u ← H_{t−d+1} u
+            lo = bisect_left(row_list, d) - start  # rows with t < d have no key at distance d
+            yield d, start + lo, torch.linalg.vecdot(u[:, :, lo:], kj_all[j, :, :, lo:])  # [B, H, R' − lo]

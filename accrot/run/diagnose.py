@@ -1,0 +1,116 @@
+"""``accrot diagnose --ckpt PATH``: the theory diagnostics of a checkpoint (coherence, mixing windows, far mass,
+value far norms) on its run's own evaluation blocks, as ``diagnostics.json``, figures and a table."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+from rich.console import Console
+from rich.table import Table
+
+from accrot.diagnostics import diagnose, plot_diagnostics, summary
+from accrot.diagnostics.bundle import finite_or_none
+from accrot.errors import UsageError
+from accrot.io import atomic_write_text
+from accrot.lit import LitLM
+from accrot.run.checkpoints import load_data_module, resolve_run
+
+
+def _fmt_window(x: float) -> str:
+    return "∞" if math.isinf(x) else "-" if math.isnan(x) else f"{x:.0f}"
+
+
+def diagnostics_table(result: Mapping):
+    """A rich table: per layer, measured windows (mean over heads) at each coherence length, the predicted
+    window, and far mass at the shortest and the longest length."""
+    L, lengths = result["train_length"], result["lengths"]
+    coh_lengths = [c["length"] for c in result["layers"][0]["coherence"]] if result["layers"] else []
+    mass_lengths = sorted({lengths[0], lengths[-1]})
+    table = Table(title=f"diagnostics (ε = {result['eps']:g}, far = keys > {result['far_window']} back)")
+    table.add_column("layer", justify="right")
+    for n in coh_lengths:
+        table.add_column(f"window @{n / L:g}×", justify="right")
+    table.add_column("predicted", justify="right")
+    for n in mass_lengths:
+        table.add_column(f"far mass @{n / L:g}×", justify="right")
+    for row in summary(result):
+        table.add_row(
+            str(row["layer"]),
+            *(_fmt_window(row[f"window@{n}"]) for n in coh_lengths),
+            _fmt_window(row["predicted_window"]),
+            *(f"{row[f'far_mass@{n}']:.3f}" for n in mass_lengths),
+        )
+    return table
+
+
+def _floats(values: Sequence[str]) -> list[float]:
+    """``1 8 32``, ``[1,8,32]`` or ``1,8,32`` as floats."""
+    out = []
+    for v in values:
+        for part in str(v).strip("[]").split(","):
+            if part.strip():
+                out.append(float(part))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """``accrot diagnose --ckpt PATH``: coherence, mixing windows, far mass and value far norms of a checkpoint;
+    writes diagnostics.json + PNGs into <run>/diagnostics/."""
+    parser = ArgumentParser(prog="accrot diagnose", exit_on_error=False, description=main.__doc__)
+    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint (.ckpt) of an accrot run")
+    parser.add_argument("--config", type=str | None, default=None,
+                        help="the run's config.yaml (default: found next to the checkpoint's run directory)")
+    parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "8", "32"],
+                        help="lengths as multiples of the training length: 1 8 32 or [1,8,32]")
+    parser.add_argument("--blocks", type=int, default=4, help="evaluation blocks per length")
+    parser.add_argument("--eps", type=float, default=0.05, help="ε of the mixing window")
+    parser.add_argument("--far_window", type=int | None, default=None, help="far = keys more than this many tokens back "
+                        "(default: training length / 4)")
+    parser.add_argument("--queries", type=int, default=32, help="last queries per block for far mass")
+    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/diagnostics)")
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    args = parser.parse_args(argv)
+
+    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
+    try:
+        multipliers = _floats(args.multipliers)
+    except ValueError as err:
+        raise UsageError(f"--multipliers={' '.join(args.multipliers)!r} is not valid; give numbers, e.g. 1 8 32") from err
+    if not multipliers or any(not m > 0 for m in multipliers):
+        raise UsageError(f"--multipliers={multipliers!r} is not valid; give positive multiples of the training length")
+    if args.blocks < 1:
+        raise UsageError(f"--blocks={args.blocks} is not valid; it must be a positive integer")
+    if not 0.0 < args.eps < 1.0:
+        raise UsageError(f"--eps={args.eps} is not valid; it must lie in (0, 1)")
+    if args.far_window is not None and args.far_window < 0:
+        raise UsageError(f"--far_window={args.far_window} is not valid; it must be >= 0")
+    if args.queries < 1:
+        raise UsageError(f"--queries={args.queries} is not valid; it must be a positive integer")
+    try:
+        lit = LitLM.load_from_checkpoint(ckpt, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any failure to load is the same bad input
+        raise UsageError(f"checkpoint {str(ckpt)!r} is not a readable accrot checkpoint ({type(err).__name__})") from err
+    dm = load_data_module(config)
+    train_length = int(dm.seq_len)
+    lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
+    blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
+    lit.eval().to(args.device)
+    t0 = time.perf_counter()
+    with Console(stderr=True).status("diagnosing"):
+        result = diagnose(lit.model, blocks, train_length, eps=args.eps, far_window=args.far_window,
+                          n_queries=args.queries)
+    result.update(checkpoint=str(ckpt), seconds=round(time.perf_counter() - t0, 3),
+                  blocks={str(n): int(b.shape[0]) for n, b in blocks.items()},
+                  data=finite_or_none(dm.describe()))
+    out = Path(args.out) if args.out else run_dir / "diagnostics"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_diagnostics(result, out)
+    atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))
+    Console().print(diagnostics_table(result))
+    print(out / "diagnostics.json")
+    return 0

@@ -1,0 +1,58 @@
+"""``accrot eval --ckpt PATH``: a checkpoint evaluated at many lengths, on the fixed blocks of its run's data
+(``extrapolation.json``, ``extrapolation.png`` and the table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+from rich.console import Console
+
+from accrot.errors import UsageError
+from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, plot_curves
+from accrot.io import atomic_write_text
+from accrot.run.checkpoints import check_eval_config, load_checkpoint, load_data_module, resolve_run
+
+
+def main(argv: list[str]) -> int:
+    """``accrot eval --ckpt PATH``: evaluate a checkpoint at many lengths; writes JSON + PNG."""
+    parser = ArgumentParser(prog="accrot eval", exit_on_error=False, description=main.__doc__)
+    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint (.ckpt) of an accrot run")
+    parser.add_argument("--config", type=str | None, default=None,
+                        help="the run's config.yaml (default: found next to the checkpoint's run directory)")
+    parser.add_argument("--multipliers", type=list[float], default=[1, 2, 4, 8, 16, 32],
+                        help="evaluation lengths as multiples of the training length")
+    parser.add_argument("--lengths", type=list[int] | None, default=None, help="explicit lengths (override)")
+    parser.add_argument("--budget_tokens", type=int, default=32768, help="scored tokens per length")
+    parser.add_argument("--max_batch_tokens", type=int, default=16384, help="tokens per forward pass")
+    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/eval)")
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    args = parser.parse_args(argv)
+    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
+    if any(m <= 0 for m in args.multipliers) or any(ln <= 0 for ln in args.lengths or []):
+        raise UsageError("evaluation lengths and multipliers must be positive")
+    model, state = load_checkpoint(ckpt)
+    dm = load_data_module(config)
+    if args.config:  # another config than the run's own: it may name other data, never another model
+        check_eval_config(ckpt, state, Path(args.config), dm)
+    train_length = int(dm.seq_len)
+    lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
+    sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
+    model.eval().to(args.device)
+    console = Console(stderr=True)
+    with console.status("evaluating"):
+        results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=args.device,
+                                   masks=sets.masks, depths=sets.depths)
+    rows = [r.to_dict() for r in results]
+    out = Path(args.out) if args.out else run_dir / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
+           "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
+           "final": {"step": state.get("global_step"), "lengths": rows}}
+    atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
+    label = model.scheme_config.label()
+    plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
+    Console().print(nll_table({label: rows}, train_length))
+    print(out / "extrapolation.json")
+    return 0

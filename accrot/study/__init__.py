@@ -1,0 +1,2 @@
+"""The study: the variants it compares, the ablation that trains them all (a sweep), the claims of PAPER.md checked
+against the runs, and the report; also the quick demo."""

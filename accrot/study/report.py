@@ -1,0 +1,396 @@
+"""The ablation's report: ``REPORT.md`` (tables, the claims and their verdicts), ``results.csv``, ``claims.json``
+and the figures."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from accrot.io import atomic_savefig, atomic_write_text, pyplot
+from accrot.metrics import mean_std
+from accrot.study.claims import (
+    HORIZON_TOLERANCE,
+    Results,
+    Run,
+    _mean,
+    check_claims,
+    collect,
+    diag_layers,
+    far_mass,
+    fit_range,
+    horizon,
+    times,
+)
+from accrot.study.stats import Claim, fmt
+
+# ---------------------------------------------------------------------------------------------------
+# writing the report
+# ---------------------------------------------------------------------------------------------------
+RULES = """How a verdict is decided. Every comparison is over seeds (each seed: a new initialisation, data order
+and random-increment realisation) and uses a 95 % Student-t interval:
+
+- two variants at one length: with the same seeds on both sides, the per-seed differences (paired) and the
+  interval mean ± t·s/√n; otherwise Welch's interval for the difference of means. *Resolved* — *for* or
+  *against* the claim — when the interval excludes 0, *inside* the noise otherwise;
+- one variant against itself (NLL at the longest length vs its best up to 16×, far mass and windows at the
+  longest length vs 1×): the per-seed differences, resolved when their interval excludes 0;
+- a threshold (within 5 %, flat within 2 %, ...): *for* when the interval lies on the claim's side of the limit,
+  *against* when it lies on the other side, *inside* when it straddles it.
+
+A claim is *supported* when every comparison is *for*, *not supported* when any is *against*, and
+*inconclusive* otherwise: a difference inside the noise, one seed (no interval), a censored mixing window, or a
+variant or length that was not run. With two seeds t = 12.7 and little resolves; three seeds (t = 4.3) or more
+are what a verdict needs.
+
+The instruments: coherence of random increments under fresh draws of their own distribution (32 per block at
+the default size, 8 for the tiny quick look; each run's diagnostics.json says how many), so |φ|^Δ is exact in
+expectation, with standard errors across (block, draw) replicates; mixing windows fitted log-linearly over
+1 ≤ Δ ≤ 7L/8 at every length, *censored* when the fit cannot place them in that range. Both are tested on
+synthetic truth at the default size's geometry (tests/test_verdicts.py)."""
+
+
+def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
+    mults = res.multipliers(dataset)
+    horizon_col = field_ == "nll"
+    head = "| variant | seeds | " + " | ".join(times(m) for m in mults) + (" | horizon |" if horizon_col else " |")
+    lines = [head, "|" + "---|" * (len(mults) + 2 + horizon_col)]
+    for v in res.variants(dataset):
+        seeds = len(res.by.get((dataset, v), []))
+        cells = [fmt(res.values(dataset, v, field_, m), digits) for m in mults]
+        if field_ == "nll":
+            cells.append(_horizon_cell(res, dataset, v))
+        lines.append(f"| {v} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _horizon_cell(res: Results, dataset: str, variant: str) -> str:
+    """The per-seed horizons (C2), e.g. ``8× 16× ≥64×`` (≥: it held at the longest length evaluated)."""
+    longest = max(res.multipliers(dataset), default=None)
+    hs = res.per_seed(dataset, variant, horizon)
+    return " ".join(f"{'≥' if h == longest else ''}{h:g}×" for h in hs) or "–"
+
+
+def _claims_md(claims: Sequence[Claim]) -> str:
+    lines = ["| # | claim | test | verdict | why |", "|---|---|---|---|---|"]
+    def cell(text: str) -> str:  # |φ|^Δ and |Δ| would split a markdown table's cells
+        return text.replace("|", "\\|")
+
+    for c in claims:
+        lines.append(f"| {c.id} | {cell(c.claim)} | {cell(c.test)} | **{c.verdict}** | {cell(c.why())} |")
+    lines.append("")
+    for c in claims:
+        lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Test: {c.test}.")
+        for comp in c.comparisons:
+            lines.append(f"- {comp.what}: {comp.numbers} → *{comp.outcome}*")
+        if c.note:
+            lines.append(f"- {c.note}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _color(variant: str):
+    """One fixed colour per variant in every figure (matplotlib's default cycle repeats after 10 lines)."""
+    from matplotlib import colormaps
+
+    from accrot.study.variants import VARIANTS
+
+    names = list(VARIANTS)
+    i = names.index(variant) if variant in names else len(names) + sum(map(ord, variant)) % 9
+    return colormaps["tab20"]((2 * i if i < 10 else 2 * (i - 10) + 1) % 20)
+
+
+def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]]) -> None:
+    """The mean over seeds at each x as a line, ± one standard deviation as a shaded band."""
+    xs, ms, ss = [], [], []
+    for x, vals in points:
+        if vals:
+            mean, std = mean_std(vals)
+            xs.append(x), ms.append(mean), ss.append(std or 0.0)
+    line, = ax.plot(xs, ms, marker="o", ms=3, label=variant, color=_color(variant))
+    ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
+                    color=line.get_color(), alpha=0.15)
+
+
+def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for v in res.variants(dataset):
+        _band(ax, v, [(m, res.values(dataset, v, field_, m)) for m in res.multipliers(dataset)])
+    ax.set_xscale("log", base=2)
+    ax.axvline(1, color="grey", ls=":", lw=1)
+    ax.set_xlabel("evaluation length / training length L")
+    ax.set_ylabel("NLL (nats/token)" if field_ == "nll" else field_)
+    ax.set_title(f"{_title(dataset)}: mean ± std over seeds")
+    ax.legend(fontsize=7, ncol=2)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _title(dataset: str) -> str:
+    from accrot.study.variants import DATASET_TITLES
+
+    return DATASET_TITLES.get(dataset, dataset)
+
+
+def smoothed_positions(buckets: Sequence[float | None], width: int, n_bins: int = 24) -> tuple[list[float], list[float]]:
+    """Per-position NLL buckets (each ``width`` tokens, already pooled over blocks) merged into ``n_bins``
+    log-spaced position bins: ``(bin centres, mean NLL)``. At 64× L the raw curve has 256 noisy buckets;
+    log bins keep the near positions resolved and average the far ones."""
+    n = len(buckets)
+    if n == 0:
+        return [], []
+    edges = sorted({0, *(int(round(x)) for x in _logspace(1, n, n_bins))} | {n})
+    xs, ys = [], []
+    for lo, hi in zip(edges, edges[1:]):
+        vals = [b for b in buckets[lo:hi] if b is not None]
+        if vals:
+            xs.append(0.5 * (lo + hi) * width)
+            ys.append(sum(vals) / len(vals))  # equal token counts per bucket: a plain mean pools them
+    return xs, ys
+
+
+def _logspace(lo: float, hi: float, n: int) -> list[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)] if n > 1 and hi > lo else [lo]
+
+
+def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
+    """Per-position NLL at the longest length, pooled over blocks and seeds, in log-spaced position bins."""
+    mults = res.multipliers(dataset)
+    if not mults:
+        return None
+    longest = max(mults)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drawn = False
+    for v in res.variants(dataset):
+        curves, width = [], None
+        for r in res.by.get((dataset, v), []):
+            row = r.lengths.get(longest) or {}
+            buckets = row.get("bucket_nll")
+            if buckets:
+                curves.append(buckets[1] if isinstance(buckets[0], int) else buckets)
+                width = row.get("bucket_width")
+        if not curves or width is None:
+            continue
+        n = min(len(c) for c in curves)
+        pooled = [_mean(c[i] for c in curves) for i in range(n)]  # over seeds
+        xs, ys = smoothed_positions(pooled, width)
+        ax.plot(xs, ys, lw=1.2, marker=".", ms=3, label=v, color=_color(v))
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    train_length = res.runs[0].train_length
+    ax.axvline(train_length, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the block (tokens; log bins)")
+    ax.set_ylabel("NLL (nats/token)")
+    ax.set_title(f"{_title(dataset)}: per-position NLL at {times(longest)} L (pooled over blocks and seeds)")
+    ax.legend(fontsize=7, ncol=2)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
+    """The extrapolation horizon (C2) per variant: each seed a dot, the mean a bar, log₂ scale."""
+    variants = [v for v in res.variants(dataset) if res.per_seed(dataset, v, horizon)]
+    if not variants:
+        return None
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(variants) + 1.5))
+    for i, v in enumerate(variants):
+        hs = res.per_seed(dataset, v, horizon)
+        ax.barh(i, sum(math.log2(h) for h in hs) / len(hs), color=_color(v), alpha=0.5)
+        ax.plot([math.log2(h) for h in hs], [i] * len(hs), "o", color=_color(v), ms=4)
+    longest = max(res.multipliers(dataset))
+    ax.set_yticks(range(len(variants)), variants, fontsize=8)
+    ax.set_xticks(range(int(math.log2(longest)) + 1), [f"{2**k}×" for k in range(int(math.log2(longest)) + 1)])
+    ax.set_xlabel(f"horizon: largest m with NLL within {HORIZON_TOLERANCE:.0%} of 1× up to m (≥ {times(longest)} "
+                  "is the longest evaluated)")
+    ax.set_title(f"{_title(dataset)}: extrapolation horizon per seed")
+    ax.invert_yaxis()
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
+    return _mean(h[i] for h in rows)
+
+
+def plot_theory(res: Results, folder: Path) -> list[Path]:
+    """``coherence.png``: small multiples, one panel per accumulated variant — the measured coherence at L (mean
+    over layers, heads and seeds, ± 1.96 standard errors) and at the longest length (dotted), the prediction
+    dashed, Δ from 1 on a log axis; ``far_mass.png``: far mass vs length."""
+    plt = pyplot()
+    out = []
+    accumulated = [v for v in res.variants("corpus") if v.startswith(("accum", "PaTH"))
+                   and any(r.diagnostics for r in res.by.get(("corpus", v), []))]
+    if accumulated:
+        cols = min(4, len(accumulated))
+        rows = -(-len(accumulated) // cols)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, sharey=True)
+        for ax, v in zip(axes.flat, accumulated):
+            _coherence_panel(ax, v, [r for r in res.by.get(("corpus", v), []) if r.diagnostics])
+        for ax in list(axes.flat)[len(accumulated):]:
+            ax.set_visible(False)
+        axes[0][0].legend(fontsize=6, loc="lower left")
+        fig.supxlabel("distance Δ = t − s (tokens, log)")
+        fig.supylabel("coherence E[ℓᴹℓᴵ] / E[(ℓᴵ)²]")
+        fig.tight_layout()
+        path = folder / "coherence.png"
+        atomic_savefig(fig, path)
+        out.append(path)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drawn = False
+    for v in res.variants("corpus"):
+        runs = [r for r in res.by.get(("corpus", v), []) if r.diagnostics]
+        if not runs:
+            continue
+        lengths = runs[0].diagnostics["lengths"]
+        _band(ax, v, [(length / runs[0].train_length,
+                       [x for x in (far_mass(r, length) for r in runs) if x is not None]) for length in lengths])
+        drawn = True
+    if drawn:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("length / L")
+        ax.set_ylabel("attention mass beyond L/4 (last queries)")
+        ax.set_title("far mass vs length (mean over layers and heads; ± std over seeds)")
+        ax.legend(fontsize=7, ncol=2)
+        path = folder / "far_mass.png"
+        atomic_savefig(fig, path)
+        out.append(path)
+    plt.close(fig)
+    return out
+
+
+def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
+    """One variant: measured at L with its band, at the longest length dotted, prediction dashed."""
+    diag = runs[0].diagnostics
+    L, top = diag["train_length"], fit_range(runs[0]) or diag["train_length"]
+    color = _color(variant)
+    for which, style in ((L, "-"), (max(diag["lengths"]), ":")):
+        per_seed, errs, dist = [], [], None
+        for r in runs:
+            entries = [c for layer in diag_layers(r) for c in layer["coherence"] if c["length"] == which]
+            if not entries:
+                continue
+            dist = entries[0]["distances"]
+            per_seed.append([_mean(_head_mean(e["curve"], i) for e in entries) for i in range(len(dist))])
+            errs.append([_mean(_head_mean(e["stderr"], i) for e in entries) for i in range(len(dist))])
+        if not per_seed or dist is None:
+            continue
+        keep = [i for i, d in enumerate(dist) if 1 <= d <= (top if which == L else dist[-1])]
+        xs = [dist[i] for i in keep]
+        mean = [_mean(c[i] for c in per_seed) for i in keep]
+        err = [_mean(e[i] for e in errs) for i in keep]
+        ax.plot(xs, [m if m is not None else math.nan for m in mean], style, color=color, lw=1.2,
+                label=f"measured at {times(which / L)}")
+        if which == L:
+            lo = [(m or 0) - 1.96 * (e or 0) for m, e in zip(mean, err)]
+            hi = [(m or 0) + 1.96 * (e or 0) for m, e in zip(mean, err)]
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
+            pred = [c.get("predicted") for layer in diag_layers(runs[0]) for c in layer["coherence"]
+                    if c["length"] == L and c.get("predicted")]
+            if pred:
+                ax.plot(xs, [_mean(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
+                        label="prediction |φ|^Δ")
+    eps = diag.get("eps", 0.05)
+    ax.axhline(eps, color="grey", lw=0.5, ls=":")
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_title(f"{variant} ({len(runs)} seeds)", fontsize=8)
+
+
+def results_csv(res: Results) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["dataset", "variant", "seed", "multiplier", "length", "nll", "accuracy", "last_window_nll", "run_dir"])
+    for r in res.runs:
+        for m, row in sorted(r.lengths.items()):
+            w.writerow([r.dataset, r.variant, r.seed, m, row.get("length"), row.get("nll"), row.get("accuracy"),
+                        row.get("last_window_nll"), r.run_dir])
+    return buf.getvalue()
+
+
+def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
+    """``REPORT.md`` + ``results.csv`` + ``claims.json`` + PNGs into ``folder``; returns the report's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    claims = check_claims(res)
+    figures: list[Path] = []
+    sections = []
+    for dataset in res.datasets():
+        figures.append(plot_nll(res, dataset, folder / f"nll_{dataset}.png"))
+        pp = plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
+        if pp:
+            figures.append(pp)
+        hz = plot_horizon(res, dataset, folder / f"horizon_{dataset}.png")
+        if hz:
+            figures.append(hz)
+        part = [f"## {_title(dataset)}", "",
+                "NLL (nats/token; on the local task: answers only) per evaluation length, mean ± std over seeds.", "",
+                _table(res, dataset, "nll")]
+        if dataset == "local":
+            part += ["", "Answer accuracy:", "", _table(res, dataset, "accuracy")]
+        part += ["", f"![NLL vs length](nll_{dataset}.png)"]
+        if pp:
+            part += ["", f"![per-position NLL]({pp.name})"]
+        if hz:
+            part += ["", f"Extrapolation horizon (C2): the largest multiple m whose NLL, and every shorter one's, "
+                     f"stays within {HORIZON_TOLERANCE:.0%} of NLL(1×), per seed.", "", f"![horizon]({hz.name})"]
+        sections.append("\n".join(part))
+    theory = plot_theory(res, folder)
+    figures += theory
+    train_length = res.runs[0].train_length if res.runs else None
+    wall = time.time() - meta["started"] if meta.get("started") else None
+    head = [
+        f"# {meta.get('study', folder.name)}: does accumulation explain extrapolation?", "",
+        f"- command: `{meta.get('command', '')}`",
+        f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
+        f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {len(res.runs)}",
+        f"- revision: {_revision()}; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+        + (f"; this invocation took {wall / 60:.1f} min" if wall else ""),
+        "- every variant: the same recipe, data, token budget, seeds and evaluation blocks; only the position "
+        "scheme differs. Runs, configs and checkpoints: `runs/` below this folder; every number: `results.csv`.",
+        "",
+    ]
+    seeds = min((len(runs) for runs in res.by.values()), default=0)
+    caution = [] if seeds >= 3 else [
+        f"> **{seeds} seed{'s' if seeds != 1 else ''} per variant**: a 95 % interval over "
+        f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
+        "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
+        "needs.", ""]
+    claims_md = ["## Claims (PAPER.md)", "", *caution, _claims_md(claims), RULES, ""]
+    if theory:
+        claims_md += [f"![{p.stem}]({p.name})" for p in theory]
+    text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"
+    atomic_write_text(folder / "results.csv", results_csv(res))
+    atomic_write_text(folder / "claims.json", json.dumps(
+        [{**asdict(c), "verdict": c.verdict, "why": c.why()} for c in claims], indent=1))
+    atomic_write_text(folder / "REPORT.md", text)
+    return folder / "REPORT.md"
+
+
+def _revision() -> str:
+    from accrot.io import git_revision
+
+    try:
+        return git_revision() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def build_report(spec, ref, folder: Path, meta: Mapping[str, Any]) -> Path:
+    return write_report(collect(spec, ref), folder, {**meta, "study": spec.name})

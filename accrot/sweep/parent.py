@@ -1,0 +1,347 @@
+"""``accrot sweep SPEC``: the parent validates the spec, creates the studies, launches and watches the workers,
+recovers dead ones, and prints the finished trials and a summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from accrot.errors import UsageError
+from accrot.sweep.recovery import FINISHED, RetryTrial, can_start, fail_trial, recover_stale
+from accrot.sweep.spec import SweepSpec, load_spec
+from accrot.sweep.storage import (
+    StorageRef,
+    creation_lock,
+    open_storage,
+    quiet_experimental,
+    redact,
+    retry_storage,
+)
+from accrot.sweep.trials import StratumInfo, check_stratum
+from accrot.sweep.worker import run_worker
+
+# ---------------------------------------------------------------------------------------------------
+# the parent: validate, create, launch, watch, recover
+# ---------------------------------------------------------------------------------------------------
+_WORKER_BOOT = "import sys; from accrot.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def create_studies(spec: SweepSpec, storage, infos: Mapping[str, StratumInfo]) -> list:
+    out = []
+    for stratum in spec.strata():
+        info = infos[stratum.study_name]
+        with quiet_experimental():
+            study = optuna.create_study(storage=storage, study_name=stratum.study_name,
+                                        directions=spec.directions, load_if_exists=True)
+        attrs = study.user_attrs.get("accrot")
+        if attrs is None:
+            study.set_user_attr("accrot", {
+                "spec": spec.name, "spec_file": str(spec.path), "variant": stratum.variant,
+                "fingerprint": spec.fingerprint(), "objectives": [o.metric for o in spec.objectives],
+                "directions": spec.directions, "budget": spec.budget, "trials": spec.trials, "seeds": spec.seeds,
+                "context": info.context, "multipliers": info.multipliers, "train_length": info.train_length,
+            })
+            with quiet_experimental():
+                study.set_metric_names([o.metric for o in spec.objectives])
+        elif attrs.get("fingerprint") != spec.fingerprint():
+            raise UsageError(f"study {stratum.study_name!r} already exists in the storage from a different spec "
+                             "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
+        out.append(study)
+    return out
+
+
+def _describe_exit(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def id(self) -> str:
+        return f"{socket.gethostname()}:{self.proc.pid}"
+
+
+def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int:
+    """The parent: validate, create the studies, run ``workers`` worker processes, recover dead ones."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the parent prints its own progress
+    infos = {}
+    with console.status(f"checking {spec.path.name}: building every stratum's config"):
+        for stratum in spec.strata():
+            infos[stratum.study_name] = check_stratum(spec, stratum)
+    with creation_lock(ref, spec.name):
+        storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
+        studies = create_studies(spec, storage, infos)
+    console.print(f"[bold]{spec.name}[/]: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} × "
+                  f"{spec.trials} configurations × {len(spec.seeds)} seed(s) on {redact(ref.url)}")
+    if workers == 0:
+        console.print(f"studies ready; add workers with `accrot sweep {spec.path} --worker --storage URL`")
+        return 0
+    for study in studies:
+        recover_stale(study, storage, ref, spec)
+    if not any(can_start(s, spec.budget) for s in studies):
+        console.print("every study has spent its budget; nothing to run (raise `trials` to extend it)")
+        _print_summary(console, spec, studies, ref, root)
+        return 0
+    return Parent(spec, ref, root, storage, studies, console).run(workers)
+
+
+class Parent:
+    """Worker processes on one machine: started, watched, their dead replaced and their trials failed and re-queued."""
+
+    def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, storage, studies: list, console) -> None:
+        self.spec, self.ref, self.root, self.storage, self.studies, self.console = spec, ref, root, storage, studies, console
+        self.deadline = time.time() + spec.timeout if spec.timeout else None
+        self.logs = Path(root) / spec.name / "workers"
+        self.retry = RetryTrial(spec.retries)
+        self.claims: list[int] = []  # open, flock'ed claim files: this parent's worker indices
+        self.next_index = 0
+        self.gpus = _gpu_ids()
+        self.failed_workers = 0
+        self.seen: set[tuple[str, int]] = set()
+
+    def run(self, workers: int) -> int:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1", ACCROT_SWEEP_STORAGE=self.ref.url,
+                        ACCROT_SWEEP_DEADLINE="" if self.deadline is None else repr(self.deadline))
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        live = [self.spawn() for _ in range(workers)]
+        self.console.print(f"{workers} worker(s); logs in {self.logs}; watch: make dashboard "
+                           f"STORAGE='{self.ref.dashboard}'")
+        try:
+            self.watch(live, max_respawns=workers * max(1, self.spec.retries))
+        except KeyboardInterrupt:
+            self.interrupt(live)
+            raise
+        finally:
+            for fd in self.claims:
+                os.close(fd)
+        return self.finish()
+
+    def claim_index(self) -> int:
+        """The lowest worker index no live parent of this sweep holds. The index offsets the sampler seed, so two
+        parents started at once (on one machine or on nodes sharing the root) must not both run worker 0: their
+        samplers would draw the same configurations. flock is released when a parent dies, so a crash leaves
+        no stale claim behind."""
+        import fcntl
+
+        while True:
+            i, self.next_index = self.next_index, self.next_index + 1
+            fd = os.open(self.logs / f".worker-{i}.claim", os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held by another parent
+                os.close(fd)
+                continue
+            self.claims.append(fd)
+            return i
+
+    def spawn(self) -> _Worker:
+        i = self.claim_index()
+        wenv = dict(self.env)
+        if len(self.gpus) > 1:  # one GPU per worker, round robin
+            wenv["CUDA_VISIBLE_DEVICES"] = self.gpus[i % len(self.gpus)]
+        log = self.logs / f"worker-{i}.log"
+        cmd = [sys.executable, "-c", _WORKER_BOOT, "sweep", str(self.spec.path), "--worker",
+               f"--root={self.root}", f"--worker_index={i}"]
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=wenv)
+        return _Worker(i, proc, log)
+
+    def work_left(self) -> bool:
+        return (self.deadline is None or time.time() < self.deadline) and retry_storage(
+            lambda: any(can_start(s, self.spec.budget) for s in self.studies), "checking the budget", self.console)
+
+    def watch(self, live: list[_Worker], max_respawns: int) -> None:
+        respawns = 0
+        next_report = time.monotonic() + REPORT_EVERY
+        while live:
+            time.sleep(0.5)
+            for w in list(live):
+                rc = w.proc.poll()
+                if rc is None:
+                    continue
+                live.remove(w)
+                if rc == 0:
+                    continue
+                self.reap(w, rc)
+                if self.work_left() and respawns < max_respawns:
+                    respawns += 1
+                    live.append(self.spawn())
+            # reading every study's trials costs the parent a good part of a core with many studies (the
+            # ablation has 22): report finished trials every few seconds, not at every liveness check
+            if time.monotonic() >= next_report:
+                self.print_finished()
+                next_report = time.monotonic() + REPORT_EVERY
+
+    def reap(self, w: _Worker, rc: int) -> None:
+        """A worker died: fail (and re-queue) the trial it was running."""
+        self.failed_workers += 1
+        reason = f"worker {w.id} {_describe_exit(rc)} while running the trial"
+        n = retry_storage(lambda: sum(
+            fail_trial(s, self.storage, t, reason, self.retry) for s in self.studies
+            for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.user_attrs.get("worker") == w.id), "failing the dead worker's trial", self.console)
+        self.console.print(f"[red]worker {w.index} ({w.id}) {_describe_exit(rc)}[/]: {n} running trial(s) "
+                           f"failed{' and re-queued' if self.spec.retries else ''}; log: {w.log}")
+
+    def interrupt(self, live: list[_Worker]) -> None:
+        """Ctrl-C: a terminal's Ctrl-C reached the workers too; give them time, then terminate, then kill, and
+        fail (and re-queue) what they were running."""
+        for w in live:
+            for sig, wait in ((None, 10), (signal.SIGTERM, 20), (signal.SIGKILL, None)):
+                if sig is not None:
+                    w.proc.send_signal(sig)
+                try:
+                    w.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        for s in self.studies:
+            for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                if any(t.user_attrs.get("worker") == w.id for w in live):
+                    fail_trial(s, self.storage, t, "the sweep was interrupted", self.retry)
+
+    def print_finished(self) -> None:
+        retry_storage(lambda: _print_finished(self.console, self.studies, self.seen), "reading the trials",
+                      self.console)
+
+    def finish(self) -> int:
+        """The summary; 1 when work is left (workers died) or every trial of a study failed."""
+        console, studies, spec = self.console, self.studies, self.spec
+        self.print_finished()
+        left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget)], "the budget",
+                             console)
+        retry_storage(lambda: _print_summary(console, spec, studies, self.ref, self.root), "the summary", console)
+        if left and (self.deadline is None or time.time() < self.deadline):
+            console.print(f"[red]unfinished: {', '.join(left)} ({self.failed_workers} worker(s) died)[/]")
+            return 1
+        dead = retry_storage(lambda: _all_failed(studies), "the failed studies", console)
+        if dead:
+            console.print(f"[red]every trial failed in {len(dead)} of {len(studies)} "
+                          f"stud{'y' if len(studies) == 1 else 'ies'}: "
+                          + "; ".join(f"{name} ({n} failed; first: {why})" for name, n, why in dead[:3]) + "[/]")
+            return 1
+        return 0
+
+
+def _all_failed(studies) -> list[tuple[str, int, str]]:
+    """``(study, failed trials, first reason)`` of every study whose finished trials all failed."""
+    out = []
+    for s in studies:
+        finished = s.get_trials(deepcopy=False, states=FINISHED)
+        failed = [t for t in finished if t.state == TrialState.FAIL]
+        if finished and len(failed) == len(finished):
+            why = next((t.user_attrs.get("fail_reason") for t in failed if t.user_attrs.get("fail_reason")), "?")
+            out.append((s.study_name, len(failed), " ".join(str(why).split())[:200]))
+    return out
+
+
+REPORT_EVERY = 5.0  # seconds between the parent's reads of finished trials
+
+
+def _gpu_ids() -> list[str]:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g for g in visible.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def _print_finished(console, studies, seen: set) -> None:
+    for s in studies:
+        for t in s.get_trials(deepcopy=False, states=FINISHED):
+            if (s.study_name, t.number) in seen:
+                continue
+            seen.add((s.study_name, t.number))
+            if t.state == TrialState.COMPLETE:
+                names = s.user_attrs.get("accrot", {}).get("objectives", [])
+                what = ", ".join(f"{n}={v:.4f}" for n, v in zip(names, t.values))
+            else:
+                what = t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned_reason", "")
+            console.print(f"{s.study_name} #{t.number} {t.state.name.lower()} seed={t.user_attrs.get('seed')} "
+                          f"{what}", markup=False)
+
+
+def _print_summary(console, spec: SweepSpec, studies, ref: StorageRef, root: Path) -> None:
+    for s in studies:
+        trials = s.get_trials(deepcopy=False)
+        counts = {st.name.lower(): sum(t.state == st for t in trials) for st in FINISHED}
+        line = f"{s.study_name}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+        done = [t for t in trials if t.state == TrialState.COMPLETE]
+        if done and len(spec.objectives) == 1:
+            best = s.best_trial
+            line += f"; best #{best.number} {spec.objectives[0].metric}={best.value:.4f} {best.params}"
+        console.print(line, markup=False)
+    default = StorageRef.parse(None, spec.name, "runs/sweeps").url == ref.url
+    where = "" if default else f" --storage '{redact(ref.url)}'"
+    console.print(f"report: accrot report --study {spec.name}{where}", markup=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# entry point
+# ---------------------------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    """``accrot sweep SPEC [--workers N] [--storage URL]``: run an Optuna study spec."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(prog="accrot sweep", exit_on_error=False, description=main.__doc__)
+    parser.add_argument("spec", type=str, help="a spec file (sweeps/smoke.yaml) or a shipped spec's name (smoke)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes on this machine (0: validate and create the study only)")
+    parser.add_argument("--storage", type=str | None, default=None,
+                        help="sqlite:///PATH, postgresql://USER@HOST/DB or journal:///ABS/PATH.log "
+                             "(default: the spec's, else <root>/<name>/study.db)")
+    parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's root)")
+    parser.add_argument("--worker", action="store_true",
+                        help="run as a worker on an existing study (other nodes; the driver starts these itself)")
+    parser.add_argument("--worker_index", type=int, default=0, help="offsets the sampler seed of a worker")
+    parser.add_argument("--distributed", action="store_true",
+                        help="with --worker, under srun/torchrun: this process is one rank; every trial is a DDP run "
+                             "over all ranks (rank 0 talks to Optuna; accrot.sweep.ddp)")
+    parser.add_argument("--nodes", type=int | None, default=None, help="--distributed: nodes (default: SLURM_NNODES)")
+    parser.add_argument("--tasks_per_node", type=int | None, default=None,
+                        help="--distributed: ranks per node (default: SLURM_NTASKS_PER_NODE or LOCAL_WORLD_SIZE)")
+    args = parser.parse_args(argv)
+    if args.distributed and not args.worker:
+        raise UsageError("--distributed is an option of a worker: accrot sweep SPEC --worker --distributed --storage URL")
+    if args.workers < 0:
+        raise UsageError(f"worker count {args.workers} is not valid; use 0 (create the study only) or more")
+    spec = load_spec(args.spec)
+    root = Path(args.root or spec.root).resolve()
+    url = args.storage or (os.environ.get("ACCROT_SWEEP_STORAGE") if args.worker else None) or spec.storage
+    ref = StorageRef.parse(url, spec.name, root)
+    if args.worker:
+        deadline = os.environ.get("ACCROT_SWEEP_DEADLINE")
+        deadline = float(deadline) if deadline else (time.time() + spec.timeout if spec.timeout else None)
+        if args.distributed:
+            from accrot.sweep.ddp import run_distributed_worker
+
+            return run_distributed_worker(spec, ref, root, args.worker_index, deadline, args.nodes, args.tasks_per_node)
+        return run_worker(spec, ref, root, args.worker_index, deadline)
+    return run_sweep(spec, ref, root, args.workers)

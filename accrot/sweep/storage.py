@@ -1,0 +1,232 @@
+"""Optuna storages (SQLite by default, PostgreSQL, journal files): opening them with retries and heartbeats, a
+creation lock, transient-error handling and the storage-wide budget lock."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from accrot.errors import UsageError, one_line
+from accrot.sweep.recovery import RetryTrial
+from accrot.sweep.spec import HeartbeatSpec, quiet_experimental
+
+# ---------------------------------------------------------------------------------------------------
+# storages
+# ---------------------------------------------------------------------------------------------------
+
+
+def redact(url: str) -> str:
+    """A storage URL without its password (for messages and logs)."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def _pg_driver() -> str:
+    """``psycopg`` (3) when installed, else ``psycopg2`` (the pinned dev extra), else psycopg for the error."""
+    import importlib.util
+
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return driver
+    return "psycopg"
+
+
+@dataclass
+class StorageRef:
+    url: str
+    kind: str  # sqlite | postgresql | journal
+    path: Path | None = None
+
+    @classmethod
+    def parse(cls, url: str | None, name: str, root: str | Path) -> StorageRef:
+        """``url``, or the default SQLite file ``<root>/<name>/study.db`` when it is empty."""
+        if not url:
+            path = (Path(root) / name / "study.db").resolve()
+            return cls(f"sqlite:///{path}", "sqlite", path)
+        if url.startswith("sqlite:///"):
+            path = Path(url[len("sqlite:///"):])
+            if str(path) in ("", ":memory:"):
+                raise UsageError(f"storage {url!r} is not valid; workers need a file: sqlite:///PATH")
+            return cls(f"sqlite:///{path.resolve()}", "sqlite", path.resolve())
+        if re.match(r"^postgres(ql)?(\+\w+)?://", url):
+            url = re.sub(r"^postgres(ql)?", "postgresql", url)
+            if url.startswith("postgresql://"):  # no driver named: the installed one (SQLAlchemy 2.1 assumes psycopg 3)
+                url = f"postgresql+{_pg_driver()}://" + url[len("postgresql://"):]
+            return cls(url, "postgresql")
+        if url.startswith("journal://"):
+            if not url[len("journal://"):].startswith("/"):  # relative to whichever folder each worker starts in
+                raise UsageError(f"storage {url!r} names a relative file; write journal:///ABS/PATH.log (three "
+                                 "slashes: workers on other machines or folders must find the same file)")
+            path = Path(url[len("journal://"):]).resolve()
+            return cls(f"journal://{path}", "journal", path)
+        raise UsageError(f"storage {redact(url)!r} is not supported; use sqlite:///PATH, "
+                         "postgresql://USER@HOST[:PORT]/DB or journal:///ABS/PATH.log")
+
+    @property
+    def dashboard(self) -> str:
+        """The storage argument optuna-dashboard takes."""
+        return str(self.path) if self.kind == "journal" else self.url
+
+
+def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retries: int = 0,
+                 create: bool = False):
+    """The Optuna storage of ``ref``; UsageError if it cannot be reached (before any trial starts)."""
+    from optuna.storages import RDBStorage
+
+    try:
+        if ref.kind == "journal":
+            return _journal(ref, create)
+        engine = _rdb_engine(ref, create)
+        kwargs: dict[str, Any] = {}
+        if heartbeat is not None:
+            kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace,
+                      "heartbeat_stale_trial_callback": RetryTrial(retries, reason="stopped sending heartbeats")}
+        with quiet_experimental():
+            storage = RDBStorage(ref.url, engine_kwargs=engine, **kwargs)
+        if ref.kind == "sqlite":
+            import sqlite3
+
+            with contextlib.closing(sqlite3.connect(ref.path, timeout=120)) as con:
+                con.execute("PRAGMA journal_mode=WAL")  # readers (dashboard, parent) never block the writer
+        return storage
+    except UsageError:
+        raise
+    except Exception as err:  # noqa: BLE001 - OSError, sqlalchemy errors, psycopg2 errors: all unreachable
+        raise unreachable(ref, err) from None
+
+
+def _journal(ref: StorageRef, create: bool):
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    if not ref.path.parent.is_dir():
+        if not create:
+            raise OSError(f"directory {ref.path.parent} does not exist")
+        ref.path.parent.mkdir(parents=True, exist_ok=True)
+    if not create and not ref.path.is_file():
+        raise OSError(f"{ref.path} does not exist")
+    return JournalStorage(JournalFileBackend(str(ref.path)))
+
+
+def _rdb_engine(ref: StorageRef, create: bool) -> dict[str, Any]:
+    """SQLAlchemy engine options: SQLite waits for the writer instead of "database is locked"; a server is pinged."""
+    if ref.kind == "sqlite":
+        if not ref.path.is_file() and not create:
+            raise OSError(f"{ref.path} does not exist")
+        ref.path.parent.mkdir(parents=True, exist_ok=True)
+        return {"connect_args": {"timeout": 120}}
+    return {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+
+
+def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
+    reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
+
+
+@contextlib.contextmanager
+def creation_lock(ref: StorageRef, name: str) -> Iterator[None]:
+    """One parent at a time creates the schema and the studies: two sweeps started at once on a fresh storage
+    would race on ``CREATE TABLE`` (the same storage-wide lock as the budget's)."""
+    lock = BudgetLock(ref, name)
+    try:
+        if ref.path is not None:
+            ref.path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except Exception as err:  # noqa: BLE001 - what stops the lock stops the storage: unreachable
+        raise unreachable(ref, err) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+TRANSIENT_GRACE = 180.0  # seconds the parent keeps retrying a storage that went away (a database restart)
+
+
+def transient(err: BaseException) -> bool:
+    """A storage error that a retry may cure: a dropped connection, a restarting server, a locked SQLite."""
+    import sqlalchemy.exc
+
+    return isinstance(err, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
+                            sqlalchemy.exc.InterfaceError, sqlalchemy.exc.DisconnectionError))
+
+
+def retry_storage(fn, what: str, console=None, grace: float = TRANSIENT_GRACE):
+    """``fn()``, retried with backoff while the storage is briefly unavailable (up to ``grace`` seconds)."""
+    deadline, delay = None, 0.5
+    while True:
+        try:
+            return fn()
+        except Exception as err:
+            if not transient(err):
+                raise
+            now = time.time()
+            if deadline is None:
+                deadline = now + grace
+                if console is not None:
+                    console.print(f"[yellow]storage unavailable ({what}: {type(err).__name__}); retrying for up to "
+                                  f"{grace:.0f} s[/]")
+            if now > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(2 * delay, 5.0)
+
+
+class BudgetLock:
+    """A storage-wide lock held from the budget check until the new trial exists (so N workers never
+    overshoot ``trials``): fcntl next to SQLite, Optuna's NFS-safe symlink lock next to a journal file
+    (forcibly released after 30 s if its holder died), a PostgreSQL advisory lock (released with its
+    connection). ``release`` is idempotent."""
+
+    def __init__(self, ref: StorageRef, name: str) -> None:
+        self.ref, self.name = ref, name
+        self._held = False
+        self._handle: Any = None
+
+    def acquire(self) -> None:
+        if self.ref.kind == "sqlite":
+            import fcntl
+
+            self._handle = open(f"{self.ref.path}.budget-lock", "a")  # noqa: SIM115 - held across calls
+            fcntl.flock(self._handle, fcntl.LOCK_EX)
+        elif self.ref.kind == "journal":
+            from optuna.storages.journal import JournalFileSymlinkLock
+
+            self._handle = JournalFileSymlinkLock(f"{self.ref.path}.budget")
+            self._handle.acquire()
+        else:
+            import sqlalchemy
+            from sqlalchemy.pool import NullPool
+
+            key = int.from_bytes(hashlib.sha1(f"accrot-sweep:{self.name}".encode()).digest()[:8], "big", signed=True)
+            engine = sqlalchemy.create_engine(self.ref.url, poolclass=NullPool,
+                                              connect_args={"connect_timeout": 10})
+            conn = engine.connect()
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+            self._handle = (engine, conn, key)
+        self._held = True
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        if self.ref.kind == "sqlite":
+            self._handle.close()  # closing the descriptor drops the flock
+        elif self.ref.kind == "journal":
+            self._handle.release()
+        else:
+            import sqlalchemy
+
+            engine, conn, key = self._handle
+            with contextlib.suppress(Exception):
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            conn.close()
+            engine.dispose()
+        self._handle = None

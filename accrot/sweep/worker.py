@@ -1,0 +1,307 @@
+"""The worker: trials in-process, one after another, on one storage, until the budget of every study is spent."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from accrot.errors import UsageError, bad_input_message, one_line
+from accrot.metrics import metric_value, metrics_of
+from accrot.run.lightning import run_lightning
+from accrot.sweep.recovery import (
+    JournalHeartbeat,
+    RetryTrial,
+    budget_state,
+    fail_trial,
+    recover_stale,
+)
+from accrot.sweep.spec import Stratum, SweepSpec
+from accrot.sweep.storage import (
+    BudgetLock,
+    StorageRef,
+    open_storage,
+    quiet_experimental,
+    redact,
+    retry_storage,
+    transient,
+)
+from accrot.sweep.trials import runs_root, sample_space, trial_args
+from callbacks.extrapolation import ExtrapolationCallback
+from callbacks.pruning import OptunaPruning, active_trial
+
+
+# ---------------------------------------------------------------------------------------------------
+# the worker: trials in-process, one after another
+# ---------------------------------------------------------------------------------------------------
+class TrialFailed(RuntimeError):
+    """A trial that ran but produced no usable objective; its message is the trial's ``fail_reason``."""
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class _Study:
+    stratum: Stratum
+    study: Any
+    attrs: dict
+
+
+def load_studies(spec: SweepSpec, storage, worker_index: int = 0) -> list[_Study]:
+    out = []
+    for stratum in spec.strata():
+        try:
+            with quiet_experimental():
+                study = optuna.load_study(study_name=stratum.study_name, storage=storage,
+                                          sampler=spec.sampler.build(spec.space, worker_index),
+                                          pruner=spec.pruner.build())
+        except KeyError:
+            raise UsageError(f"study {stratum.study_name!r} is not in the storage; start the sweep once with "
+                             f"`accrot sweep {spec.path} --workers 0` (creates it) before adding workers") from None
+        attrs = study.user_attrs.get("accrot", {})
+        if attrs.get("fingerprint") != spec.fingerprint():
+            raise UsageError(f"study {stratum.study_name!r} in the storage was created from a different spec "
+                             "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
+        out.append(_Study(stratum, study, attrs))
+    return out
+
+
+def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0,
+               deadline: float | None = None, ranks=None) -> int:
+    """Run trials until every study's budget is spent (or the deadline passes).
+
+    ``ranks`` (:class:`accrot.sweep.ddp.Ranks`, global rank 0 of a multi-process worker): every trial is a DDP
+    run over all ranks; the other ranks follow with :func:`accrot.sweep.ddp.follow`."""
+    return Worker(spec, ref, root, worker_index, ranks).loop(deadline)
+
+
+class Worker:
+    """One worker process: its storage, studies and budget lock, and the objective every trial runs."""
+
+    def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0, ranks=None) -> None:
+        self.spec, self.ref, self.root, self.ranks = spec, ref, root, ranks
+        self.storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries)
+        self.studies = load_studies(spec, self.storage, worker_index)
+        self.lock = BudgetLock(ref, spec.name)
+        self.me = worker_id()
+        print(f"worker {self.me}: {spec.name} on {redact(ref.url)}", flush=True)
+
+    def loop(self, deadline: float | None) -> int:
+        ran = 0
+        while deadline is None or time.time() < deadline:
+            try:
+                self.lock.acquire()
+                if self.ranks is not None and self.ranks.continue_requeued(self.studies, self.objective_for):
+                    ran += 1  # the trial this SLURM job ran before it was requeued, under its own number
+                    continue
+                for entry in self.studies:  # orphans of dead workers elsewhere count against the budget until failed
+                    recover_stale(entry.study, self.storage, self.ref, self.spec)
+                entry = _next_study(self.studies, self.spec.budget)
+                if entry is None:
+                    break
+                if not self._optimize_one(entry):
+                    return 128 + 15
+                ran += 1
+                reconcile_orphans(self.studies, self.storage, self.me, self.spec.retries)  # an error Optuna swallowed
+            except Exception as err:
+                if not transient(err):
+                    raise
+                # the storage went away (a database restart) around a trial's start or end: wait for it, then fail
+                # (and retry) what this worker left unfinished; a storage gone for good ends the worker
+                print(f"worker {self.me}: storage unavailable ({type(err).__name__}); waiting for it", flush=True)
+                retry_storage(lambda: reconcile_orphans(self.studies, self.storage, self.me, self.spec.retries),
+                              "reconciling")
+            finally:
+                with contextlib.suppress(Exception):
+                    self.lock.release()
+        if self.ranks is not None:
+            self.ranks.stop()
+        print(f"worker {self.me}: done after {ran} trial(s)", flush=True)
+        return 0
+
+    def _optimize_one(self, entry: _Study) -> bool:
+        """One trial of ``entry``'s study; False when this worker was stopped by a signal (its trial re-queued)."""
+        try:
+            entry.study.optimize(self.objective_for(entry), n_trials=1, catch=(Exception,), gc_after_trial=True)
+        except SystemExit as err:
+            if type(err).__name__ != "SIGTERMException" or self.ranks is not None:
+                raise
+            print(f"worker {self.me}: stopped by {_signal_name(err)}; its trial is failed and queued again", flush=True)
+            return False
+        return True
+
+    def objective_for(self, entry: _Study):
+        return functools.partial(self.objective, entry)
+
+    def objective(self, entry: _Study, trial):
+        """Sample, train one ``accrot fit`` run in-process, record what it produced, return its objective(s)."""
+        attr(trial, "worker", self.me)
+        values = self._sample(entry, trial)
+        seed = self._seed(entry, trial)
+        self.lock.release()  # the trial (and its seed copies) now count against the budget
+        args = trial_args(self.spec, entry.stratum, self.root, trial.number, seed, values)
+        if self.ranks is not None:
+            args += self.ranks.launch(trial, seed, values)
+        os.environ["WANDB_RUN_GROUP"] = entry.stratum.study_name  # a study's runs form one wandb group
+        cli = self._train(entry, trial, args)
+        return self._record(entry, trial, cli)
+
+    def _sample(self, entry: _Study, trial) -> dict[str, Any]:
+        context = entry.attrs.get("context", {})
+        if self.ranks is not None:  # the other ranks mirror the suggestions (optuna's TorchDistributedTrial)
+            return self.ranks.sample(entry, trial, context)
+        return retry_storage(lambda: sample_space(trial, self.spec.space, context), "sampling")
+
+    def _seed(self, entry: _Study, trial) -> int:
+        """The trial's seed; a fresh configuration takes the first and queues its other seeds with its params."""
+        seed = trial.user_attrs.get("seed")
+        if seed is not None:
+            return seed
+        seed = self.spec.seeds[0]
+        attr(trial, "seed", seed)
+        attr(trial, "config", trial.number)
+        for s in self.spec.seeds[1:]:
+            retry_storage(lambda s=s: entry.study.enqueue_trial(dict(trial.params),
+                                                                user_attrs={"seed": s, "config": trial.number}),
+                          "queueing a seed")
+        return seed
+
+    def _train(self, entry: _Study, trial, args: list[str]):
+        stratum, spec = entry.stratum, self.spec
+        trial_root = runs_root(spec, self.root, stratum) / f"trial_{trial.number:04d}"
+        beat = (JournalHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.kind == "journal"
+                else contextlib.nullcontext())
+        try:
+            with beat, active_trial(stratum.study_name, trial):
+                return run_lightning(args)
+        except optuna.TrialPruned as err:
+            _record_run_dir(trial, trial_root)
+            attr(trial, "pruned_reason", str(err))
+            raise
+        except SystemExit as err:
+            if type(err).__name__ != "SIGTERMException" or self.ranks is not None:
+                raise  # a multi-rank SLURM worker is requeued and continues this trial (accrot.sweep.ddp)
+            # this worker was told to stop (SIGTERM: the sweep interrupted, a scheduler): the run is
+            # checkpointed; fail the trial with the reason and queue its retry, then end the worker
+            _record_run_dir(trial, trial_root)
+            attr(trial, "fail_reason", f"worker {self.me} was stopped by {_signal_name(err)} during the trial "
+                                       "(checkpointed)")
+            study = entry.study
+            RetryTrial(spec.retries)(study, retry_storage(lambda: study._storage.get_trial(trial._trial_id),
+                                                          "reading the stopped trial"))
+            raise
+        except Exception as err:  # noqa: BLE001 - every failure of a run is this trial's result
+            _record_run_dir(trial, trial_root)
+            reason = bad_input_message(err) or f"{type(err).__name__}: {one_line(str(err))}"
+            if isinstance(err, FloatingPointError):
+                reason = f"the run diverged: {reason}"
+            attr(trial, "fail_reason", reason)
+            raise TrialFailed(reason) from err
+        finally:
+            end_run()
+
+    def _record(self, entry: _Study, trial, cli):
+        """The run's directory, metrics and intermediate values on the trial; its objective value(s)."""
+        spec = self.spec
+        # trainer.log_dir is a broadcast under DDP, which the other ranks (done with the run) would not join
+        run_dir = Path(cli.trainer.loggers[0].log_dir if self.ranks is not None else cli.trainer.log_dir).resolve()
+        ext = next(c for c in cli.trainer.callbacks if isinstance(c, ExtrapolationCallback))
+        final = ext.history[-1]
+        metrics = metrics_of(final["lengths"])
+        attr(trial, "run_dir", str(run_dir))
+        attr(trial, "metrics", metrics)
+        attr(trial, "step", final["step"])
+        attr(trial, "train_length", ext.train_length)
+        attr(trial, "variant", entry.stratum.variant or cli.model.scheme_config.label())
+        if len(spec.objectives) == 1:  # intermediate values: the pruner's (and the dashboard's) curve
+            self._report_history(trial, cli, ext.history)
+        out = [metrics[o.metric] for o in spec.objectives]
+        bad = [(o.metric, v) for o, v in zip(spec.objectives, out) if not math.isfinite(v)]
+        if bad:
+            reason = f"objective {bad[0][0]}={bad[0][1]} at step {final['step']} (the run diverged)"
+            attr(trial, "fail_reason", reason)
+            raise TrialFailed(reason)
+        return out[0] if len(out) == 1 else out
+
+    def _report_history(self, trial, cli, history: list[dict]) -> None:
+        pruning = [c for c in cli.trainer.callbacks if isinstance(c, OptunaPruning)]
+        done = pruning[0].reported if pruning else set()
+        for h in history:
+            value = metric_value(h["lengths"], self.spec.objectives[0].metric)
+            if h["step"] not in done and math.isfinite(value):
+                retry_storage(lambda value=value, h=h: trial.report(value, h["step"]), "reporting")
+
+
+def attr(trial, key: str, value) -> None:
+    """``trial.set_user_attr`` that rides out a storage restart."""
+    retry_storage(lambda: trial.set_user_attr(key, value), f"recording {key}")
+
+
+def reconcile_orphans(studies: list[_Study], storage, me: str, retries: int) -> int:
+    """Trials of this worker that a storage outage left unaccounted for: RUNNING ones (the tell failed) are
+    failed with the reason and retried; FAIL ones without a reason (Optuna told FAIL after a storage error
+    inside the objective) are retried. Returns how many."""
+    reason = "the storage was unavailable when the trial ended (e.g. a database restart)"
+    n = 0
+    for entry in studies:
+        trials = entry.study.get_trials(deepcopy=False)
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        for t in trials:
+            if t.user_attrs.get("worker") != me or t.number in retried:
+                continue
+            if t.state == TrialState.RUNNING:
+                n += fail_trial(entry.study, storage, t, f"{reason}", RetryTrial(retries))
+            elif t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason"):
+                RetryTrial(retries, reason="failed while the storage was unavailable")(entry.study, t)
+                n += 1
+    return n
+
+
+def end_run() -> None:
+    """Between in-process runs: close the wandb run (Lightning leaves it open, so the next trial would log
+    into it) and hand cached accelerator memory back."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        with contextlib.suppress(Exception):
+            wandb.finish()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _record_run_dir(trial, trial_root: Path) -> None:
+    found = sorted(trial_root.glob("version_*"), key=lambda p: p.stat().st_mtime)
+    if found:
+        trial.set_user_attr("run_dir", str(found[-1].resolve()))
+
+
+def _next_study(studies: list[_Study], budget: int) -> _Study | None:
+    """Queued trials (seed copies, retries) first, then the study with the fewest trials."""
+    best, key = None, None
+    for entry in studies:
+        counted, waiting, _ = budget_state(entry.study)
+        if counted >= budget and not waiting:
+            continue
+        k = (not waiting, counted)
+        if key is None or k < key:
+            best, key = entry, k
+    return best
+
+
+def _signal_name(err: BaseException) -> str:
+    """The signal that stopped a run (callbacks.preemption records it on the exception): SIGTERM, SIGINT, ..."""
+    signum = getattr(err, "signum", None)
+    return signal.Signals(signum).name if signum else "SIGTERM"
