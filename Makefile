@@ -78,8 +78,9 @@ slurm-train: $(STAMP) ## sbatch one DDP run on NODES x TASKS ranks (ARGS='--conf
 slurm-sweep: $(STAMP) ## sbatch WORKERS multi-node sweep workers as a job array (SWEEP=lr STORAGE=url NODES= TASKS=)
 	$(BIN)/accrot slurm sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(SLURM_OPTS)
 
-lint: $(STAMP) ## ruff over the code and tests
+lint: $(STAMP) ## ruff over the code and tests; import-linter: imports flow one way (pyproject.toml)
 	$(BIN)/ruff check accrot data_modules callbacks tests
+	$(BIN)/lint-imports
 
 clean: ## remove the virtual environment, caches and run outputs
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info runs/demo
