@@ -256,7 +256,9 @@ def sweep_with_a_killed_worker(workdir: Path) -> dict:
     while killed is None and parent.is_alive():
         time.sleep(0.2)
         if study is None:
-            with contextlib.suppress(KeyError, ValueError):
+            if not any((root / "kill" / "workers").glob("worker-*.log")):
+                continue  # the parent is still creating the storage: opening it now would race its schema
+            with contextlib.suppress(Exception):  # not created yet
                 study = optuna.load_study(study_name="kill", storage=open_storage(StorageRef.parse(url, "kill", ".")))
             continue
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -26,7 +26,7 @@ import yaml
 from optuna.trial import TrialState
 
 from accrot.cli import main
-from accrot.sweep.recovery import RetryTrial, budget_state, fail_stale_journal
+from accrot.sweep.recovery import RetryTrial, budget_state, fail_stale_journal, missing_seeds
 from accrot.sweep.spec import SPEC_DIR, HeartbeatSpec, load_spec
 from accrot.sweep.storage import BudgetLock, StorageRef, open_storage, redact
 from accrot.sweep.trials import check_stratum, sample_space, trial_args
@@ -150,6 +150,23 @@ def test_conditional_parameter_and_trial_args():
     assert "--root=/r/smoke/runs" in args and "--name=trial_0007" in args and "--seed_everything=3" in args
     assert "--model.lr=0.002" in args and "--extrapolation.multipliers=[1, 2]" in args
     assert any(a.startswith("--trainer.callbacks+=") and "OptunaPruning" in a for a in args)
+
+
+def test_a_retried_first_seed_finds_the_seeds_its_dead_worker_never_queued():
+    """A worker killed after its trial took seed 0 but before it queued seeds 1 and 2 (make faults once caught this
+    window: the retry ran seed 0 alone and the sampler drew a configuration beyond the budget instead)."""
+    study = optuna.create_study()
+    first = study.ask()
+    first.suggest_float("x", 0, 1)
+    for key, value in {"seed": 0, "config": first.number}.items():
+        study._storage.set_trial_user_attr(first._trial_id, key, value)
+    study._storage.set_trial_state_values(first._trial_id, TrialState.FAIL)
+    RetryTrial(max_retry=1)(study, study._storage.get_trial(first._trial_id))
+    assert missing_seeds(study, first.number, [0, 1, 2]) == [1, 2]  # the retry holds seed 0 only
+    study.enqueue_trial(dict(first.params), user_attrs={"seed": 1, "config": first.number})
+    assert missing_seeds(study, first.number, [0, 1, 2]) == [2]
+    assert missing_seeds(study, first.number + 99, [0, 1, 2]) == [1, 2]  # a fresh configuration: all but the first
+    assert missing_seeds(study, first.number, [0]) == []
 
 
 def test_retried_trial_does_not_count_twice():

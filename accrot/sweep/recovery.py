@@ -118,3 +118,9 @@ def budget_state(study) -> tuple[int, int, int]:
 def can_start(study, budget: int) -> bool:
     counted, waiting, _ = budget_state(study)
     return counted < budget or waiting > 0
+
+
+def missing_seeds(study, config: int, seeds: list[int]) -> list[int]:
+    """The seeds of configuration ``config`` (after its first) that no trial of ``study`` holds yet."""
+    have = {t.user_attrs.get("seed") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("config") == config}
+    return [s for s in seeds[1:] if s not in have]

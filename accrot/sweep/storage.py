@@ -78,7 +78,6 @@ class StorageRef:
 def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retries: int = 0,
                  create: bool = False):
     """The Optuna storage of ``ref``; UsageError if it cannot be reached (before any trial starts)."""
-    from optuna.storages import RDBStorage
 
     try:
         if ref.kind == "journal":
@@ -88,8 +87,7 @@ def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retrie
         if heartbeat is not None:
             kwargs = {"heartbeat_interval": heartbeat.interval, "grace_period": heartbeat.grace,
                       "heartbeat_stale_trial_callback": RetryTrial(retries, reason="stopped sending heartbeats")}
-        with quiet_experimental():
-            storage = RDBStorage(ref.url, engine_kwargs=engine, **kwargs)
+        storage = _rdb(ref.url, engine, create, kwargs)
         if ref.kind == "sqlite":
             import sqlite3
 
@@ -100,6 +98,26 @@ def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retrie
         raise
     except Exception as err:  # noqa: BLE001 - OSError, sqlalchemy errors, psycopg2 errors: all unreachable
         raise unreachable(ref, err) from None
+
+
+def _rdb(url: str, engine: dict[str, Any], create: bool, kwargs: dict[str, Any]):
+    """Only the parent creates the schema (under the creation lock); a reader (a worker, ``accrot report``, the
+    dashboard) never does. A reader that opened the storage while the parent created it may have written the
+    schema's version row first: the parent then finds the schema made and opens it again."""
+    from optuna.storages import RDBStorage
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    def open_it():
+        with quiet_experimental():
+            return RDBStorage(url, engine_kwargs=engine, skip_table_creation=not create, **kwargs)
+
+    try:
+        return open_it()
+    except (IntegrityError, OperationalError) as err:
+        if not create or not any(s in str(err) for s in ("alembic_version", "already exists")):
+            raise
+        time.sleep(0.5)
+        return open_it()
 
 
 def _journal(ref: StorageRef, create: bool):

@@ -25,6 +25,7 @@ from accrot.sweep.recovery import (
     RetryTrial,
     budget_state,
     fail_trial,
+    missing_seeds,
     recover_stale,
 )
 from accrot.sweep.spec import Stratum, SweepSpec
@@ -166,17 +167,19 @@ class Worker:
         return retry_storage(lambda: sample_space(trial, self.spec.space, context), "sampling")
 
     def _seed(self, entry: _Study, trial) -> int:
-        """The trial's seed; a fresh configuration takes the first and queues its other seeds with its params."""
+        """The trial's seed. A fresh configuration takes the first; the first seed's trial (fresh, or a retry whose
+        worker died before it queued them) queues the configuration's missing seeds with its params."""
         seed = trial.user_attrs.get("seed")
-        if seed is not None:
-            return seed
-        seed = self.spec.seeds[0]
-        attr(trial, "seed", seed)
-        attr(trial, "config", trial.number)
-        for s in self.spec.seeds[1:]:
-            retry_storage(lambda s=s: entry.study.enqueue_trial(dict(trial.params),
-                                                                user_attrs={"seed": s, "config": trial.number}),
-                          "queueing a seed")
+        if seed is None:
+            seed = self.spec.seeds[0]
+            attr(trial, "seed", seed)
+            attr(trial, "config", trial.number)
+        if seed == self.spec.seeds[0]:
+            config = trial.user_attrs.get("config", trial.number)
+            for s in retry_storage(lambda: missing_seeds(entry.study, config, self.spec.seeds), "reading the seeds"):
+                retry_storage(lambda s=s: entry.study.enqueue_trial(dict(trial.params),
+                                                                    user_attrs={"seed": s, "config": config}),
+                              "queueing a seed")
         return seed
 
     def _train(self, entry: _Study, trial, args: list[str]):
