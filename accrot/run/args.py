@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from accrot.errors import UsageError
-from accrot.resume import last_checkpoint
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -79,6 +78,8 @@ def check_config_file(path: Path) -> Path:
 def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
     """``fit --resume RUN_DIR [overrides]`` → ``fit --config RUN_DIR/config.yaml [overrides] --ckpt_path
     RUN_DIR/checkpoints/last.ckpt`` and the run directory; other arguments pass through unchanged."""
+    from accrot.resume import last_checkpoint  # imports Lightning: not for a spec's or a command's --help
+
     where = [i for i, a in enumerate(args) if a == "--resume" or a.startswith("--resume=")]
     if not where:
         return args, None

@@ -28,7 +28,6 @@ from accrot.sweep.storage import (
     retry_storage,
 )
 from accrot.sweep.trials import StratumInfo, check_stratum
-from accrot.sweep.worker import run_worker
 
 # ---------------------------------------------------------------------------------------------------
 # the parent: validate, create, launch, watch, recover
@@ -343,5 +342,7 @@ def main(argv: list[str]) -> int:
             from accrot.sweep.ddp import run_distributed_worker
 
             return run_distributed_worker(spec, ref, root, args.worker_index, deadline, args.nodes, args.tasks_per_node)
+        from accrot.sweep.worker import run_worker  # imports Lightning: not at `accrot sweep --help`
+
         return run_worker(spec, ref, root, args.worker_index, deadline)
     return run_sweep(spec, ref, root, args.workers)

@@ -17,7 +17,6 @@ import optuna
 from accrot.errors import UsageError, bad_input_message
 from accrot.metrics import metric_key
 from accrot.run.launch import device_count
-from accrot.run.probe import probe
 from accrot.sweep.spec import ParamSpec, Stratum, SweepSpec
 
 
@@ -89,6 +88,8 @@ def check_stratum(spec: SweepSpec, stratum: Stratum, n_samples: int = 1, seed: i
 
 
 def _probe_or_explain(args: list[str], what: str) -> dict[str, Any]:
+    from accrot.run.probe import probe  # imports Lightning: not at `accrot sweep --help`
+
     try:
         return probe(args)
     except Exception as err:  # noqa: BLE001 - a bad value of the spec is the spec's bad input
