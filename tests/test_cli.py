@@ -226,6 +226,29 @@ def test_wandb_offline_run_gets_the_curves(tmp_path, monkeypatch):
     assert second.name != run.name
 
 
+@pytest.mark.slow
+def test_wandb_run_of_a_sweep_trial_carries_group_job_type_tags_and_config(tmp_path, monkeypatch):
+    """What a sweep worker sets for a trial (WANDB_RUN_GROUP = the study, WANDB_JOB_TYPE = the variant) reaches
+    wandb.init, with tags for the seed, data and scheme cell and the resolved config; read back from the run."""
+    from accrot.run.lightning import run_lightning
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_RUN_GROUP", "ablation-x/corpus.RoPE")
+    monkeypatch.setenv("WANDB_JOB_TYPE", "corpus.RoPE")
+    monkeypatch.setenv("WANDB_TAGS", "extra")
+    cli = run_lightning(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=1", "--wandb=offline",
+                         "--model.scheme.rotation=rope", "--seed_everything=3", "--extrapolation.multipliers=[1]",
+                         "--extrapolation.budget_tokens=512", "--trainer.limit_val_batches=1",
+                         "--trainer.enable_progress_bar=false"])
+    (logger,) = [lg for lg in cli.trainer.loggers if type(lg).__name__ == "WandbLogger"]
+    init = logger._wandb_init  # the arguments wandb.init received
+    assert init["group"] == "ablation-x/corpus.RoPE" and init["job_type"] == "corpus.RoPE"
+    assert set(init["tags"]) == {"seed:3", "data:StdlibDataModule", "scheme:rope/none", "extra"}
+    assert init["config"]["model"]["scheme"]["rotation"] == "rope" and init["config"]["seed_everything"] == 3
+    (run,) = tmp_path.glob("*/version_0/wandb/offline-run-*")
+    assert run.is_dir()
+
+
 def test_warmup_longer_than_the_run_is_one_warning_line(tmp_path, caplog):
     """A warm-up as long as the run is legitimate (a short run of a long recipe): it trains, and one line says
     the learning rate never reaches model.lr."""

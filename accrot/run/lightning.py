@@ -9,6 +9,7 @@ its first checkpoint leaves no directory behind (:mod:`accrot.run.rundir`).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import sys
@@ -243,10 +244,22 @@ class AccrotCLI(LightningCLI):
         if mode != "disabled" and self.subcommand == "fit":
             os.environ["WANDB_MODE"] = mode  # WandbLogger(offline=...) would override WANDB_MODE=disabled
             csv.experiment  # noqa: B018 - the CSV writer claims the new run directory before wandb fills it
-            resume = {"id": wandb_id, "resume": "allow"} if wandb_id else {}
-            loggers.append(WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
-                                       project=os.environ.get("WANDB_PROJECT", "accrot"), **resume))
+            loggers.append(self._wandb(cfg, name, wandb_id))
         return loggers
+
+    def _wandb(self, cfg, name: str, wandb_id: str | None) -> WandbLogger:
+        """The run's wandb run. A sweep's trials carry ``group`` = their study and ``job_type`` = their variant (the
+        worker sets WANDB_RUN_GROUP and WANDB_JOB_TYPE); every run is tagged with its seed, data and scheme cell
+        (plus WANDB_TAGS) and logs the resolved config. WANDB_PROJECT and WANDB_ENTITY are honoured."""
+        tags = [f"seed:{cfg.get('seed_everything')}", f"data:{type(cfg['data']).__name__}",
+                f"scheme:{cfg['model'].scheme_config.label()}"]
+        tags += [t.strip() for t in os.environ.get("WANDB_TAGS", "").split(",") if t.strip()]
+        resolved = json.loads(json.dumps(self.config[self.subcommand].clone().as_dict(), default=str))
+        resume = {"id": wandb_id, "resume": "allow"} if wandb_id else {}
+        return WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
+                           project=os.environ.get("WANDB_PROJECT", "accrot"), entity=os.environ.get("WANDB_ENTITY"),
+                           group=os.environ.get("WANDB_RUN_GROUP"), job_type=os.environ.get("WANDB_JOB_TYPE"),
+                           tags=tags, config=resolved, **resume)
 
     def before_fit(self) -> None:
         # cut the evaluation blocks before any training, so a length the stream cannot fill fails fast

@@ -156,7 +156,8 @@ class Worker:
         args = trial_args(self.spec, entry.stratum, self.root, trial.number, seed, values)
         if self.ranks is not None:
             args += self.ranks.launch(trial, seed, values)
-        os.environ["WANDB_RUN_GROUP"] = entry.stratum.study_name  # a study's runs form one wandb group
+        os.environ["WANDB_RUN_GROUP"] = entry.stratum.study_name  # a study's runs form one wandb group,
+        os.environ["WANDB_JOB_TYPE"] = entry.stratum.variant or self.spec.name  # one job type per variant
         cli = self._train(entry, trial, args)
         return self._record(entry, trial, cli)
 
