@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 LOGGERS = ("lightning.pytorch", "lightning.fabric")  # both have propagate=False and their own StreamHandler
 
@@ -93,3 +95,30 @@ def hold_startup_logs() -> Iterator[None]:
         _drop()
         raise
     release_startup_logs()
+
+
+@contextlib.contextmanager
+def run_log(path: Path) -> Iterator[None]:
+    """Everything a run prints (Lightning's banners, summaries and hints, wandb's, library warnings, the
+    end-of-fit table) goes to ``path`` instead of the terminal; accrot's own warnings (the ``accrot`` loggers) and
+    every error still reach it. For commands that train many runs and print one line each (``accrot demo``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ours = logging.StreamHandler(sys.stderr)  # the terminal, taken before the redirect
+    ours.setLevel(logging.WARNING)
+    with open(path, "a", encoding="utf-8") as fh:
+        to_file = logging.StreamHandler(fh)
+        saved = {name: list(logging.getLogger(name).handlers) for name in LOGGERS}
+        for name, handlers in saved.items():
+            for h in handlers:
+                logging.getLogger(name).removeHandler(h)
+            logging.getLogger(name).addHandler(to_file)
+        logging.getLogger("accrot").addHandler(ours)
+        try:
+            with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+                yield
+        finally:
+            logging.getLogger("accrot").removeHandler(ours)
+            for name, handlers in saved.items():
+                logging.getLogger(name).removeHandler(to_file)
+                for h in handlers:
+                    logging.getLogger(name).addHandler(h)

@@ -170,8 +170,16 @@ def test_demo_command_compares_schemes(tmp_path, capsys):
     assert set(doc["curves"]) == {"NoPE", "ALiBi"}
     assert [r["length"] for r in doc["curves"]["ALiBi"]] == [128, 512]
     assert (tmp_path / "demo.png").stat().st_size > 10_000
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "NoPE" in out and "ALiBi" in out and "4×" in out
+    # one line per run and the table: Lightning's and wandb's lines went to each run's console.log
+    said = out + captured.err
+    assert "GPU available" not in said and "Trainable params" not in said and "wandb:" not in said
+    assert len(said.strip().splitlines()) < 40, said
+    for run in doc["runs"].values():
+        assert "GPU available" in (Path(run) / "console.log").read_text()
+    assert not list(tmp_path.glob(".*.console.log"))
 
 
 def test_eval_rejects_a_checkpoint_whose_weights_do_not_fit(trained_run, tmp_path, capsys):

@@ -1,13 +1,15 @@
 """``accrot demo``: train the tiny model under several schemes and compare how each extrapolates.
 
 Every variant shares the config, the data, the seed, the token budget and the evaluation blocks;
-only the position scheme differs. Prints a rich table (NLL per length per scheme) and writes
-``demo.json`` and ``demo.png`` (all curves) into the demo folder.
+only the position scheme differs. Prints one line per finished run and a rich table (NLL per length per
+scheme), and writes ``demo.json`` and ``demo.png`` (all curves) into the demo folder; what each run printed
+(Lightning's and wandb's lines) is in its ``console.log``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +41,7 @@ def main(argv: list[str]) -> int:
     from accrot.errors import UsageError
     from accrot.evaluation import nll_table, plot_curves
     from accrot.io import atomic_write_text
+    from accrot.logs import run_log
     from accrot.run.args import config_path
     from accrot.run.lightning import run_lightning
 
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
     cfg = config_path(args.config)
     root = Path(args.root)
-    console = Console()
+    console = Console(file=sys.stdout)  # the terminal, also while a run's own output goes to its log
     curves: dict[str, list[dict]] = {}
     runs: dict[str, str] = {}
     train_length = None
@@ -67,22 +70,30 @@ def main(argv: list[str]) -> int:
         if not built(overrides):
             console.print(f"[yellow]skip {name}: its scheme family is not built yet[/]")
             continue
-        console.rule(f"[bold]{name}")
-        cli_args = ["fit", "--config", str(cfg), f"--name={name.replace('/', '_').replace('+', '_')}",
-                    f"--root={root}", f"--wandb={args.wandb}",
-                    f"--extrapolation.multipliers={json.dumps(args.multipliers)}"]
+        run_name = name.replace("/", "_").replace("+", "_")
+        cli_args = ["fit", "--config", str(cfg), f"--name={run_name}", f"--root={root}", f"--wandb={args.wandb}",
+                    f"--extrapolation.multipliers={json.dumps(args.multipliers)}", "--trainer.enable_progress_bar=false"]
         cli_args += [f"--model.scheme.{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in overrides.items()]
         if args.max_steps is not None:
             cli_args.append(f"--trainer.max_steps={args.max_steps}")
         cli_args += args.extra
         t0 = time.perf_counter()
-        cli = run_lightning(cli_args)
+        log = root / f".{run_name}.console.log"
+        try:
+            with console.status(f"{name}: training ({len(curves) + 1} of {len(names)})"), run_log(log):
+                cli = run_lightning(cli_args)
+        except BaseException:
+            log.unlink(missing_ok=True)
+            raise
         run_dir = Path(cli.trainer.log_dir)
+        log.replace(run_dir / "console.log")
         doc = json.loads((run_dir / "extrapolation.json").read_text())
         curves[name] = doc["final"]["lengths"]
         runs[name] = str(run_dir)
         train_length = doc["train_length"]
-        console.print(f"{name}: {time.perf_counter() - t0:.0f} s → {run_dir}")
+        first, last = curves[name][0], curves[name][-1]
+        console.print(f"{name}: {time.perf_counter() - t0:.0f} s, NLL {first['nll']:.3f} at {first['multiplier']:g}× "
+                      f"and {last['nll']:.3f} at {last['multiplier']:g}× → {run_dir}")
     if not curves:
         raise UsageError("no variant could run; pick built schemes with --variants")
     root.mkdir(parents=True, exist_ok=True)
