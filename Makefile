@@ -16,6 +16,8 @@ WORKERS ?= 1
 STUDY ?= $(SWEEP)
 STORAGE ?=
 PORT ?= 8080
+# the trials' files (curves, diagnostics, configs) the dashboard shows: a spec's `artifacts`, by default beside the study
+ARTIFACTS ?= runs/sweeps/$(STUDY)/artifacts
 # the study in one command: make ablation [SIZE=study|tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
 SIZE ?= study
 SEEDS ?=
@@ -59,8 +61,8 @@ bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memo
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)')
 
-dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [PORT=8080])
-	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --host 127.0.0.1 --port $(PORT)
+dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [ARTIFACTS=dir] [PORT=8080])
+	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --artifact-dir '$(ARTIFACTS)' --host 127.0.0.1 --port $(PORT)
 
 # SLURM: make slurm-train NODES=2 TASKS=4 [PARTITION=p] [TIME=04:00:00] [ACCOUNT=a] [MASTER_ADDR=ip] [DRY_RUN=1] ARGS='--config small'
 #        make slurm-sweep SWEEP=lr STORAGE=postgresql://... WORKERS=4 NODES=2 TASKS=4 [...]

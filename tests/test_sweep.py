@@ -23,6 +23,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta
 from optuna.trial import TrialState
 
 from accrot.cli import main
@@ -236,6 +237,8 @@ def test_storage_urls():
 @pytest.mark.parametrize("doc, expect", [
     ({"samplr": {"type": "tpe"}}, "unknown key 'samplr'; did you mean 'sampler'?"),
     ({"sampler": {"type": "cmaes"}}, "sampler: type='cmaes' is not valid; choose one of 'tpe', 'random', 'grid', 'nsga2'"),
+    ({"artifacts": {"type": "ftp"}}, "artifacts: type='ftp' is not valid; choose one of 'filesystem', 's3', 'gcs', 'none'"),
+    ({"artifacts": {"type": "s3"}}, "artifacts: an s3 artifact store needs bucket"),
     ({"pruner": {"type": "median", "upper": 1}}, "upper is not an option of the median pruner"),
     ({"space": {"model.lr": {"type": "float", "low": 0, "high": 1, "log": True}}}, "low=0 is not valid with log: true"),
     ({"space": {"model.lr": {"type": "float", "lo": 0, "high": 1}}}, "unknown key 'lo'; did you mean 'low'?"),
@@ -246,7 +249,7 @@ def test_storage_urls():
     ({"space": {"model.scheme.increments": {"choices": ["learned"], "when": {"model.scheme.window": 1}},
                 "model.scheme.window": [1, 2]}}, "not an earlier search-space key"),
     ({"variants": {"fast": {"model.lr": 0.1}}}, "variants.fast sets 'model.lr', which the space searches"),
-], ids=["unknown-key", "sampler", "pruner-option", "log-low", "param-key", "metric", "multi-objective-pruner",
+], ids=["unknown-key", "sampler", "artifact-store", "artifact-bucket", "pruner-option", "log-low", "param-key", "metric", "multi-objective-pruner",
         "seeds", "reserved", "condition-order", "searched-and-fixed"])
 def test_spec_errors_name_the_key(tmp_path, doc, expect):
     path = write_spec(tmp_path, "bad", **doc)
@@ -276,7 +279,30 @@ def test_smoke_two_workers_sqlite(sqlite_study):
     assert all(t.user_attrs["variant"] in ("none/none", "rope/none") or t.user_attrs["variant"].startswith("accum:")
                for t in trials)
     assert study.user_attrs["accrot"]["budget"] == 4
+    # every trial's extrapolation curve is an intermediate value (the dashboard's plot), pruner or not
+    for t in trials:
+        assert t.intermediate_values == {t.user_attrs["step"]: t.values[0]}, (t.number, t.intermediate_values)
+    # every trial's files are its artifacts, byte for byte, in the store beside the study
+    store = FileSystemArtifactStore(root / "smoke" / "artifacts")
+    for t in trials:
+        metas = {m.filename: m for m in get_all_artifact_meta(t, storage=study._storage)}
+        run = Path(t.user_attrs["run_dir"])
+        assert set(metas) == {"extrapolation.png", "extrapolation.json", "config.yaml", "run.json"}, sorted(metas)
+        for name, meta in metas.items():
+            with store.open_reader(meta.artifact_id) as fh:
+                assert fh.read() == (run / name).read_bytes(), (t.number, name)
+        assert "artifact_error" not in t.user_attrs
     no_locked_database(root, "smoke")
+
+
+def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure_recorded(tmp_path):
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the store's folder should be")
+    spec = write_spec(tmp_path, "blocked", trials=1, artifacts={"path": str(blocked / "artifacts")})
+    assert sweep(spec, tmp_path / "root", "--workers=1") == 0
+    (trial,) = load(f"sqlite:///{tmp_path}/root/blocked/study.db", "blocked").get_trials()
+    assert trial.state == TrialState.COMPLETE
+    assert "artifact_error" in trial.user_attrs and "extrapolation.png" in trial.user_attrs["artifact_error"]
 
 
 @pytest.mark.slow
@@ -497,10 +523,11 @@ def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path, 
 # dashboard and report
 # ---------------------------------------------------------------------------------------------------
 def test_dashboard_serves_the_study(sqlite_study):
-    _, url = sqlite_study
+    root, url = sqlite_study
     port = free_port()
     exe = Path(sys.executable).parent / "optuna-dashboard"
-    proc = subprocess.Popen([str(exe), url, "--host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([str(exe), url, "--artifact-dir", str(root / "smoke" / "artifacts"), "--host", "127.0.0.1",
+                             "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline, body = time.time() + 90, None
@@ -517,6 +544,15 @@ def test_dashboard_serves_the_study(sqlite_study):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30) as resp:
             detail = json.loads(resp.read())
         assert len(detail["trials"]) == 4 and all(t["state"] == "Complete" for t in detail["trials"])
+        # a trial's page shows its curve: the dashboard serves the artifact the worker uploaded
+        trial = detail["trials"][0]
+        (png,) = [m for m in trial["artifacts"] if m["filename"] == "extrapolation.png"]
+        link = f"http://127.0.0.1:{port}/artifacts/{study['study_id']}/{trial['trial_id']}/{png['artifact_id']}"
+        with urllib.request.urlopen(link, timeout=30) as resp:
+            assert resp.headers["Content-Type"] == "image/png"
+            served = resp.read()
+        run_dir = [t for t in load(url, "smoke").get_trials() if t.number == trial["number"]][0].user_attrs["run_dir"]
+        assert served == (Path(run_dir) / "extrapolation.png").read_bytes()
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(30)

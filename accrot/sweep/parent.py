@@ -126,8 +126,10 @@ class Parent:
                         ACCROT_SWEEP_DEADLINE="" if self.deadline is None else repr(self.deadline))
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
         live = [self.spawn() for _ in range(workers)]
+        folder = self.spec.artifacts.directory(self.root, self.spec.name)
+        artifacts = f" ARTIFACTS='{folder}'" if folder is not None else ""
         self.console.print(f"{workers} worker(s); logs in {self.logs}; watch: make dashboard "
-                           f"STORAGE='{self.ref.dashboard}'")
+                           f"STORAGE='{self.ref.dashboard}'{artifacts}")
         try:
             self.watch(live, max_respawns=workers * max(1, self.spec.retries))
         except KeyboardInterrupt:

@@ -28,6 +28,7 @@ SamplerType = Literal["tpe", "random", "grid", "nsga2"]
 PrunerType = Literal["median", "hyperband", "threshold", "none"]
 WandbMode = Literal["auto", "online", "offline", "disabled"]
 Direction = Literal["minimize", "maximize"]
+ArtifactStoreType = Literal["filesystem", "s3", "gcs", "none"]
 # the driver sets these per trial; a spec must not
 RESERVED_KEYS = ("config", "root", "name", "seed_everything", "wandb", "print_config", "ckpt_path")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -295,6 +296,44 @@ class HeartbeatSpec:
 
 
 @dataclass
+class ArtifactsSpec:
+    """Where every trial's files (curves, diagnostics, config, run record) go, for the dashboard to show.
+    ``filesystem`` (default): ``path``, or ``<root>/<name>/artifacts`` beside the study (a shared filesystem on a
+    cluster); ``s3`` / ``gcs``: ``bucket`` (boto3 / google-cloud-storage must be installed); ``none``: no uploads."""
+
+    type: ArtifactStoreType = "filesystem"
+    path: str | None = None
+    bucket: str | None = None
+
+    def __post_init__(self) -> None:
+        check_choice("type", self.type, ArtifactStoreType)
+        if self.type in ("s3", "gcs") and not self.bucket:
+            raise ValueError(f"an {self.type} artifact store needs bucket")
+        if self.type != "filesystem" and self.path is not None:
+            raise ValueError(f"path is for the filesystem artifact store, not {self.type}")
+
+    def directory(self, root: Path, name: str) -> Path | None:
+        """The filesystem store's folder (what ``optuna-dashboard --artifact-dir`` takes)."""
+        if self.type != "filesystem":
+            return None
+        return Path(self.path).resolve() if self.path else (Path(root) / name / "artifacts").resolve()
+
+    def build(self, root: Path, name: str):
+        """The store, retried with backoff like the storage (a few tries: an upload never holds a run up long)."""
+        from optuna.artifacts import Backoff, Boto3ArtifactStore, FileSystemArtifactStore, GCSArtifactStore
+
+        if self.type == "none":
+            return None
+        if self.type == "filesystem":
+            store = FileSystemArtifactStore(self.directory(root, name))  # made at the first upload
+        elif self.type == "s3":
+            store = Boto3ArtifactStore(self.bucket)
+        else:
+            store = GCSArtifactStore(self.bucket)
+        return Backoff(store, max_retries=3, min_delay=0.1, max_delay=2.0)
+
+
+@dataclass
 class Stratum:
     """One study of a spec: the whole spec, or one of its variants."""
 
@@ -323,6 +362,7 @@ class SweepSpec:
     wandb: WandbMode = "auto"
     retries: int = 1
     heartbeat: HeartbeatSpec | Mapping | None = None
+    artifacts: ArtifactsSpec | Mapping | None = None
     description: str = ""
     path: Path = field(default=Path("."), init=False)
 
@@ -344,6 +384,7 @@ class SweepSpec:
         self.sampler = _strict(SamplerSpec, self.sampler, "sampler")
         self.pruner = _strict(PrunerSpec, self.pruner, "pruner")
         self.heartbeat = _strict(HeartbeatSpec, self.heartbeat, "heartbeat")
+        self.artifacts = _strict(ArtifactsSpec, self.artifacts, "artifacts")
         if len(self.objectives) > 1 and self.pruner.type != "none":
             raise ValueError(f"pruner {self.pruner.type!r} needs a single objective (this spec has "
                              f"{len(self.objectives)}); set pruner: {{type: none}}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.artifacts import upload_artifact
 from optuna.trial import TrialState
 
 from accrot.errors import UsageError, bad_input_message, one_line
@@ -97,6 +98,7 @@ class Worker:
         self.storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries)
         self.studies = load_studies(spec, self.storage, worker_index)
         self.lock = BudgetLock(ref, spec.name)
+        self.artifacts = spec.artifacts.build(root, spec.name)
         self.me = worker_id()
         print(f"worker {self.me}: {spec.name} on {redact(ref.url)}", flush=True)
 
@@ -230,6 +232,7 @@ class Worker:
         attr(trial, "step", final["step"])
         attr(trial, "train_length", ext.train_length)
         attr(trial, "variant", entry.stratum.variant or cli.model.scheme_config.label())
+        self._upload(trial, run_dir)
         if len(spec.objectives) == 1:  # intermediate values: the pruner's (and the dashboard's) curve
             self._report_history(trial, cli, ext.history)
         out = [metrics[o.metric] for o in spec.objectives]
@@ -240,6 +243,22 @@ class Worker:
             raise TrialFailed(reason)
         return out[0] if len(out) == 1 else out
 
+    def _upload(self, trial, run_dir: Path) -> None:
+        """The run's files as the trial's artifacts (the dashboard shows them on the trial's page). A store that
+        still fails after its retries is recorded on the trial (``artifact_error``); it never fails the run."""
+        if self.artifacts is None:
+            return
+        folder = self.spec.artifacts.directory(self.root, self.spec.name)
+        for path in artifact_files(run_dir):
+            try:
+                if folder is not None:
+                    folder.mkdir(parents=True, exist_ok=True)
+                upload_artifact(artifact_store=self.artifacts, file_path=str(path), study_or_trial=trial)
+            except Exception as err:  # noqa: BLE001 - an unreachable store must not fail a finished run
+                attr(trial, "artifact_error", f"{path.name}: {type(err).__name__}: {one_line(str(err))[:200]}")
+                print(f"worker {self.me}: trial {trial.number}: artifact {path.name} not uploaded ({err})", flush=True)
+                return
+
     def _report_history(self, trial, cli, history: list[dict]) -> None:
         pruning = [c for c in cli.trainer.callbacks if isinstance(c, OptunaPruning)]
         done = pruning[0].reported if pruning else set()
@@ -247,6 +266,15 @@ class Worker:
             value = metric_value(h["lengths"], self.spec.objectives[0].metric)
             if h["step"] not in done and math.isfinite(value):
                 retry_storage(lambda value=value, h=h: trial.report(value, h["step"]), "reporting")
+
+
+ARTIFACTS = ("extrapolation.png", "extrapolation.json", "config.yaml", "run.json", "diagnostics/diagnostics.json")
+
+
+def artifact_files(run_dir: Path) -> list[Path]:
+    """What a trial uploads: its curve and its JSON, its config and run record, and its diagnostics when present."""
+    files = [run_dir / name for name in ARTIFACTS] + sorted((run_dir / "diagnostics").glob("*.png"))
+    return [f for f in files if f.is_file()]
 
 
 def attr(trial, key: str, value) -> None:
