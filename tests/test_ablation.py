@@ -16,6 +16,7 @@ import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
+from optuna_dashboard import get_note
 
 from accrot.study.ablation import build_spec
 from accrot.study.claims import Results, Run, check_claims
@@ -271,6 +272,12 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
         assert after[key] == value, logs
     report = (out / "t" / "REPORT.md").read_text()
     assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
+    # every study of the ablation carries the claims table and verdicts as its dashboard note
+    storage = open_storage(StorageRef.parse(url, "t", "."))
+    for name in ("t/corpus.NoPE", "t/corpus.RoPE"):
+        note = get_note(optuna.load_study(study_name=name, storage=storage))
+        assert note.startswith("## t: the claims of PAPER.md, 4 complete runs so far"), note[:200]
+        assert "| # | claim | test | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
 
 
 def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):

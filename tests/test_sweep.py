@@ -25,6 +25,7 @@ import pytest
 import yaml
 from optuna.artifacts import FileSystemArtifactStore, get_all_artifact_meta
 from optuna.trial import TrialState
+from optuna_dashboard import get_note
 
 from accrot.cli import main
 from accrot.sweep.recovery import RetryTrial, budget_state, fail_stale_journal, missing_seeds
@@ -292,6 +293,9 @@ def test_smoke_two_workers_sqlite(sqlite_study):
             with store.open_reader(meta.artifact_id) as fh:
                 assert fh.read() == (run / name).read_bytes(), (t.number, name)
         assert "artifact_error" not in t.user_attrs
+        note = get_note(optuna.Trial(study, t._trial_id))  # its dashboard page's note
+        assert note.startswith(f"### {t.user_attrs['variant']}, seed {t.user_attrs['seed']}")
+        assert t.user_attrs["run_dir"] in note and f"| {t.values[0]:.4f} |" in note
     no_locked_database(root, "smoke")
 
 

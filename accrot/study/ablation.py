@@ -33,7 +33,7 @@ import yaml
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import config_path
-from accrot.study.report import build_report
+from accrot.study.report import build_report, write_notes
 from accrot.study.variants import DATASETS, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED, Size
 from accrot.sweep.parent import run_sweep
 from accrot.sweep.spec import load_spec
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
         spec = load_spec(spec_path)
         ref = StorageRef.parse(args.storage, spec.name, out)
         with _sigterm_as_interrupt():
-            rc = run_sweep(spec, ref, out, args.workers)
+            rc = run_sweep(spec, ref, out, args.workers, on_progress=lambda: write_notes(spec, ref))
         if rc != 0 or args.workers == 0:
             return rc
     elif not spec_path.is_file():

@@ -393,4 +393,26 @@ def _revision() -> str:
 
 
 def build_report(spec, ref, folder: Path, meta: Mapping[str, Any]) -> Path:
-    return write_report(collect(spec, ref), folder, {**meta, "study": spec.name})
+    res = collect(spec, ref)
+    write_notes(spec, ref, res)
+    return write_report(res, folder, {**meta, "study": spec.name})
+
+
+def write_notes(spec, ref, res: Results | None = None) -> None:
+    """The claims table and verdicts so far as the note of every study of the ablation (its dashboard page)."""
+    import optuna
+    from optuna_dashboard import save_note
+
+    from accrot.sweep.storage import open_storage
+
+    res = collect(spec, ref) if res is None else res
+    runs = len(res.runs)
+    body = (f"## {spec.name}: the claims of PAPER.md, {runs} complete run{'s' if runs != 1 else ''} so far\n\n"
+            + _claims_md(check_claims(res)) + "\n" + RULES.split("\n\n")[0] + "\n")
+    storage = open_storage(ref)
+    for stratum in spec.strata():
+        try:
+            study = optuna.load_study(study_name=stratum.study_name, storage=storage)
+        except KeyError:
+            continue  # not created yet
+        save_note(study, body)

@@ -79,8 +79,10 @@ class _Worker:
         return f"{socket.gethostname()}:{self.proc.pid}"
 
 
-def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int:
-    """The parent: validate, create the studies, run ``workers`` worker processes, recover dead ones."""
+def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_progress=None) -> int:
+    """The parent: validate, create the studies, run ``workers`` worker processes, recover dead ones.
+    ``on_progress()`` (the ablation's study notes) is called when trials have finished, at most every
+    :data:`PROGRESS_EVERY` seconds; its failure is one yellow line, never the sweep's."""
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -103,14 +105,16 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int) -> int
         console.print("every study has spent its budget; nothing to run (raise `trials` to extend it)")
         _print_summary(console, spec, studies, ref, root)
         return 0
-    return Parent(spec, ref, root, storage, studies, console).run(workers)
+    return Parent(spec, ref, root, storage, studies, console, on_progress).run(workers)
 
 
 class Parent:
     """Worker processes on one machine: started, watched, their dead replaced and their trials failed and re-queued."""
 
-    def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, storage, studies: list, console) -> None:
+    def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, storage, studies: list, console,
+                 on_progress=None) -> None:
         self.spec, self.ref, self.root, self.storage, self.studies, self.console = spec, ref, root, storage, studies, console
+        self.on_progress, self.progress_at, self.progress_seen = on_progress, time.monotonic(), 0
         self.deadline = time.time() + spec.timeout if spec.timeout else None
         self.logs = Path(root) / spec.name / "workers"
         self.retry = RetryTrial(spec.retries)
@@ -227,6 +231,13 @@ class Parent:
     def print_finished(self) -> None:
         retry_storage(lambda: _print_finished(self.console, self.studies, self.seen), "reading the trials",
                       self.console)
+        if (self.on_progress is not None and len(self.seen) > self.progress_seen
+                and time.monotonic() - self.progress_at >= PROGRESS_EVERY):
+            self.progress_seen, self.progress_at = len(self.seen), time.monotonic()
+            try:
+                self.on_progress()
+            except Exception as err:  # noqa: BLE001 - a note that cannot be written never stops the sweep
+                self.console.print(f"[yellow]progress hook failed: {type(err).__name__}: {err}[/]")
 
     def finish(self) -> int:
         """The summary; 1 when work is left (workers died) or every trial of a study failed."""
@@ -260,6 +271,7 @@ def _all_failed(studies) -> list[tuple[str, int, str]]:
 
 
 REPORT_EVERY = 5.0  # seconds between the parent's reads of finished trials
+PROGRESS_EVERY = 60.0  # seconds between two calls of run_sweep's on_progress (the ablation's claims notes)
 
 
 def _gpu_ids() -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import optuna
 from optuna.artifacts import upload_artifact
 from optuna.trial import TrialState
+from optuna_dashboard import save_note
 
 from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
@@ -201,13 +202,13 @@ class Worker:
             if type(err).__name__ != "SIGTERMException" or self.ranks is not None:
                 raise  # a multi-rank SLURM worker is requeued and continues this trial (accrot.sweep.ddp)
             # this worker was told to stop (SIGTERM: the sweep interrupted, a scheduler): the run is
-            # checkpointed; fail the trial with the reason and queue its retry, then end the worker
+            # checkpointed; fail the trial with the reason and queue its retry, then end the worker. Failed here, not
+            # left RUNNING (Optuna does not tell a trial that SystemExit ends), so the parent, failing the running
+            # trials of the workers it stopped, finds it finished and queues no second retry
             _record_run_dir(trial, trial_root)
-            attr(trial, "fail_reason", f"worker {self.me} was stopped by {_signal_name(err)} during the trial "
-                                       "(checkpointed)")
-            study = entry.study
-            RetryTrial(spec.retries)(study, retry_storage(lambda: study._storage.get_trial(trial._trial_id),
-                                                          "reading the stopped trial"))
+            reason = f"worker {self.me} was stopped by {_signal_name(err)} during the trial (checkpointed)"
+            retry_storage(lambda: fail_trial(entry.study, self.storage, trial, reason, RetryTrial(spec.retries)),
+                          "failing the stopped trial")
             raise
         except Exception as err:  # noqa: BLE001 - every failure of a run is this trial's result
             _record_run_dir(trial, trial_root)
@@ -233,6 +234,7 @@ class Worker:
         attr(trial, "train_length", ext.train_length)
         attr(trial, "variant", entry.stratum.variant or cli.model.scheme_config.label())
         self._upload(trial, run_dir)
+        self._note(trial, trial_note(trial.user_attrs["variant"], trial.user_attrs.get("seed"), run_dir, final))
         if len(spec.objectives) == 1:  # intermediate values: the pruner's (and the dashboard's) curve
             self._report_history(trial, cli, ext.history)
         out = [metrics[o.metric] for o in spec.objectives]
@@ -259,6 +261,13 @@ class Worker:
                 print(f"worker {self.me}: trial {trial.number}: artifact {path.name} not uploaded ({err})", flush=True)
                 return
 
+    def _note(self, trial, body: str) -> None:
+        """The trial's note on its dashboard page; like an artifact, a failure is recorded, never fatal."""
+        try:
+            retry_storage(lambda: save_note(trial, body), "writing the note")
+        except Exception as err:  # noqa: BLE001
+            attr(trial, "note_error", f"{type(err).__name__}: {one_line(str(err))[:200]}")
+
     def _report_history(self, trial, cli, history: list[dict]) -> None:
         pruning = [c for c in cli.trainer.callbacks if isinstance(c, OptunaPruning)]
         done = pruning[0].reported if pruning else set()
@@ -269,6 +278,17 @@ class Worker:
 
 
 ARTIFACTS = ("extrapolation.png", "extrapolation.json", "config.yaml", "run.json", "diagnostics/diagnostics.json")
+
+
+def trial_note(variant: str, seed, run_dir: Path, final: dict) -> str:
+    """Markdown: the variant and seed, the run directory, and NLL per length of the final evaluation."""
+    lines = [f"### {variant}, seed {seed}", "", f"run directory: `{run_dir}`", "",
+             "| length | NLL | NLL of the last L positions |", "|---|---|---|"]
+    for row in final["lengths"]:
+        last = row.get("last_window_nll")
+        lines.append(f"| {row['multiplier']:g}× ({row['length']}) | {row['nll']:.4f} | "
+                     f"{'-' if last is None else f'{last:.4f}'} |")
+    return "\n".join(lines) + "\n"
 
 
 def artifact_files(run_dir: Path) -> list[Path]:
