@@ -299,6 +299,24 @@ def test_smoke_two_workers_sqlite(sqlite_study):
     no_locked_database(root, "smoke")
 
 
+def test_progress_hook_runs_as_trials_finish_and_its_failure_never_stops_the_sweep(tmp_path, monkeypatch):
+    """What keeps an ablation's study notes current: run_sweep calls on_progress after trials finished."""
+    import accrot.sweep.parent as parent
+
+    monkeypatch.setattr(parent, "PROGRESS_EVERY", 0.0)
+    calls: list[int] = []
+
+    def hook() -> None:
+        calls.append(len(calls))
+        raise RuntimeError("a note store that is down")  # one yellow line, the sweep goes on
+
+    spec = load_spec(write_spec(tmp_path, "hooked", trials=2))
+    ref = StorageRef.parse(None, spec.name, tmp_path / "root")
+    assert parent.run_sweep(spec, ref, tmp_path / "root", 1, on_progress=hook) == 0
+    assert calls, "on_progress was never called"
+    assert all(t.state == TrialState.COMPLETE for t in load(ref.url, "hooked").get_trials())
+
+
 def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure_recorded(tmp_path):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the store's folder should be")
