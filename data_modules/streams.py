@@ -32,7 +32,7 @@ from data_modules.tokenizer import ByteTokenizer, Tokenizer
 log = logging.getLogger(__name__)
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise DataError(f"{name}={value!r} is not valid; use an integer >= {minimum}")
 
@@ -186,13 +186,13 @@ class TokenStreamDataModule(L.LightningDataModule):
         max_train_tokens: int | None = None,
     ) -> None:
         super().__init__()
-        _check_int("seq_len", seq_len, 1)
-        _check_int("batch_size", batch_size, 1)
-        _check_int("num_workers", num_workers, 0)
-        _check_int("seed", seed, 0)
-        _check_int("val_blocks", val_blocks, 1)
+        check_int("seq_len", seq_len, 1)
+        check_int("batch_size", batch_size, 1)
+        check_int("num_workers", num_workers, 0)
+        check_int("seed", seed, 0)
+        check_int("val_blocks", val_blocks, 1)
         if max_train_tokens is not None:
-            _check_int("max_train_tokens", max_train_tokens, 2)
+            check_int("max_train_tokens", max_train_tokens, 2)
         self.save_hyperparameters()
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.seed, self.val_blocks, self.max_train_tokens = seed, val_blocks, max_train_tokens
@@ -340,8 +340,8 @@ class TokenStreamDataModule(L.LightningDataModule):
         Not even one block raises :class:`DataError`. ``record=False`` (the diagnostics' own blocks) leaves the
         record of the evaluation sets as it is.
         """
-        _check_int("evaluation length", length, 1)
-        _check_int("budget_tokens", budget_tokens, 1)
+        check_int("evaluation length", length, 1)
+        check_int("budget_tokens", budget_tokens, 1)
         stream = self.val_stream
         fit = stream.numel() // (length + 1)
         if fit == 0:

@@ -55,7 +55,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from accrot.errors import DataError
-from data_modules.streams import TokenStreamDataModule, TokenStreams, _check_int
+from data_modules.streams import TokenStreamDataModule, TokenStreams, check_int
 from data_modules.tokenizer import ByteTokenizer
 
 GENERATOR_VERSION = 1  # bump when a generation rule changes: it is part of every fingerprint
@@ -282,7 +282,7 @@ class SyntheticDataModule(TokenStreamDataModule):
         return self.task.vocab_size
 
     def _check_length(self, name: str, length: int) -> None:
-        _check_int(name, length, 1)
+        check_int(name, length, 1)
         if length < self.task.min_length:
             raise DataError(f"{name} {length} is too short for the {self.task.name} task; "
                             f"use lengths >= {self.task.min_length}")
@@ -316,7 +316,7 @@ class SyntheticDataModule(TokenStreamDataModule):
         unless ``record=False`` (the diagnostics' own blocks).
         """
         self._check_length("evaluation length", length)
-        _check_int("budget_tokens", budget_tokens, 1)
+        check_int("budget_tokens", budget_tokens, 1)
         n = max(1, budget_tokens // length)
         blocks, mask = self._blocks(length, n)
         if record:
@@ -396,9 +396,9 @@ class LocalDependencyDataModule(SyntheticDataModule):
         num_workers: int = 0,
         val_blocks: int = 32,
     ) -> None:
-        _check_int("n_content", n_content, 2)
-        _check_int("max_offset", max_offset, 1)
-        _check_int("seq_len", seq_len, 2)
+        check_int("n_content", n_content, 2)
+        check_int("max_offset", max_offset, 1)
+        check_int("seq_len", seq_len, 2)
         if max_offset >= seq_len:
             raise DataError(f"max_offset={max_offset} is not valid for seq_len={seq_len}; use 1 <= max_offset < seq_len")
         if isinstance(cue_rate, bool) or not isinstance(cue_rate, (int, float)) or not 0 < cue_rate <= 0.5:
@@ -432,7 +432,7 @@ class PasskeyDataModule(SyntheticDataModule):
         num_workers: int = 0,
         val_blocks: int = 32,
     ) -> None:
-        _check_int("digits", digits, 3)
+        check_int("digits", digits, 3)
         if digits > 32:
             raise DataError(f"digits={digits} is not valid; use an integer in 3..32")
         if (
@@ -442,7 +442,7 @@ class PasskeyDataModule(SyntheticDataModule):
         ):
             raise DataError(f"depths={depths!r} is not valid; use a non-empty list of fractions in [0, 1]")
         task = PasskeyTask(digits=digits, depths=tuple(float(d) for d in depths))
-        _check_int("seq_len", seq_len, 1)
+        check_int("seq_len", seq_len, 1)
         if seq_len < task.min_length:
             raise DataError(f"seq_len={seq_len} cannot hold the pass key and the question; "
                             f"use seq_len >= {task.min_length} for digits={digits}")
@@ -459,7 +459,7 @@ class PasskeyDataModule(SyntheticDataModule):
     def eval_depths(self, length: int, budget_tokens: int) -> list[float]:
         """The depth of each block of :meth:`eval_blocks` (same arguments): ``depths[i % len(depths)]``."""
         self._check_length("evaluation length", length)
-        _check_int("budget_tokens", budget_tokens, 1)
+        check_int("budget_tokens", budget_tokens, 1)
         n = max(1, budget_tokens // length)
         return [self.task.depths[i % len(self.task.depths)] for i in range(n)]
 
@@ -473,7 +473,7 @@ class PasskeyDataModule(SyntheticDataModule):
                 "question": QUESTION, "eval_key_fraction": EVAL_KEY_BYTE / 256}
 
     def _check_length(self, name: str, length: int) -> None:
-        _check_int(name, length, 1)
+        check_int(name, length, 1)
         if length < self.task.min_length:
             raise DataError(f"{name} {length} cannot hold the pass key and the question; "
                             f"the minimum is {self.task.min_length} for digits={self.digits}")

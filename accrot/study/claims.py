@@ -286,7 +286,7 @@ def _score_gap(run: Run, mult: float) -> float | None:
     if L is None:
         return None
     length = int(round(L * mult))
-    return _mean(g for layer in diag_layers(run) for e in layer.get("score_gap", []) if e["length"] == length
+    return mean_of(g for layer in diag_layers(run) for e in layer.get("score_gap", []) if e["length"] == length
                  for g in e["gap"])
 
 
@@ -321,7 +321,7 @@ def diag_layers(run: Run) -> list[dict]:
     return (run.diagnostics or {}).get("layers") or []
 
 
-def _mean(xs: Iterable[float | None]) -> float | None:
+def mean_of(xs: Iterable[float | None]) -> float | None:
     vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
     return sum(vals) / len(vals) if vals else None
 
@@ -419,7 +419,7 @@ def compare_windows(variant: str, runs: Sequence[Run]) -> Comparison:
 
 
 def far_mass(run: Run, length: int) -> float | None:
-    return _mean(m for layer in diag_layers(run) for f in layer["far_mass"] if f["length"] == length
+    return mean_of(m for layer in diag_layers(run) for f in layer["far_mass"] if f["length"] == length
                  for m in f["mass"])
 
 

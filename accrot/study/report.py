@@ -20,13 +20,13 @@ from accrot.study.claims import (
     HORIZON_TOLERANCE,
     Results,
     Run,
-    _mean,
     check_claims,
     collect,
     diag_layers,
     far_mass,
     fit_range,
     horizon,
+    mean_of,
     times,
 )
 from accrot.study.stats import Claim, fmt
@@ -182,7 +182,7 @@ def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
         if not curves or width is None:
             continue
         n = min(len(c) for c in curves)
-        pooled = [_mean(c[i] for c in curves) for i in range(n)]  # over seeds
+        pooled = [mean_of(c[i] for c in curves) for i in range(n)]  # over seeds
         xs, ys = smoothed_positions(pooled, width)
         ax.plot(xs, ys, lw=1.2, marker=".", ms=3, label=v, color=_color(v))
         drawn = True
@@ -225,7 +225,7 @@ def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
 
 
 def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
-    return _mean(h[i] for h in rows)
+    return mean_of(h[i] for h in rows)
 
 
 def plot_theory(res: Results, folder: Path) -> list[Path]:
@@ -288,14 +288,14 @@ def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
             if not entries:
                 continue
             dist = entries[0]["distances"]
-            per_seed.append([_mean(_head_mean(e["curve"], i) for e in entries) for i in range(len(dist))])
-            errs.append([_mean(_head_mean(e["stderr"], i) for e in entries) for i in range(len(dist))])
+            per_seed.append([mean_of(_head_mean(e["curve"], i) for e in entries) for i in range(len(dist))])
+            errs.append([mean_of(_head_mean(e["stderr"], i) for e in entries) for i in range(len(dist))])
         if not per_seed or dist is None:
             continue
         keep = [i for i, d in enumerate(dist) if 1 <= d <= (top if which == L else dist[-1])]
         xs = [dist[i] for i in keep]
-        mean = [_mean(c[i] for c in per_seed) for i in keep]
-        err = [_mean(e[i] for e in errs) for i in keep]
+        mean = [mean_of(c[i] for c in per_seed) for i in keep]
+        err = [mean_of(e[i] for e in errs) for i in keep]
         ax.plot(xs, [m if m is not None else math.nan for m in mean], style, color=color, lw=1.2,
                 label=f"measured at {times(which / L)}")
         if which == L:
@@ -305,7 +305,7 @@ def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
             pred = [c.get("predicted") for layer in diag_layers(runs[0]) for c in layer["coherence"]
                     if c["length"] == L and c.get("predicted")]
             if pred:
-                ax.plot(xs, [_mean(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
+                ax.plot(xs, [mean_of(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
                         label="prediction |φ|^Δ")
     eps = diag.get("eps", 0.05)
     ax.axhline(eps, color="grey", lw=0.5, ls=":")
