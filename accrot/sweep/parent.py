@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from accrot.errors import UsageError
-from accrot.sweep.recovery import FINISHED, RetryTrial, can_start, fail_trial, recover_stale
+from accrot.sweep.recovery import FINISHED, RetryTrial, can_start, fail_trial, recover_stale, unowned
 from accrot.sweep.spec import SweepSpec, load_spec
 from accrot.sweep.storage import (
     StorageRef,
@@ -101,7 +101,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
         return 0
     for study in studies:
         recover_stale(study, storage, ref, spec)
-    if not any(can_start(s, spec.budget) for s in studies):
+    if not any(can_start(s, spec.budget) or unowned(s) for s in studies):  # unclaimed: a worker waits them out
         console.print("every study has spent its budget; nothing to run (raise `trials` to extend it)")
         _print_summary(console, spec, studies, ref, root)
         return 0

@@ -71,14 +71,37 @@ def fail_stale_journal(study, storage, heartbeat: HeartbeatSpec, retry: RetryTri
     return n
 
 
+def unowned(study) -> list:
+    """RUNNING trials no worker has claimed (no ``worker`` attribute): a worker's ``study.ask()`` that a storage
+    outage interrupted after the trial was set RUNNING (a seed copy popped from the queue, a new trial created)
+    but before the objective began. No heartbeat was ever recorded for them, so Optuna's heartbeat never
+    fails them, and they count against the budget."""
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if "worker" not in t.user_attrs]
+
+
+def fail_unowned(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
+    """Fail (and re-queue) the :func:`unowned` trials that began more than the heartbeat's grace period ago:
+    a live worker claims its trial within milliseconds of asking for it."""
+    now, n = time.time(), 0
+    for t in unowned(study):
+        started = t.datetime_start.timestamp() if t.datetime_start else now
+        if now - started > heartbeat.grace:
+            reason = (f"no worker claimed it within {heartbeat.grace} s of its start: the storage failed while a "
+                      f"worker was starting it (e.g. a database restart)")
+            n += fail_trial(study, storage, t, reason, retry)
+    return n
+
+
 def recover_stale(study, storage, ref, spec: SweepSpec) -> None:
-    """Fail (and re-queue) running trials whose worker stopped sending heartbeats, on any storage (``ref``: the
-    :class:`~accrot.sweep.storage.StorageRef` it is opened from)."""
+    """Fail (and re-queue) running trials whose worker stopped sending heartbeats, or that no worker ever
+    claimed, on any storage (``ref``: the :class:`~accrot.sweep.storage.StorageRef` it is opened from)."""
+    retry = RetryTrial(spec.retries)
     if ref.kind == "journal":
-        fail_stale_journal(study, storage, spec.heartbeat, RetryTrial(spec.retries))
+        fail_stale_journal(study, storage, spec.heartbeat, retry)  # counts an unclaimed trial from its start
     else:
         with quiet_experimental():
             optuna.storages.fail_stale_trials(study)  # Optuna's heartbeat; its callback re-queues
+        fail_unowned(study, storage, spec.heartbeat, retry)
 
 
 class JournalHeartbeat:

@@ -4,6 +4,7 @@ creation lock, transient-error handling and the storage-wide budget lock."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import re
 import time
@@ -104,12 +105,11 @@ def _rdb(url: str, engine: dict[str, Any], create: bool, kwargs: dict[str, Any])
     """Only the parent creates the schema (under the creation lock); a reader (a worker, ``accrot report``, the
     dashboard) never does. A reader that opened the storage while the parent created it may have written the
     schema's version row first: the parent then finds the schema made and opens it again."""
-    from optuna.storages import RDBStorage
     from sqlalchemy.exc import IntegrityError, OperationalError
 
     def open_it():
         with quiet_experimental():
-            return RDBStorage(url, engine_kwargs=engine, skip_table_creation=not create, **kwargs)
+            return _storage_class()(url, engine_kwargs=engine, skip_table_creation=not create, **kwargs)
 
     try:
         return open_it()
@@ -118,6 +118,25 @@ def _rdb(url: str, engine: dict[str, Any], create: bool, kwargs: dict[str, Any])
             raise
         time.sleep(0.5)
         return open_it()
+
+
+@functools.cache
+def _storage_class():
+    """Optuna's RDBStorage whose heartbeat outlives a storage outage. Optuna records heartbeats in a thread
+    that dies at the first error, so one database restart would silence every running trial for good and, a
+    grace period later, another worker would fail and retry trials that are still training. Here a beat
+    missed to a transient error is skipped; the next one is recorded once the server is back."""
+    from optuna.storages import RDBStorage
+
+    class OutageTolerantRDBStorage(RDBStorage):
+        def record_heartbeat(self, trial_id: int) -> None:
+            try:
+                super().record_heartbeat(trial_id)
+            except Exception as err:
+                if not transient(err):
+                    raise
+
+    return OutageTolerantRDBStorage
 
 
 def _journal(ref: StorageRef, create: bool):

@@ -29,6 +29,7 @@ from accrot.sweep.recovery import (
     fail_trial,
     missing_seeds,
     recover_stale,
+    unowned,
 )
 from accrot.sweep.spec import Stratum, SweepSpec
 from accrot.sweep.storage import (
@@ -115,7 +116,12 @@ class Worker:
                     recover_stale(entry.study, self.storage, self.ref, self.spec)
                 entry = _next_study(self.studies, self.spec.budget)
                 if entry is None:
-                    break
+                    if not any(unowned(e.study) for e in self.studies):
+                        break
+                    # a trial an outage left unclaimed holds budget until recover_stale fails and re-queues it
+                    # (after the grace period): stay to run its retry rather than end the sweep a trial short
+                    time.sleep(self.spec.heartbeat.interval)
+                    continue
                 if not self._optimize_one(entry):
                     return 128 + 15
                 ran += 1
