@@ -28,7 +28,14 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
 from accrot.cli import main
-from accrot.sweep.recovery import RetryTrial, budget_state, fail_stale_journal, fail_unowned, missing_seeds, unowned
+from accrot.sweep.recovery import (
+    RetryTrial,
+    budget_state,
+    fail_stale_journal,
+    fail_unowned,
+    missing_seeds,
+    unowned,
+)
 from accrot.sweep.spec import SPEC_DIR, HeartbeatSpec, load_spec, quiet_experimental
 from accrot.sweep.storage import BudgetLock, StorageRef, open_storage, redact
 from accrot.sweep.trials import check_stratum, sample_space, trial_args
