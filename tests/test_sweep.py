@@ -348,10 +348,24 @@ def test_spec_errors_name_the_key(tmp_path, doc, expect):
 # ---------------------------------------------------------------------------------------------------
 # storages: smoke.yaml with 2 workers
 # ---------------------------------------------------------------------------------------------------
+PROGRESS_CALLS: list[int] = []  # the smoke study's on_progress calls (the ablation's study notes hang on it)
+
+
 @pytest.fixture(scope="module")
 def sqlite_study(tmp_path_factory):
+    """The smoke spec on SQLite with 2 workers, the parent given a progress hook that always fails (a note store
+    that is down) and asked to call it as often as trials finish."""
+    import accrot.sweep.parent as parent
+
+    def hook() -> None:
+        PROGRESS_CALLS.append(len(PROGRESS_CALLS))
+        raise RuntimeError("a note store that is down")  # one yellow line, the sweep goes on
+
     root = tmp_path_factory.mktemp("sweeps")
-    assert sweep(SMOKE, root, "--workers=2") == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parent, "PROGRESS_EVERY", 0.0)
+        spec = load_spec(SMOKE)
+        assert parent.run_sweep(spec, StorageRef.parse(None, spec.name, root), root, 2, on_progress=hook) == 0
     return root, f"sqlite:///{root}/smoke/study.db"
 
 
@@ -381,22 +395,12 @@ def test_smoke_two_workers_sqlite(sqlite_study):
     no_locked_database(root, "smoke")
 
 
-def test_progress_hook_runs_as_trials_finish_and_its_failure_never_stops_the_sweep(tmp_path, monkeypatch):
-    """What keeps an ablation's study notes current: run_sweep calls on_progress after trials finished."""
-    import accrot.sweep.parent as parent
-
-    monkeypatch.setattr(parent, "PROGRESS_EVERY", 0.0)
-    calls: list[int] = []
-
-    def hook() -> None:
-        calls.append(len(calls))
-        raise RuntimeError("a note store that is down")  # one yellow line, the sweep goes on
-
-    spec = load_spec(write_spec(tmp_path, "hooked", trials=2))
-    ref = StorageRef.parse(None, spec.name, tmp_path / "root")
-    assert parent.run_sweep(spec, ref, tmp_path / "root", 1, on_progress=hook) == 0
-    assert calls, "on_progress was never called"
-    assert all(t.state == TrialState.COMPLETE for t in load(ref.url, "hooked").get_trials())
+def test_progress_hook_runs_as_trials_finish_and_its_failure_never_stops_the_sweep(sqlite_study):
+    """What keeps an ablation's study notes current: run_sweep calls on_progress after trials finished; the
+    hook raised every time and the study still completed (test_smoke_two_workers_sqlite checks every trial)."""
+    root, url = sqlite_study
+    assert PROGRESS_CALLS, "on_progress was never called"
+    assert all(t.state == TrialState.COMPLETE for t in load(url, "smoke").get_trials())
 
 
 def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure_recorded(tmp_path):
