@@ -296,16 +296,16 @@ def sweep_main(argv: list[str]) -> int:
     script = render("sweep", values)
     if not args.dry_run:  # validate the spec and create the study (and schema) once, before any worker starts
         run_sweep(spec, ref, root, 0)
-        os.environ["ACCROT_SWEEP_STORAGE"] = ref.url  # the workers read it from the job's environment
-    return _emit(script, args, root, job_name)
+    # the workers read the storage from the job's environment (sbatch exports this one's)
+    return _emit(script, args, root, job_name, env={**os.environ, "ACCROT_SWEEP_STORAGE": ref.url})
 
 
-def _emit(script: str, args, root: Path, job_name: str) -> int:
+def _emit(script: str, args, root: Path, job_name: str, env: dict | None = None) -> int:
     if args.dry_run:
         sys.stdout.write(script)
         return 0
     out = Path(args.out) if args.out else root / "slurm" / f"{job_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    job = _submit(script, out)
+    job = _submit(script, out, env)
     print(f"submitted job {job} ({out}); logs: {root / 'slurm'}")
     return 0
 
