@@ -22,6 +22,8 @@ ARTIFACTS ?= runs/sweeps/$(STUDY)/artifacts
 SIZE ?= study
 SEEDS ?=
 ABLATION_WORKERS ?= 2
+# demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
+QUIET ?=
 
 .PHONY: help install test test-fast faults breakages demo ablation lint bench sweep dashboard clean
 
@@ -50,16 +52,16 @@ breakages: $(STAMP) ## apply each deliberate breakage of tests/breakages.py to a
 	$(BIN)/python tests/breakages.py
 
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
-	$(BIN)/accrot demo
+	$(BIN)/accrot demo $(if $(QUIET),--quiet)
 
 ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x seeds -> results/ablation-$(SIZE)/REPORT.md (resumable)
-	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)')
+	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)
 	$(BIN)/accrot bench all
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
-	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)')
+	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [ARTIFACTS=dir] [PORT=8080])
 	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --artifact-dir '$(ARTIFACTS)' --host 127.0.0.1 --port $(PORT)

@@ -198,10 +198,15 @@ def test_length_stability_claim_uses_the_threshold():
 @pytest.mark.parametrize("size", sorted(SIZES))
 def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp_path):
     doc = build_spec(f"ablation-{size}", SIZES[size], SIZES[size].seeds, list(VARIANTS), ["corpus", "local"])
-    spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc)))
-    assert spec.budget == SIZES[size].seeds  # one configuration × the seeds per study
+    spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)))  # as _write_spec writes it
+    assert spec.budget == SIZES[size].seeds  # one configuration × the seeds per variant
     strata = spec.strata()
     assert len(strata) == 2 * len(VARIANTS)
+    # one study per data set, every variant's trials in it: the dashboard compares variants on one page
+    studies = spec.studies()
+    assert list(studies) == [f"ablation-{size}/corpus", f"ablation-{size}/local"]
+    assert [s.variant for s in studies[f"ablation-{size}/local"]] == [f"local.{v}" for v in VARIANTS]
+    assert spec.budget_of(f"ablation-{size}/corpus") == len(VARIANTS) * SIZES[size].seeds
     # equal budgets and recipe: strata differ only in the scheme, the data set and the corpus diagnostics
     for st in strata:
         assert set(st.overrides) - {"data", "trainer.callbacks"} <= {
@@ -224,17 +229,18 @@ ABLATE = ["ablation", "--variants=[NoPE, RoPE]", "--datasets=[corpus]", "--seeds
 
 
 def _complete(url: str) -> dict[tuple[str, int], tuple[int, str]]:
+    """(variant, seed) -> (trial number, completion time) of the complete trials of the one study, t/corpus."""
     storage = open_storage(StorageRef.parse(url, "t", "."))
     out = {}
-    for name in ("t/corpus.NoPE", "t/corpus.RoPE"):
-        try:
-            study = optuna.load_study(study_name=name, storage=storage)
-        except KeyError:
-            continue
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-            key = (name, t.user_attrs["seed"])
-            assert key not in out, f"{key} completed twice"
-            out[key] = (t.number, str(t.datetime_complete))
+    try:
+        study = optuna.load_study(study_name="t/corpus", storage=storage)
+    except KeyError:
+        return out
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = (t.params["variant"], t.params["seed"])
+        assert key == (t.user_attrs["variant"], t.user_attrs["seed"])
+        assert key not in out, f"{key} completed twice"
+        out[key] = (t.number, str(t.datetime_complete))
     return out
 
 
@@ -267,15 +273,18 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     after = _complete(url)
     logs = first[-2000:] + again.stdout[-2000:]
-    assert sorted(after) == [(n, s) for n in ("t/corpus.NoPE", "t/corpus.RoPE") for s in (0, 1)], logs
+    assert sorted(after) == [(v, s) for v in ("corpus.NoPE", "corpus.RoPE") for s in (0, 1)], logs
     for key, value in done.items():  # complete before the interruption: untouched, not run again
         assert after[key] == value, logs
     report = (out / "t" / "REPORT.md").read_text()
     assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
-    # every study of the ablation carries the claims table and verdicts as its dashboard note
+    # one study, the variants compared on its page: the claims table and verdicts are its dashboard note,
+    # every length's NLL a user attribute of each trial
     storage = open_storage(StorageRef.parse(url, "t", "."))
-    for name in ("t/corpus.NoPE", "t/corpus.RoPE"):
-        note = get_note(optuna.load_study(study_name=name, storage=storage))
+    assert [n for n in optuna.get_all_study_names(storage) if n.startswith("t")] == ["t/corpus"]
+    study = optuna.load_study(study_name="t/corpus", storage=storage)
+    assert all({"nll@1x", "nll@2x"} <= set(t.user_attrs) for t in study.get_trials(states=(TrialState.COMPLETE,)))
+    for note in [get_note(study)]:
         assert note.startswith("## t: the claims of PAPER.md, 4 complete runs so far"), note[:200]
         assert "| # | claim | test | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
 

@@ -123,6 +123,31 @@ def test_shipped_specs_cover_the_issue():
     assert len(lr.strata()) >= 8 and set(lr.space) >= {"model.lr"} and lr.space["model.lr"].log
 
 
+def test_a_shared_study_queues_its_grid_once_with_variant_and_seed(tmp_path):
+    """shared_study: one study per group (the part of a variant's name before its first `.`), the whole grid
+    queued at creation with the variant and seed; started again (a resumed sweep) it queues nothing twice."""
+    spec = write_spec(tmp_path, "shared", space={"model.lr": [1e-3, 3e-3]}, sampler={"type": "grid"},
+                      pruner={"type": "none"}, seeds=[0, 1], trials=None, shared_study=True,
+                      variants={"a.NoPE": {}, "a.RoPE": {"model.scheme.rotation": "rope"},
+                                "b.NoPE": {"data.init_args.seq_len": 64}})
+    loaded = load_spec(spec)
+    assert {n: [s.variant for s in strata] for n, strata in loaded.studies().items()} == {
+        "shared/a": ["a.NoPE", "a.RoPE"], "shared/b": ["b.NoPE"]}
+    assert (loaded.budget_of("shared/a"), loaded.budget_of("shared/b")) == (8, 4)
+    root = tmp_path / "root"
+    for _ in range(2):
+        assert sweep(spec, root, "--workers=0") == 0
+    study = load(f"sqlite:///{root}/shared/study.db", "shared/a")
+    queued = [(t.system_attrs["fixed_params"], t.user_attrs) for t in study.get_trials()]
+    assert [t.state for t in study.get_trials()] == [TrialState.WAITING] * 8
+    assert [(p["variant"], p["model.lr"], p["seed"]) for p, _ in queued] == [
+        (v, lr, s) for v in ("a.NoPE", "a.RoPE") for lr in (1e-3, 3e-3) for s in (0, 1)]
+    assert [u["config"] for _, u in queued] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(u["variant"] == p["variant"] and u["seed"] == p["seed"] for p, u in queued)
+    assert study.user_attrs["accrot"]["budget"] == 8 and study.user_attrs["accrot"]["variant"] is None
+    assert len(load(f"sqlite:///{root}/shared/study.db", "shared/b").get_trials()) == 4
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_spec_sampler_and_pruner_run(name):
     """Each spec's own sampler (TPE, grid, NSGA-II) and pruner drive an in-memory study over its space."""
@@ -252,7 +277,7 @@ def test_a_worker_stays_to_run_the_retry_of_an_unclaimed_trial(tmp_path):
     study = load(url, "unclaimed")
     study.enqueue_trial({"model.lr": 3e-3, "model.scheme.rotation": "none"}, user_attrs={"seed": 0, "config": 0})
     study.ask()  # an interrupted worker's ask: RUNNING, no worker attribute, no heartbeat
-    assert main(["sweep", str(spec), "--worker", f"--root={root}"]) == 0
+    assert main(["sweep", str(spec), "--worker", f"--root={root}", f"--storage={url}"]) == 0
     trials = load(url, "unclaimed").get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE], [(t.state, t.user_attrs) for t in trials]
     assert "no worker claimed it" in trials[0].user_attrs["fail_reason"]
@@ -403,11 +428,14 @@ def test_progress_hook_runs_as_trials_finish_and_its_failure_never_stops_the_swe
     assert all(t.state == TrialState.COMPLETE for t in load(url, "smoke").get_trials())
 
 
-def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure_recorded(tmp_path):
+def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure_recorded(tmp_path, capsys):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the store's folder should be")
     spec = write_spec(tmp_path, "blocked", trials=1, artifacts={"path": str(blocked / "artifacts")})
     assert sweep(spec, tmp_path / "root", "--workers=1") == 0
+    # stderr is no terminal here: one line per finished run, not the live display
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[1/1] ")]
+    assert line.startswith("[1/1] blocked #0 ") and " seed 0: NLL " in line and " at 1×, " in line and " at 2× (" in line
     (trial,) = load(f"sqlite:///{tmp_path}/root/blocked/study.db", "blocked").get_trials()
     assert trial.state == TrialState.COMPLETE
     assert "artifact_error" in trial.user_attrs and "extrapolation.png" in trial.user_attrs["artifact_error"]
@@ -634,39 +662,47 @@ def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path, 
 # dashboard and report
 # ---------------------------------------------------------------------------------------------------
 def test_dashboard_serves_the_study(sqlite_study):
+    from tests.browser import api, dashboard
+
     root, url = sqlite_study
-    port = free_port()
-    exe = Path(sys.executable).parent / "optuna-dashboard"
-    proc = subprocess.Popen([str(exe), url, "--artifact-dir", str(root / "smoke" / "artifacts"), "--host", "127.0.0.1",
-                             "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline, body = time.time() + 90, None
-        while body is None:
-            assert proc.poll() is None, "optuna-dashboard exited"
-            assert time.time() < deadline, "optuna-dashboard did not answer in 90 s"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as resp:
-                    body = json.loads(resp.read())
-            except OSError:
-                time.sleep(0.3)
-        (study,) = [s for s in body["study_summaries"] if s["study_name"] == "smoke"]
+    with dashboard(url, root / "smoke" / "artifacts") as base:
+        (study,) = [s for s in api(base, "studies")["study_summaries"] if s["study_name"] == "smoke"]
         assert study["directions"] == ["minimize"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}", timeout=30) as resp:
-            detail = json.loads(resp.read())
+        detail = api(base, f"studies/{study['study_id']}")
         assert len(detail["trials"]) == 4 and all(t["state"] == "Complete" for t in detail["trials"])
         # a trial's page shows its curve: the dashboard serves the artifact the worker uploaded
         trial = detail["trials"][0]
         (png,) = [m for m in trial["artifacts"] if m["filename"] == "extrapolation.png"]
-        link = f"http://127.0.0.1:{port}/artifacts/{study['study_id']}/{trial['trial_id']}/{png['artifact_id']}"
+        link = f"{base}/artifacts/{study['study_id']}/{trial['trial_id']}/{png['artifact_id']}"
         with urllib.request.urlopen(link, timeout=30) as resp:
             assert resp.headers["Content-Type"] == "image/png"
             served = resp.read()
         run_dir = [t for t in load(url, "smoke").get_trials() if t.number == trial["number"]][0].user_attrs["run_dir"]
         assert served == (Path(run_dir) / "extrapolation.png").read_bytes()
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+
+
+def test_dashboard_renders_in_a_real_browser(sqlite_study, tmp_path):
+    """Headless Chromium (Debian's, through its chromedriver) on optuna-dashboard: the study list names the study,
+    a trial's page decodes its uploaded extrapolation curve and renders its note; a screenshot is saved."""
+    from tests.browser import chromium, dashboard, missing_browser, render_trial
+
+    why = missing_browser()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{why}, and CI=true")
+        pytest.skip(why)
+    root, url = sqlite_study
+    with dashboard(url, root / "smoke" / "artifacts") as base, chromium() as driver:
+        rendered = render_trial(driver, base, "smoke", tmp_path / "dashboard.png")
+    assert "smoke" in rendered.study_list
+    curve = min(t.user_attrs["run_dir"] for t in load(url, "smoke").get_trials())
+    from PIL import Image
+
+    with Image.open(Path(curve) / "extrapolation.png") as img:
+        assert rendered.image_width == img.width  # the browser decoded the very PNG the run wrote
+    assert "seed 0" in rendered.note
+    shot = rendered.screenshot.read_bytes()
+    assert shot[:8] == b"\x89PNG\r\n\x1a\n" and len(shot) > 20_000
 
 
 def test_report_writes_table_figures_and_csv(sqlite_study, tmp_path, capsys):

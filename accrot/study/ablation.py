@@ -77,6 +77,9 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
         "overrides": common,
         "space": {"model.lr": [size.lr]},  # one point: the grid is variants × seeds, nothing is tuned
         "variants": strata,
+        # one study per data set (ablation/corpus, ...): its trials carry the variant and seed as parameters, so one
+        # dashboard page compares the variants; the whole grid is queued at the start (resumes where it stopped)
+        "shared_study": True,
         "objectives": [{"metric": "nll@1x", "direction": "minimize"}],
         "sampler": {"type": "grid", "seed": 0},
         "pruner": {"type": "none"},
@@ -107,6 +110,8 @@ def main(argv: list[str]) -> int:
                         help="evaluation lengths as multiples of L (default: 1 2 4 ... 64)")
     parser.add_argument("--wandb", type=str, default="auto", help="auto, online, offline or disabled")
     parser.add_argument("--report_only", action="store_true", help="only rebuild REPORT.md from complete trials")
+    parser.add_argument("--quiet", action="store_true",
+                        help="one line per finished run instead of the live display (also when stderr is no terminal)")
     args = parser.parse_args(argv)
     args.variants, args.datasets = _words(args.variants, "--variants"), _words(args.datasets, "--datasets")
     args.multipliers = _numbers(_words(args.multipliers, "--multipliers"))
@@ -125,7 +130,7 @@ def main(argv: list[str]) -> int:
         spec = load_spec(spec_path)
         ref = StorageRef.parse(args.storage, spec.name, out)
         with _sigterm_as_interrupt():
-            rc = run_sweep(spec, ref, out, args.workers, on_progress=lambda: write_notes(spec, ref))
+            rc = run_sweep(spec, ref, out, args.workers, on_progress=lambda: write_notes(spec, ref), quiet=args.quiet)
         if rc != 0 or args.workers == 0:
             return rc
     elif not spec_path.is_file():

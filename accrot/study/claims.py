@@ -464,13 +464,15 @@ def collect(spec, ref) -> Results:
 
     storage = open_storage(ref)
     runs = []
-    for stratum in spec.strata():
-        dataset, _, variant = (stratum.variant or "corpus.?").partition(".")
+    for name, strata in spec.studies().items():
         try:
-            study = optuna.load_study(study_name=stratum.study_name, storage=storage)
+            study = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             continue  # not created yet
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            # a study per variant, or one per data set whose trials carry their variant (shared_study)
+            label = t.user_attrs.get("variant") if spec.shared_study else strata[0].variant
+            dataset, _, variant = (label or "corpus.?").partition(".")
             run_dir = Path(t.user_attrs.get("run_dir", ""))
             ext = run_dir / "extrapolation.json"
             if not ext.is_file():

@@ -38,12 +38,11 @@ def main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
+    from accrot.display import Finished, RunDisplay, Running
     from accrot.errors import UsageError
     from accrot.evaluation import nll_table, plot_curves
     from accrot.io import atomic_write_text
-    from accrot.logs import run_log
     from accrot.run.args import config_path
-    from accrot.run.lightning import run_lightning
 
     parser = ArgumentParser(prog="accrot demo", exit_on_error=False, description=__doc__)
     parser.add_argument("--config", type=str, default="tiny", help="shipped config name or YAML path")
@@ -54,6 +53,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max_steps", type=int | None, default=None, help="override trainer.max_steps")
     parser.add_argument("--wandb", type=str, default="auto")
     parser.add_argument("--extra", type=list[str], default=[], help="extra CLI overrides for every run")
+    parser.add_argument("--quiet", action="store_true",
+                        help="one line per finished run instead of the live display (also when stdout is no terminal)")
     args = parser.parse_args(argv)
     names = args.variants or list(VARIANTS)
     unknown = [n for n in names if n not in VARIANTS]
@@ -62,38 +63,25 @@ def main(argv: list[str]) -> int:
     cfg = config_path(args.config)
     root = Path(args.root)
     console = Console(file=sys.stdout)  # the terminal, also while a run's own output goes to its log
+    for name in names:
+        if not built(VARIANTS[name]):
+            console.print(f"[yellow]skip {name}: its scheme family is not built yet[/]")
+    runnable = [n for n in names if built(VARIANTS[n])]
     curves: dict[str, list[dict]] = {}
     runs: dict[str, str] = {}
     train_length = None
-    for name in names:
-        overrides = VARIANTS[name]
-        if not built(overrides):
-            console.print(f"[yellow]skip {name}: its scheme family is not built yet[/]")
-            continue
-        run_name = name.replace("/", "_").replace("+", "_")
-        cli_args = ["fit", "--config", str(cfg), f"--name={run_name}", f"--root={root}", f"--wandb={args.wandb}",
-                    f"--extrapolation.multipliers={json.dumps(args.multipliers)}", "--trainer.enable_progress_bar=false"]
-        cli_args += [f"--model.scheme.{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in overrides.items()]
-        if args.max_steps is not None:
-            cli_args.append(f"--trainer.max_steps={args.max_steps}")
-        cli_args += args.extra
-        t0 = time.perf_counter()
-        log = root / f".{run_name}.console.log"
-        try:
-            with console.status(f"{name}: training ({len(curves) + 1} of {len(names)})"), run_log(log):
-                cli = run_lightning(cli_args)
-        except BaseException:
-            log.unlink(missing_ok=True)
-            raise
-        run_dir = Path(cli.trainer.log_dir)
-        log.replace(run_dir / "console.log")
-        doc = json.loads((run_dir / "extrapolation.json").read_text())
-        curves[name] = doc["final"]["lengths"]
-        runs[name] = str(run_dir)
-        train_length = doc["train_length"]
-        first, last = curves[name][0], curves[name][-1]
-        console.print(f"{name}: {time.perf_counter() - t0:.0f} s, NLL {first['nll']:.3f} at {first['multiplier']:g}× "
-                      f"and {last['nll']:.3f} at {last['multiplier']:g}× → {run_dir}")
+    display = RunDisplay("accrot demo", len(runnable), console, near=f"{args.multipliers[0]:g}×",
+                         far=f"{args.multipliers[-1]:g}×", quiet=args.quiet)
+    with display:
+        for name in runnable:
+            t0 = time.time()
+            display.update(running=[Running("training", name, t0)])
+            run_dir = _run(name, _fit_args(name, cfg, root, args), root)
+            doc = json.loads((run_dir / "extrapolation.json").read_text())
+            curves[name], runs[name], train_length = doc["final"]["lengths"], str(run_dir), doc["train_length"]
+            first, last = curves[name][0], curves[name][-1]
+            display.update(done=len(curves), running=[], finished=[
+                Finished(f"{name} → {run_dir}", near=first["nll"], far=last["nll"], seconds=time.time() - t0)])
     if not curves:
         raise UsageError("no variant could run; pick built schemes with --variants")
     root.mkdir(parents=True, exist_ok=True)
@@ -103,3 +91,31 @@ def main(argv: list[str]) -> int:
     console.print(nll_table(curves, train_length, title=f"NLL (nats/token) per evaluation length, L = {train_length}"))
     console.print(f"wrote {root / 'demo.json'} and {root / 'demo.png'}")
     return 0
+
+
+def _fit_args(name: str, cfg, root: Path, args) -> list[str]:
+    """``accrot fit`` arguments of one variant: the shared recipe, its scheme, the demo's options."""
+    run_name = name.replace("/", "_").replace("+", "_")
+    cli_args = ["fit", "--config", str(cfg), f"--name={run_name}", f"--root={root}", f"--wandb={args.wandb}",
+                f"--extrapolation.multipliers={json.dumps(args.multipliers)}", "--trainer.enable_progress_bar=false"]
+    cli_args += [f"--model.scheme.{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in VARIANTS[name].items()]
+    if args.max_steps is not None:
+        cli_args.append(f"--trainer.max_steps={args.max_steps}")
+    return cli_args + args.extra
+
+
+def _run(name: str, cli_args: list[str], root: Path) -> Path:
+    """Train one variant with what it prints going to its run's ``console.log``; its run directory."""
+    from accrot.logs import run_log
+    from accrot.run.lightning import run_lightning
+
+    log = root / f".{name.replace('/', '_').replace('+', '_')}.console.log"
+    try:
+        with run_log(log):
+            cli = run_lightning(cli_args)
+    except BaseException:
+        log.unlink(missing_ok=True)
+        raise
+    run_dir = Path(cli.trainer.log_dir)
+    log.replace(run_dir / "console.log")
+    return run_dir

@@ -410,9 +410,9 @@ def write_notes(spec, ref, res: Results | None = None) -> None:
     body = (f"## {spec.name}: the claims of PAPER.md, {runs} complete run{'s' if runs != 1 else ''} so far\n\n"
             + _claims_md(check_claims(res)) + "\n" + RULES.split("\n\n")[0] + "\n")
     storage = open_storage(ref)
-    for stratum in spec.strata():
+    for name in spec.studies():
         try:
-            study = optuna.load_study(study_name=stratum.study_name, storage=storage)
+            study = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             continue  # not created yet
         save_note(study, body)

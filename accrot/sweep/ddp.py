@@ -109,13 +109,13 @@ class Ranks:
                       "--trainer.strategy=ddp", "--ckpt_path=last"]
         self.job = slurm_job_id()
 
-    def sample(self, entry, trial, context: dict) -> dict:
+    def sample(self, entry, stratum, trial, context: dict) -> dict:
         from optuna_integration import TorchDistributedTrial
 
         from accrot.sweep.spec import quiet_experimental
         from accrot.sweep.trials import sample_space
 
-        _send({"study": entry.stratum.study_name, "context": context})
+        _send({"study": entry.name, "variant": stratum.variant, "context": context})
         with quiet_experimental():
             mirror = TorchDistributedTrial(trial, group=_cpu_group())
         mirrored = sample_space(mirror, self.spec.space, context)
@@ -138,7 +138,7 @@ class Ranks:
             for t in entry.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
                 if t.user_attrs.get("slurm_job") != self.job:
                     continue
-                print(f"continuing trial {t.number} of {entry.stratum.study_name} (SLURM job {self.job} was requeued)",
+                print(f"continuing trial {t.number} of {entry.name} (SLURM job {self.job} was requeued)",
                       flush=True)
                 trial = optuna.trial.Trial(entry.study, t._trial_id)
                 with _heartbeat(entry.study, t._trial_id):
@@ -192,7 +192,7 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
     from accrot.sweep.trials import sample_space, trial_args
     from accrot.sweep.worker import end_run
 
-    strata = {s.study_name: s for s in spec.strata()}
+    strata = {s.variant: s for s in spec.strata()}
     pending = None
     while True:
         msg = _send()
@@ -202,7 +202,7 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
             with quiet_experimental():
                 mirror = TorchDistributedTrial(None, group=_cpu_group())
             values = sample_space(mirror, spec.space, msg["context"])
-            pending = (strata[msg["study"]], values)
+            pending = (strata[msg["variant"]], values)
             continue
         stratum, mirrored = pending
         values = msg.get("values", mirrored)  # rank 0's exact floats (the mirror rounds them to float32)
@@ -214,7 +214,7 @@ def follow(spec, root: Path, extra: list[str], rank: int) -> int:
             outcome = f"{type(err).__name__}: {err}"
         finally:
             end_run()
-        print(f"rank {rank}: trial {msg['number']} of {stratum.study_name} {json.dumps(values, sort_keys=True)}: "
+        print(f"rank {rank}: trial {msg['number']} of {stratum.variant or spec.name} {json.dumps(values, sort_keys=True)}: "
               f"{outcome}", flush=True)
 
 

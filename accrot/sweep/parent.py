@@ -16,7 +16,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from accrot.display import Finished, RunDisplay, Running
 from accrot.errors import UsageError
+from accrot.metrics import metric_key
 from accrot.sweep.recovery import FINISHED, RetryTrial, can_start, fail_trial, recover_stale, unowned
 from accrot.sweep.spec import SweepSpec, load_spec
 from accrot.sweep.storage import (
@@ -35,28 +37,62 @@ from accrot.sweep.trials import StratumInfo, check_stratum
 _WORKER_BOOT = "import sys; from accrot.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def create_studies(spec: SweepSpec, storage, infos: Mapping[str, StratumInfo]) -> list:
+def create_studies(spec: SweepSpec, storage, infos: Mapping[str | None, StratumInfo]) -> list:
+    """Create (or re-open) every study of the spec; ``infos``: each stratum's, by variant."""
     out = []
-    for stratum in spec.strata():
-        info = infos[stratum.study_name]
+    for name, strata in spec.studies().items():
         with quiet_experimental():
-            study = optuna.create_study(storage=storage, study_name=stratum.study_name,
-                                        directions=spec.directions, load_if_exists=True)
+            study = optuna.create_study(storage=storage, study_name=name, directions=spec.directions,
+                                        load_if_exists=True)
         attrs = study.user_attrs.get("accrot")
         if attrs is None:
-            study.set_user_attr("accrot", {
-                "spec": spec.name, "spec_file": str(spec.path), "variant": stratum.variant,
-                "fingerprint": spec.fingerprint(), "objectives": [o.metric for o in spec.objectives],
-                "directions": spec.directions, "budget": spec.budget, "trials": spec.trials, "seeds": spec.seeds,
-                "context": info.context, "multipliers": info.multipliers, "train_length": info.train_length,
-            })
+            study.set_user_attr("accrot", _study_attrs(spec, name, strata, infos))
             with quiet_experimental():
                 study.set_metric_names([o.metric for o in spec.objectives])
         elif attrs.get("fingerprint") != spec.fingerprint():
-            raise UsageError(f"study {stratum.study_name!r} already exists in the storage from a different spec "
+            raise UsageError(f"study {name!r} already exists in the storage from a different spec "
                              "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
+        if spec.shared_study:
+            queue_grid(study, spec, strata)
         out.append(study)
     return out
+
+
+def _study_attrs(spec: SweepSpec, name: str, strata: list, infos: Mapping[str | None, StratumInfo]) -> dict:
+    first = infos[strata[0].variant]
+    for stratum in strata[1:]:  # one study's trials are compared on one axis of lengths
+        info = infos[stratum.variant]
+        if (info.multipliers, info.train_length) != (first.multipliers, first.train_length):
+            raise UsageError(f"{spec.path}: variants {strata[0].variant} and {stratum.variant} share study {name!r} "
+                             "but not their training length and evaluation lengths; give them their own group")
+    attrs = {
+        "spec": spec.name, "spec_file": str(spec.path), "variant": None if spec.shared_study else strata[0].variant,
+        "fingerprint": spec.fingerprint(), "objectives": [o.metric for o in spec.objectives],
+        "directions": spec.directions, "budget": spec.budget_of(name), "trials": spec.trials, "seeds": spec.seeds,
+        "context": first.context, "multipliers": first.multipliers, "train_length": first.train_length,
+    }
+    if spec.shared_study:
+        attrs["variants"] = {s.variant: infos[s.variant].context for s in strata}  # each one's `when` context
+    return attrs
+
+
+def queue_grid(study, spec: SweepSpec, strata: list) -> int:
+    """A shared study's whole budget as WAITING trials, (variant, grid point, seed) in order, each with its
+    variant, seed and configuration; only those not in the study yet (a sweep started again after an
+    interruption queues what is missing, nothing twice). Returns how many were queued."""
+    have = {(t.user_attrs.get("variant"), t.user_attrs.get("config"), t.user_attrs.get("seed"))
+            for t in study.get_trials(deepcopy=False)}
+    grid, n = spec.grid()[: spec.trials], 0
+    for v, stratum in enumerate(strata):
+        for g, point in enumerate(grid):
+            config = v * len(grid) + g
+            for seed in spec.seeds:
+                if (stratum.variant, config, seed) in have:
+                    continue
+                study.enqueue_trial({"variant": stratum.variant, "seed": seed, **point},
+                                    user_attrs={"variant": stratum.variant, "seed": seed, "config": config})
+                n += 1
+    return n
 
 
 def _describe_exit(rc: int) -> str:
@@ -79,10 +115,11 @@ class _Worker:
         return f"{socket.gethostname()}:{self.proc.pid}"
 
 
-def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_progress=None) -> int:
+def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_progress=None, quiet: bool = False) -> int:
     """The parent: validate, create the studies, run ``workers`` worker processes, recover dead ones.
     ``on_progress()`` (the ablation's study notes) is called when trials have finished, at most every
-    :data:`PROGRESS_EVERY` seconds; its failure is one yellow line, never the sweep's."""
+    :data:`PROGRESS_EVERY` seconds; its failure is one yellow line, never the sweep's. On a terminal the
+    progress is one live display; ``quiet`` (or a stderr that is not a terminal): a line per finished run."""
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -90,7 +127,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
     infos = {}
     with console.status(f"checking {spec.path.name}: building every stratum's config"):
         for stratum in spec.strata():
-            infos[stratum.study_name] = check_stratum(spec, stratum)
+            infos[stratum.variant] = check_stratum(spec, stratum)
     with creation_lock(ref, spec.name):
         storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
         studies = create_studies(spec, storage, infos)
@@ -101,18 +138,18 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
         return 0
     for study in studies:
         recover_stale(study, storage, ref, spec)
-    if not any(can_start(s, spec.budget) or unowned(s) for s in studies):  # unclaimed: a worker waits them out
+    if not any(can_start(s, spec.budget_of(s.study_name)) or unowned(s) for s in studies):  # unclaimed: a worker waits them out
         console.print("every study has spent its budget; nothing to run (raise `trials` to extend it)")
         _print_summary(console, spec, studies, ref, root)
         return 0
-    return Parent(spec, ref, root, storage, studies, console, on_progress).run(workers)
+    return Parent(spec, ref, root, storage, studies, console, on_progress, quiet).run(workers)
 
 
 class Parent:
     """Worker processes on one machine: started, watched, their dead replaced and their trials failed and re-queued."""
 
     def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, storage, studies: list, console,
-                 on_progress=None) -> None:
+                 on_progress=None, quiet: bool = False) -> None:
         self.spec, self.ref, self.root, self.storage, self.studies, self.console = spec, ref, root, storage, studies, console
         self.on_progress, self.progress_at, self.progress_seen = on_progress, time.monotonic(), 0
         self.deadline = time.time() + spec.timeout if spec.timeout else None
@@ -123,6 +160,7 @@ class Parent:
         self.gpus = _gpu_ids()
         self.failed_workers = 0
         self.seen: set[tuple[str, int]] = set()
+        self.quiet = quiet
 
     def run(self, workers: int) -> int:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -134,8 +172,11 @@ class Parent:
         artifacts = f" ARTIFACTS='{folder}'" if folder is not None else ""
         self.console.print(f"{workers} worker(s); logs in {self.logs}; watch: make dashboard "
                            f"STORAGE='{self.ref.dashboard}'{artifacts}")
+        self.display = self.make_display()
         try:
-            self.watch(live, max_respawns=workers * max(1, self.spec.retries))
+            with self.display:
+                self.watch(live, max_respawns=workers * max(1, self.spec.retries))
+                self.refresh(live)
         except KeyboardInterrupt:
             self.interrupt(live)
             raise
@@ -143,6 +184,16 @@ class Parent:
             for fd in self.claims:
                 os.close(fd)
         return self.finish()
+
+    def make_display(self) -> RunDisplay:
+        """Runs done of the whole budget, the runs in progress, the last finished with NLL at 1× and the longest."""
+        attrs = self.studies[0].user_attrs.get("accrot", {})
+        longest = max(attrs.get("multipliers") or [1])
+        self.near_far = (metric_key("nll", 1), metric_key("nll", longest))
+        total = sum(self.spec.budget_of(s.study_name) for s in self.studies)
+        done = retry_storage(lambda: sum(_done(s) for s in self.studies), "reading the trials", self.console)
+        return RunDisplay(self.spec.name, total, self.console, near="1×", far=f"{longest:g}×", quiet=self.quiet,
+                          done=done)
 
     def claim_index(self) -> int:
         """The lowest worker index no live parent of this sweep holds. The index offsets the sampler seed, so two
@@ -176,11 +227,11 @@ class Parent:
 
     def work_left(self) -> bool:
         return (self.deadline is None or time.time() < self.deadline) and retry_storage(
-            lambda: any(can_start(s, self.spec.budget) for s in self.studies), "checking the budget", self.console)
+            lambda: any(can_start(s, self.spec.budget_of(s.study_name)) for s in self.studies), "checking the budget", self.console)
 
     def watch(self, live: list[_Worker], max_respawns: int) -> None:
         respawns = 0
-        next_report = time.monotonic() + REPORT_EVERY
+        next_report = time.monotonic()
         while live:
             time.sleep(0.5)
             for w in list(live):
@@ -197,7 +248,7 @@ class Parent:
             # reading every study's trials costs the parent a good part of a core with many studies (the
             # ablation has 22): report finished trials every few seconds, not at every liveness check
             if time.monotonic() >= next_report:
-                self.print_finished()
+                self.refresh(live)
                 next_report = time.monotonic() + REPORT_EVERY
 
     def reap(self, w: _Worker, rc: int) -> None:
@@ -228,9 +279,11 @@ class Parent:
                 if any(t.user_attrs.get("worker") == w.id for w in live):
                     fail_trial(s, self.storage, t, "the sweep was interrupted", self.retry)
 
-    def print_finished(self) -> None:
-        retry_storage(lambda: _print_finished(self.console, self.studies, self.seen), "reading the trials",
-                      self.console)
+    def refresh(self, live: list[_Worker]) -> None:
+        """One read of every study for the display (runs done, in progress, newly finished), then the progress hook."""
+        ours = {w.id: w.index for w in live}
+        done, running, finished = retry_storage(lambda: self._read(ours), "reading the trials", self.console)
+        self.display.update(done, running, finished)
         if (self.on_progress is not None and len(self.seen) > self.progress_seen
                 and time.monotonic() - self.progress_at >= PROGRESS_EVERY):
             self.progress_seen, self.progress_at = len(self.seen), time.monotonic()
@@ -239,11 +292,33 @@ class Parent:
             except Exception as err:  # noqa: BLE001 - a note that cannot be written never stops the sweep
                 self.console.print(f"[yellow]progress hook failed: {type(err).__name__}: {err}[/]")
 
+    def _read(self, ours: dict[str, int]) -> tuple[int, list[Running], list[Finished]]:
+        done, running, finished = 0, [], []
+        for s in self.studies:
+            trials = s.get_trials(deepcopy=False)
+            done += _done(s, trials)
+            for t in trials:
+                if t.state == TrialState.RUNNING and t.datetime_start is not None:
+                    worker = t.user_attrs.get("worker", "?")
+                    who = f"worker {ours[worker]}" if worker in ours else worker
+                    running.append(Running(who, _describe(s, t), t.datetime_start.timestamp()))
+                elif t.state in FINISHED and (s.study_name, t.number) not in self.seen:
+                    self.seen.add((s.study_name, t.number))
+                    finished.append(self._finished(s, t))
+        return done, running, finished
+
+    def _finished(self, s, t) -> Finished:
+        metrics = t.user_attrs.get("metrics") or {}
+        near, far = (metrics.get(k) for k in self.near_far)
+        detail = "" if t.state == TrialState.COMPLETE else (
+            t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned_reason") or "no reason recorded")
+        return Finished(_describe(s, t), t.state.name.lower().replace("fail", "failed"), near, far, detail,
+                        t.duration.total_seconds() if t.duration else None)
+
     def finish(self) -> int:
         """The summary; 1 when work is left (workers died) or every trial of a study failed."""
         console, studies, spec = self.console, self.studies, self.spec
-        self.print_finished()
-        left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget)], "the budget",
+        left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget_of(s.study_name))], "the budget",
                              console)
         retry_storage(lambda: _print_summary(console, spec, studies, self.ref, self.root), "the summary", console)
         if left and (self.deadline is None or time.time() < self.deadline):
@@ -270,7 +345,7 @@ def _all_failed(studies) -> list[tuple[str, int, str]]:
     return out
 
 
-REPORT_EVERY = 5.0  # seconds between the parent's reads of finished trials
+REPORT_EVERY = 2.0  # seconds between the parent's reads of the trials (the live display, the progress hook)
 PROGRESS_EVERY = 60.0  # seconds between two calls of run_sweep's on_progress (the ablation's claims notes)
 
 
@@ -286,19 +361,19 @@ def _gpu_ids() -> list[str]:
         return []
 
 
-def _print_finished(console, studies, seen: set) -> None:
-    for s in studies:
-        for t in s.get_trials(deepcopy=False, states=FINISHED):
-            if (s.study_name, t.number) in seen:
-                continue
-            seen.add((s.study_name, t.number))
-            if t.state == TrialState.COMPLETE:
-                names = s.user_attrs.get("accrot", {}).get("objectives", [])
-                what = ", ".join(f"{n}={v:.4f}" for n, v in zip(names, t.values))
-            else:
-                what = t.user_attrs.get("fail_reason") or t.user_attrs.get("pruned_reason", "")
-            console.print(f"{s.study_name} #{t.number} {t.state.name.lower()} seed={t.user_attrs.get('seed')} "
-                          f"{what}", markup=False)
+def _done(study, trials=None) -> int:
+    """Runs of ``study`` that are done: finished, except failures that were retried (their retry counts)."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    return sum(t.state in FINISHED and not (t.state == TrialState.FAIL and t.number in retried) for t in trials)
+
+
+def _describe(study, t) -> str:
+    """``ablation/corpus #3 corpus.RoPE seed 1``: the study, the trial, its variant (in a shared study) and seed."""
+    variant = t.user_attrs.get("variant") if study.user_attrs.get("accrot", {}).get("variant") is None else None
+    parts = [f"{study.study_name} #{t.number}", variant,
+             f"seed {t.user_attrs['seed']}" if "seed" in t.user_attrs else None]
+    return " ".join(p for p in parts if p)
 
 
 def _print_summary(console, spec: SweepSpec, studies, ref: StorageRef, root: Path) -> None:
@@ -334,6 +409,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--worker", action="store_true",
                         help="run as a worker on an existing study (other nodes; the driver starts these itself)")
     parser.add_argument("--worker_index", type=int, default=0, help="offsets the sampler seed of a worker")
+    parser.add_argument("--quiet", action="store_true",
+                        help="one line per finished run instead of the live display (also when stderr is no terminal)")
     parser.add_argument("--distributed", action="store_true",
                         help="with --worker, under srun/torchrun: this process is one rank; every trial is a DDP run "
                              "over all ranks (rank 0 talks to Optuna; accrot.sweep.ddp)")
@@ -359,4 +436,4 @@ def main(argv: list[str]) -> int:
         from accrot.sweep.worker import run_worker  # imports Lightning: not at `accrot sweep --help`
 
         return run_worker(spec, ref, root, args.worker_index, deadline)
-    return run_sweep(spec, ref, root, args.workers)
+    return run_sweep(spec, ref, root, args.workers, quiet=args.quiet)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -363,6 +364,7 @@ class SweepSpec:
     retries: int = 1
     heartbeat: HeartbeatSpec | Mapping | None = None
     artifacts: ArtifactsSpec | Mapping | None = None
+    shared_study: bool = False  # variants of a group share one study, the variant and seed trial parameters
     description: str = ""
     path: Path = field(default=Path("."), init=False)
 
@@ -390,6 +392,7 @@ class SweepSpec:
                              f"{len(self.objectives)}); set pruner: {{type: none}}")
         self._check_budget()
         self._check_run_settings()
+        self._check_shared()
 
     def _check_objectives(self) -> None:
         if not isinstance(self.objectives, list) or not self.objectives:
@@ -456,6 +459,26 @@ class SweepSpec:
         if self.storage is not None and not isinstance(self.storage, str):
             raise ValueError(f"storage={self.storage!r} is not valid; a URL string or null")
 
+    def _check_shared(self) -> None:
+        """``shared_study``: the fixed grid (variants × grid points × seeds) queued in one study per group, so the
+        dashboard compares variants on one page. Tuning samplers and pruners compare the trials of a study with
+        each other, which would tune and prune across variants: those specs keep one study per variant."""
+        if not isinstance(self.shared_study, bool):
+            raise ValueError(f"shared_study={self.shared_study!r} is not valid; true or false")
+        if not self.shared_study:
+            return
+        if not self.variants:
+            raise ValueError("shared_study: true needs variants (they become the `variant` parameter of one study)")
+        if self.sampler.type != "grid":
+            raise ValueError(f"shared_study: true runs a fixed grid; set sampler: {{type: grid}} (sampler "
+                             f"{self.sampler.type!r} would tune across variants: keep one study per variant)")
+        if self.pruner.type != "none":
+            raise ValueError(f"shared_study: true needs pruner: {{type: none}} (pruner {self.pruner.type!r} would "
+                             "compare, and prune, one variant against another)")
+        taken = sorted({"variant", "seed"} & set(self.space))
+        if taken:
+            raise ValueError(f"space key {taken[0]!r} is a parameter of a shared study; rename it")
+
     @staticmethod
     def _check_key(key: Any, where: str) -> None:
         if not isinstance(key, str) or not _DOTTED.match(key):
@@ -474,8 +497,18 @@ class SweepSpec:
     # -- derived -------------------------------------------------------------------------------------
     @property
     def budget(self) -> int:
-        """Optuna trials per study: configurations × seeds."""
+        """Optuna trials per variant: configurations × seeds (a study's: :meth:`budget_of`)."""
         return self.trials * len(self.seeds)
+
+    def budget_of(self, study_name: str) -> int:
+        """Optuna trials of one study: configurations × seeds × the variants it holds."""
+        return self.budget * len(self.studies()[study_name])
+
+    def grid(self) -> list[dict]:
+        """Every point of a grid space, in the order a shared study queues them."""
+        keys = list(self.space)
+        values = [self.space[k].grid_values(k) for k in keys]
+        return [dict(zip(keys, point)) for point in itertools.product(*values)]
 
     @property
     def directions(self) -> list[str]:
@@ -484,7 +517,22 @@ class SweepSpec:
     def strata(self) -> list[Stratum]:
         if not self.variants:
             return [Stratum(None, {}, self.name)]
-        return [Stratum(v, o, f"{self.name}/{v}") for v, o in self.variants.items()]
+        return [Stratum(v, o, self._study_of(v)) for v, o in self.variants.items()]
+
+    def studies(self) -> dict[str, list[Stratum]]:
+        """Each study's strata: one per study, or, with ``shared_study``, every variant of its group."""
+        out: dict[str, list[Stratum]] = {}
+        for stratum in self.strata():
+            out.setdefault(stratum.study_name, []).append(stratum)
+        return out
+
+    def _study_of(self, variant: str) -> str:
+        """``<spec>/<variant>``; shared: ``<spec>/<group>``, the group being the name before its first ``.`` (the
+        ablation's data set: ``corpus.RoPE`` is in ``ablation/corpus``), or ``<spec>`` for names without one."""
+        if not self.shared_study:
+            return f"{self.name}/{variant}"
+        group, dot, _ = variant.partition(".")
+        return f"{self.name}/{group}" if dot else self.name
 
     def base_path(self) -> Path:
         p = Path(self.base)
@@ -497,6 +545,8 @@ class SweepSpec:
         doc = {"base": self.base, "objectives": [(o.metric, o.direction) for o in self.objectives],
                "space": {k: vars(p) for k, p in self.space.items()}, "overrides": self.overrides,
                "variants": self.variants, "seeds": self.seeds}
+        if self.shared_study:  # only when set: studies made before the key existed keep their fingerprint
+            doc["shared_study"] = True
         return hashlib.sha1(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

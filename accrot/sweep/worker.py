@@ -59,27 +59,43 @@ def worker_id() -> str:
 
 @dataclass
 class _Study:
-    stratum: Stratum
+    """One Optuna study of the spec and the strata (variants) whose trials it holds."""
+
     study: Any
     attrs: dict
+    strata: dict[str | None, Stratum]
+    shared: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    def stratum_of(self, trial) -> Stratum:
+        """The trial's variant: the study's only one, or, in a shared study, the one it was queued with."""
+        if not self.shared:
+            return next(iter(self.strata.values()))
+        return self.strata[trial.user_attrs["variant"]]
+
+    def context_of(self, stratum: Stratum) -> dict:
+        return self.attrs.get("variants", {}).get(stratum.variant) or self.attrs.get("context", {})
 
 
 def load_studies(spec: SweepSpec, storage, worker_index: int = 0) -> list[_Study]:
     out = []
-    for stratum in spec.strata():
+    for name, strata in spec.studies().items():
         try:
             with quiet_experimental():
-                study = optuna.load_study(study_name=stratum.study_name, storage=storage,
+                study = optuna.load_study(study_name=name, storage=storage,
                                           sampler=spec.sampler.build(spec.space, worker_index),
                                           pruner=spec.pruner.build())
         except KeyError:
-            raise UsageError(f"study {stratum.study_name!r} is not in the storage; start the sweep once with "
+            raise UsageError(f"study {name!r} is not in the storage; start the sweep once with "
                              f"`accrot sweep {spec.path} --workers 0` (creates it) before adding workers") from None
         attrs = study.user_attrs.get("accrot", {})
         if attrs.get("fingerprint") != spec.fingerprint():
-            raise UsageError(f"study {stratum.study_name!r} in the storage was created from a different spec "
+            raise UsageError(f"study {name!r} in the storage was created from a different spec "
                              "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
-        out.append(_Study(stratum, study, attrs))
+        out.append(_Study(study, attrs, {s.variant: s for s in strata}, spec.shared_study))
     return out
 
 
@@ -114,7 +130,7 @@ class Worker:
                     continue
                 for entry in self.studies:  # orphans of dead workers elsewhere count against the budget until failed
                     recover_stale(entry.study, self.storage, self.ref, self.spec)
-                entry = _next_study(self.studies, self.spec.budget)
+                entry = _next_study(self.studies, self.spec)
                 if entry is None:
                     if not any(unowned(e.study) for e in self.studies):
                         break
@@ -159,21 +175,25 @@ class Worker:
     def objective(self, entry: _Study, trial):
         """Sample, train one ``accrot fit`` run in-process, record what it produced, return its objective(s)."""
         attr(trial, "worker", self.me)
-        values = self._sample(entry, trial)
+        stratum = entry.stratum_of(trial)
+        values = self._sample(entry, stratum, trial)
         seed = self._seed(entry, trial)
         self.lock.release()  # the trial (and its seed copies) now count against the budget
-        args = trial_args(self.spec, entry.stratum, self.root, trial.number, seed, values)
+        args = trial_args(self.spec, stratum, self.root, trial.number, seed, values)
         if self.ranks is not None:
             args += self.ranks.launch(trial, seed, values)
-        os.environ["WANDB_RUN_GROUP"] = entry.stratum.study_name  # a study's runs form one wandb group,
-        os.environ["WANDB_JOB_TYPE"] = entry.stratum.variant or self.spec.name  # one job type per variant
-        cli = self._train(entry, trial, args)
-        return self._record(entry, trial, cli)
+        os.environ["WANDB_RUN_GROUP"] = entry.name  # a study's runs form one wandb group,
+        os.environ["WANDB_JOB_TYPE"] = stratum.variant or self.spec.name  # one job type per variant
+        cli = self._train(entry, stratum, trial, args)
+        return self._record(entry, stratum, trial, cli)
 
-    def _sample(self, entry: _Study, trial) -> dict[str, Any]:
-        context = entry.attrs.get("context", {})
+    def _sample(self, entry: _Study, stratum: Stratum, trial) -> dict[str, Any]:
+        context = entry.context_of(stratum)
+        if entry.shared:  # the dashboard's axes: slice and parallel-coordinate plots compare variants and seeds
+            retry_storage(lambda: (trial.suggest_categorical("variant", list(entry.strata)),
+                                   trial.suggest_categorical("seed", list(self.spec.seeds))), "sampling")
         if self.ranks is not None:  # the other ranks mirror the suggestions (optuna's TorchDistributedTrial)
-            return self.ranks.sample(entry, trial, context)
+            return self.ranks.sample(entry, stratum, trial, context)
         return retry_storage(lambda: sample_space(trial, self.spec.space, context), "sampling")
 
     def _seed(self, entry: _Study, trial) -> int:
@@ -192,13 +212,13 @@ class Worker:
                               "queueing a seed")
         return seed
 
-    def _train(self, entry: _Study, trial, args: list[str]):
-        stratum, spec = entry.stratum, self.spec
+    def _train(self, entry: _Study, stratum: Stratum, trial, args: list[str]):
+        spec = self.spec
         trial_root = runs_root(spec, self.root, stratum) / f"trial_{trial.number:04d}"
         beat = (JournalHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.kind == "journal"
                 else contextlib.nullcontext())
         try:
-            with beat, active_trial(stratum.study_name, trial):
+            with beat, active_trial(entry.name, trial):
                 return run_lightning(args)
         except optuna.TrialPruned as err:
             _record_run_dir(trial, trial_root)
@@ -226,7 +246,7 @@ class Worker:
         finally:
             end_run()
 
-    def _record(self, entry: _Study, trial, cli):
+    def _record(self, entry: _Study, stratum: Stratum, trial, cli):
         """The run's directory, metrics and intermediate values on the trial; its objective value(s)."""
         spec = self.spec
         # trainer.log_dir is a broadcast under DDP, which the other ranks (done with the run) would not join
@@ -236,9 +256,12 @@ class Worker:
         metrics = metrics_of(final["lengths"])
         attr(trial, "run_dir", str(run_dir))
         attr(trial, "metrics", metrics)
+        for key, value in metrics.items():  # one attribute per length: a column of the dashboard's trial table
+            if key.startswith("nll@"):
+                attr(trial, key, value)
         attr(trial, "step", final["step"])
         attr(trial, "train_length", ext.train_length)
-        attr(trial, "variant", entry.stratum.variant or cli.model.scheme_config.label())
+        attr(trial, "variant", stratum.variant or cli.model.scheme_config.label())
         self._upload(trial, run_dir)
         self._note(trial, trial_note(trial.user_attrs["variant"], trial.user_attrs.get("seed"), run_dir, final))
         if len(spec.objectives) == 1:  # intermediate values: the pruner's (and the dashboard's) curve
@@ -346,12 +369,13 @@ def _record_run_dir(trial, trial_root: Path) -> None:
         trial.set_user_attr("run_dir", str(found[-1].resolve()))
 
 
-def _next_study(studies: list[_Study], budget: int) -> _Study | None:
-    """Queued trials (seed copies, retries) first, then the study with the fewest trials."""
+def _next_study(studies: list[_Study], spec: SweepSpec) -> _Study | None:
+    """Queued trials (seed copies, retries) first, then the study with the fewest trials. A shared study runs
+    only what it queued (its parent queues the whole grid)."""
     best, key = None, None
     for entry in studies:
         counted, waiting, _ = budget_state(entry.study)
-        if counted >= budget and not waiting:
+        if (counted >= spec.budget_of(entry.name) or entry.shared) and not waiting:
             continue
         k = (not waiting, counted)
         if key is None or k < key:

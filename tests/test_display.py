@@ -1,0 +1,56 @@
+"""The live display of commands that train many runs (accrot.display), on a recorded terminal and in line mode."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console
+
+from accrot.display import Finished, RunDisplay, Running, clock
+
+
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=120, record=True)
+
+
+def test_clock():
+    assert [clock(s) for s in (None, float("nan"), -1, 0, 59.6, 61, 3725)] == ["-", "-", "-", "0:00", "1:00", "1:01",
+                                                                                 "1:02:05"]
+
+
+def test_live_display_shows_counts_workers_eta_and_the_last_runs():
+    console = terminal()
+    display = RunDisplay("ablation-t", 8, console, near="1×", far="32×", done=2, keep=2)
+    assert display.live
+    display.started = time.time() - 60  # this command ran 2 runs in a minute: 4 left take 2 more
+    display.update(done=4, running=[Running("worker 0", "ablation-t/corpus #4 corpus.RoPE seed 0", time.time() - 75)],
+                   finished=[Finished("#1", near=5.0, far=6.0, seconds=30),
+                             Finished("#2", state="failed", detail="the run diverged", seconds=3),
+                             Finished("#3 corpus.NoPE seed 1", near=5.1234, far=7.5, seconds=31)])
+    console.print(display)
+    text = console.export_text()
+    assert "ablation-t  4/8 runs done, 1 failed" in text
+    assert "elapsed 1:00" in text and "ETA 2:00" in text
+    assert "worker 0" in text and "corpus.RoPE seed 0" in text and "1:15" in text
+    assert "NLL 1×" in text and "NLL 32×" in text and "5.123" in text and "7.500" in text
+    assert "#2: failed the run diverged" in text
+    assert "#1" not in text.replace("#1 ", "")  # only the last `keep` runs are shown
+    assert console.file.getvalue().count("\n") > 3 and not console.export_text().count("[4/8]")
+
+
+def test_line_mode_prints_one_line_per_finished_run():
+    out = io.StringIO()
+    console = Console(file=out, width=200)  # not a terminal: a log file, CI, a SLURM job
+    with RunDisplay("demo", 2, console, near="1×", far="4×") as display:
+        assert not display.live
+        display.update(running=[Running("training", "NoPE", time.time())])
+        assert out.getvalue() == ""
+        display.update(done=1, running=[], finished=[Finished("NoPE → runs/x", near=5.0, far=6.25, seconds=12)])
+        display.update(done=2, finished=[Finished("RoPE", state="pruned", detail="at step 4", seconds=2)])
+    assert out.getvalue().splitlines() == ["[1/2] NoPE → runs/x: NLL 5.000 at 1×, 6.250 at 4× (0:12)",
+                                           "[2/2] RoPE: pruned: at step 4 (0:02)"]
+
+
+def test_quiet_is_line_mode_on_a_terminal_too():
+    assert not RunDisplay("x", 1, terminal(), quiet=True).live
