@@ -24,6 +24,7 @@ from accrot.evaluation import (
 )
 from accrot.io import atomic_write_text
 from accrot.position import SchemeConfig
+from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
 from callbacks.cadence import Periodic
 
 
@@ -38,6 +39,9 @@ class ExtrapolationCallback(Periodic):
         filename: JSON written into the run directory (the PNG takes the same stem).
         sliding_multipliers: lengths (multiples of L) at which to add sliding-window NLL (analysis; [] = none).
         sliding_stride: stride of the sliding windows (default: L / 2).
+        rope_scaling: evaluate a RoPE model with an evaluation-time length extension (pi, ntk, yarn;
+            accrot.position.rope_scaling); training is never scaled. None: as trained.
+        rope_factor: the extension's factor s (None: s = T / L at each evaluation length T).
     """
 
     def __init__(
@@ -49,8 +53,15 @@ class ExtrapolationCallback(Periodic):
         filename: str = "extrapolation.json",
         sliding_multipliers: list[float] = [],  # noqa: B006
         sliding_stride: int | None = None,
+        rope_scaling: str | None = None,
+        rope_factor: float | None = None,
     ) -> None:
         super().__init__(every_n_steps)
+        if rope_scaling is not None:  # checked here: a typo fails before any training
+            RopeScaling(rope_scaling, 1, rope_factor)
+        elif rope_factor is not None:
+            raise ValueError("rope_factor is set without rope_scaling; add rope_scaling: pi, ntk or yarn")
+        self.rope_scaling, self.rope_factor = rope_scaling, rope_factor
         if not multipliers or any(not m > 0 for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
         if len(set(multipliers)) != len(multipliers):  # any order is fine (the ladder is sorted); twice is a typo
@@ -79,6 +90,9 @@ class ExtrapolationCallback(Periodic):
         was_training = pl_module.training
         pl_module.eval()
         t0 = time.perf_counter()
+        scaling = None if self.rope_scaling is None else RopeScaling(self.rope_scaling, self.train_length,
+                                                                    self.rope_factor)
+        apply_rope_scaling(pl_module, scaling)
         try:
             with trainer.strategy.precision_plugin.forward_context():
                 results = evaluate_lengths(
@@ -88,12 +102,16 @@ class ExtrapolationCallback(Periodic):
                 )
                 sliding = self._sliding(trainer.datamodule, pl_module)
         finally:
+            if scaling is not None:
+                apply_rope_scaling(pl_module, None)  # training goes on as trained
             pl_module.train(was_training)
         entry = {
             "step": trainer.global_step,
             "seconds": round(time.perf_counter() - t0, 3),
             "lengths": [r.to_dict() for r in results],
         }
+        if scaling is not None:
+            entry["rope_scaling"] = scaling.label()
         if sliding:
             entry["sliding"] = sliding
         self.history.append(entry)

@@ -35,17 +35,44 @@ class RoPE(RotationPart):
         super().__init__(cfg, d_model, n_heads)
         # a plain tensor, not a buffer: Module.to(bf16) must never round the frequencies
         self.omega = rope_frequencies(self.head_dim, cfg.rope_base)  # [P] float64
-        self._tables: dict[torch.device, torch.Tensor] = {}
+        self.scaling = None  # an evaluation-time length extension (accrot.position.rope_scaling), off in training
+        self._tables: dict[tuple[torch.device, float], torch.Tensor] = {}
+
+    def set_scaling(self, scaling) -> None:
+        self.scaling = scaling
+        self._tables.clear()
+
+    def frequencies(self, T: int) -> tuple[torch.Tensor, float]:
+        """(ω' ``[P]`` float64, the scaling factor s) for a forward of length T; (ω, 1) without scaling."""
+        if self.scaling is None:
+            return self.omega, 1.0
+        from accrot.position.rope_scaling import scaled_frequencies
+
+        s = self.scaling.factor_at(T)
+        return scaled_frequencies(self.omega, self.scaling.kind, s, self.scaling.train_length, self.cfg.rope_base), s
+
+    def logit_scale(self, T: int) -> float:
+        """What multiplies the attention logits at length T (YaRN's temperature; 1 otherwise)."""
+        if self.scaling is None:
+            return 1.0
+        from accrot.position.rope_scaling import logit_scale
+
+        return logit_scale(self.scaling.kind, self.scaling.factor_at(T))
 
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
-        table = self._tables.get(x.device)
+        omega, s = self.frequencies(T)
+        key = (x.device, s)  # a dynamic factor (T / L) has one table per length
+        table = self._tables.get(key)
         if table is None or table.shape[-2] < T:
             t = torch.arange(T, dtype=torch.float64, device=x.device)  # [T]
-            theta = wrap_angle(t[:, None] * self.omega.to(x.device))  # [T, P] float64
+            theta = wrap_angle(t[:, None] * omega.to(x.device))  # [T, P] float64
             table = theta.to(torch.float32)[None, None]  # [1, 1, T, P]
-            self._tables[x.device] = table
+            self._tables[key] = table
         return table[:, :, :T].expand(1, self.n_heads, T, -1)  # [1, H, T, P]
 
     def describe(self) -> dict:
-        return {"rope_frequencies": self.omega.tolist()}
+        info = {"rope_frequencies": self.omega.tolist()}
+        if self.scaling is not None:
+            info["rope_scaling"] = self.scaling.label()
+        return info

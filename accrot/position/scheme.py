@@ -103,6 +103,9 @@ class PositionScheme(nn.Module):
             cos, sin = cs = cos_sin(theta.detach(), q.dtype)
             th = theta if theta.requires_grad else None
             q, k = rotate_pairs_cs(q, cos, sin, theta=th), rotate_pairs_cs(k, cos, sin, theta=th)
+            scale = self.rotation.logit_scale(q.shape[-2]) if hasattr(self.rotation, "logit_scale") else 1.0
+            if scale != 1.0:  # an evaluation-time RoPE extension's temperature (YaRN)
+                q = q * scale
             if self.cfg.rotate_values:
                 v = rotate_pairs_cs(v, cos, sin, inverse=True, theta=th)  # value of s leaves at −θ_s ...
         out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]

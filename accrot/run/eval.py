@@ -12,6 +12,7 @@ from rich.console import Console
 from accrot.errors import UsageError
 from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, plot_curves
 from accrot.io import atomic_write_text
+from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
 from accrot.run.checkpoints import check_eval_config, load_checkpoint, load_data_module, resolve_run
 
 
@@ -28,6 +29,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max_batch_tokens", type=int, default=16384, help="tokens per forward pass")
     parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/eval)")
     parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--rope_scaling", type=str | None, default=None,
+                        help="an evaluation-time RoPE extension: pi, ntk or yarn (RoPE checkpoints only)")
+    parser.add_argument("--rope_factor", type=float | None, default=None,
+                        help="the extension's factor s (default: s = T / L at each evaluation length T)")
     args = parser.parse_args(argv)
     ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
     if any(m <= 0 for m in args.multipliers) or any(ln <= 0 for ln in args.lengths or []):
@@ -38,21 +43,34 @@ def main(argv: list[str]) -> int:
         check_eval_config(ckpt, state, Path(args.config), dm)
     train_length = int(dm.seq_len)
     lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
+    scaling = _scaling(args, train_length)
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
+    apply_rope_scaling(model, scaling)
     model.eval().to(args.device)
     console = Console(stderr=True)
     with console.status("evaluating"):
         results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=args.device,
                                    masks=sets.masks, depths=sets.depths)
     rows = [r.to_dict() for r in results]
-    out = Path(args.out) if args.out else run_dir / "eval"
+    out = Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}")
     out.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
            "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
            "final": {"step": state.get("global_step"), "lengths": rows}}
+    if scaling is not None:
+        doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}
     atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
-    label = model.scheme_config.label()
+    label = model.scheme_config.label() if scaling is None else scaling.label()
     plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
     Console().print(nll_table({label: rows}, train_length))
     print(out / "extrapolation.json")
     return 0
+
+
+def _scaling(args, train_length: int):
+    """The requested RoPE extension, or None; a bad name or factor is a one-line error before any work."""
+    if args.rope_scaling is None:
+        if args.rope_factor is not None:
+            raise UsageError("--rope_factor needs --rope_scaling (pi, ntk or yarn)")
+        return None
+    return RopeScaling(args.rope_scaling, train_length, args.rope_factor)
