@@ -141,21 +141,31 @@ class KillResult:
         return not self.differences
 
 
-def kill_and_resume(workdir: Path, scheme: str, extra: list[str] | None = None) -> KillResult:
-    """An uninterrupted run and a run SIGKILLed after its first checkpoint (both at once), then the killed
-    one resumed with ``accrot fit --resume``; compares the two run directories."""
+def reference_run(workdir: Path, scheme: str = "NoPE", extra: list[str] | None = None) -> Path:
+    """The uninterrupted run of ``scheme`` (RUN's recipe) that an interrupted one must end up equal to."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"{scheme}-reference.log"
+    wait(start([*RUN, *SCHEMES[scheme], *(extra or []), f"--root={workdir}", "--name=reference"], log), log)
+    return workdir / "reference" / "version_0"
+
+
+def kill_and_resume(workdir: Path, scheme: str, extra: list[str] | None = None,
+                    reference: Path | None = None) -> KillResult:
+    """A run SIGKILLed after its first checkpoint, resumed with ``accrot fit --resume`` and compared with the
+    uninterrupted run: ``reference`` (a :func:`reference_run` shared by several checks), or one run alongside."""
     args = [*RUN, *SCHEMES[scheme], *(extra or []), f"--root={workdir}"]
     log = workdir / f"{scheme}.log"
     workdir.mkdir(parents=True, exist_ok=True)
-    reference = start([*args, "--name=reference"], log)
+    alongside = start([*args, "--name=reference"], log) if reference is None else None
     cut = start([*args, "--name=killed"], log)
     run_dir = workdir / "killed" / "version_0"
     step = kill_after_first_checkpoint(cut, run_dir)
-    wait(reference, log)
+    if alongside is not None:
+        wait(alongside, log)
     wait(start(["fit", "--resume", str(run_dir)], log), log)
     record = json.loads((run_dir / "run.json").read_text())
     return KillResult(scheme, step, 40, int(record.get("resumes", 0)),
-                      differences(workdir / "reference" / "version_0", run_dir))
+                      differences(reference or workdir / "reference" / "version_0", run_dir))
 
 
 def interrupted(workdir: Path, name: str, steps: str, signum: str = "INT") -> tuple[subprocess.CompletedProcess, Path]:
@@ -169,24 +179,28 @@ def interrupted(workdir: Path, name: str, steps: str, signum: str = "INT") -> tu
     return done, workdir / name / "version_0"
 
 
-def ctrl_c_and_resume(workdir: Path) -> dict:
+def ctrl_c_and_resume(workdir: Path, reference: Path | None = None) -> dict:
     """Ctrl-C at step 5 of 40 (before the first checkpoint), then ``--resume``: the exit status, run.json's
-    status, the step checkpointed, and whether the resumed run equals an uninterrupted one."""
+    status, the step checkpointed, and whether the resumed run equals an uninterrupted one (``reference``, or
+    one run alongside)."""
     import torch
 
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "ctrl-c.log"
-    reference = start([*RUN, *SCHEMES["NoPE"], f"--root={workdir}", "--name=reference"], log)
+    alongside = (start([*RUN, *SCHEMES["NoPE"], f"--root={workdir}", "--name=reference"], log)
+                 if reference is None else None)
     done, run_dir = interrupted(workdir, "stopped", "5")
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     result = {"rc": done.returncode, "stderr": done.stderr,
               "status": json.loads((run_dir / "run.json").read_text()).get("status") if run_dir.exists() else None,
               "step": int(torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"])
               if ckpt.is_file() else None}
-    wait(reference, log)
+    if alongside is not None:
+        wait(alongside, log)
     if result["step"] is not None:
         wait(start(["fit", "--resume", str(run_dir)], log), log)
-    result["differences"] = differences(workdir / "reference" / "version_0", run_dir) if result["step"] else ["no checkpoint"]
+    reference = reference or workdir / "reference" / "version_0"
+    result["differences"] = differences(reference, run_dir) if result["step"] else ["no checkpoint"]
     return result
 
 

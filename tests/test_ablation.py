@@ -224,7 +224,7 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
 # ---------------------------------------------------------------------------------------------------
 # a real ablation, interrupted and resumed
 # ---------------------------------------------------------------------------------------------------
-ABLATE = ["ablation", "--variants=[NoPE, RoPE]", "--datasets=[corpus]", "--seeds=2", "--max_steps=4",
+ABLATE = ["ablation", "--size=tiny", "--variants=[NoPE, RoPE]", "--datasets=[corpus]", "--seeds=2", "--max_steps=4",
           "--multipliers=[1, 2]", "--workers=1", "--study=t", "--wandb=disabled"]
 
 
@@ -278,6 +278,13 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
         assert after[key] == value, logs
     report = (out / "t" / "REPORT.md").read_text()
     assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
+    # RoPE's eval-time extensions, from the RoPE runs' checkpoints (no training), right after RoPE, and C1 read
+    # against the best of them too
+    for kind in ("PI", "NTK", "YaRN"):
+        assert f"| RoPE+{kind} (eval-time extension) | 2 |" in report, report[:3000]
+    assert "| C1-ext |" in report
+    assert all((out / "t" / "corpus.RoPE").glob(f"runs/trial_*/version_0/eval-{k}/extrapolation.json")
+               for k in ("pi", "ntk", "yarn"))
     # one study, the variants compared on its page: the claims table and verdicts are its dashboard note,
     # every length's NLL a user attribute of each trial
     storage = open_storage(StorageRef.parse(url, "t", "."))

@@ -157,6 +157,10 @@ class Fixtures:
             (run / "config.yaml").write_text(text.replace(old, new))
         return run
 
+    def plain_run(self) -> Path:
+        """A real run of the tiny recipe (NoPE) with its checkpoint and config, unedited."""
+        return self.edited_run("plain", "seq_len: 128", "seq_len: 128")
+
     # -- checkpoints -----------------------------------------------------------------------------------
     def rope_checkpoint(self) -> Path:
         """Weights and hyperparameters of tiny's model shape with RoPE (what `accrot fit` saves, minus loops)."""
@@ -385,6 +389,15 @@ CATALOGUE: list[Row] = [
         lambda f: ["eval", "--ckpt", "/nonexistent.ckpt"], "checkpoint '/nonexistent.ckpt' does not exist"),
     Row("eval-corrupt-checkpoint", "accrot eval --ckpt broken.ckpt",
         lambda f: ["eval", "--ckpt", str(f.corrupt_in_run())], "is not a readable accrot checkpoint"),
+    Row("eval-unknown-rope-scaling", "accrot eval --ckpt RUN.ckpt --rope_scaling yarm",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--rope_scaling=yarm"],
+        "rope_scaling='yarm' is not valid; choose one of pi, ntk, yarn"),
+    Row("eval-rope-factor-not-positive", "accrot eval --ckpt RUN.ckpt --rope_scaling yarn --rope_factor 0",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--rope_scaling=yarn",
+                   "--rope_factor=0"], "rope_factor=0.0 is not valid; a positive number"),
+    Row("eval-rope-scaling-without-rope", "accrot eval --ckpt NOPE_RUN.ckpt --rope_scaling pi",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--rope_scaling=pi"],
+        "rope_scaling='pi' needs a RoPE model (rotation=rope); this one has none"),
     Row("resume-missing-run", "accrot fit --resume /nonexistent/version_0",
         lambda f: ["fit", "--resume", "/nonexistent/version_0"], "--resume '/nonexistent/version_0' is not a directory"),
     Row("resume-before-first-checkpoint", "accrot fit --resume RUN_WITHOUT_CHECKPOINT",

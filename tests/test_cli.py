@@ -182,6 +182,41 @@ def test_demo_command_compares_schemes(tmp_path, capsys):
     assert not list(tmp_path.glob(".*.console.log"))
 
 
+def test_eval_with_a_rope_extension_is_labelled_and_the_identity_at_the_training_length(trained_run, tmp_path):
+    """`accrot eval --rope_scaling yarn` on the RoPE run: with the dynamic factor s = T / L, the 1× NLL is the plain
+    evaluation's (s = 1) and the 4× NLL is not; the JSON and its folder say which extension produced them."""
+    ckpt = str(trained_run / "checkpoints" / "last.ckpt")
+    common = ["eval", "--ckpt", ckpt, "--multipliers=[1,4]", "--budget_tokens=1024"]
+    assert main([*common, f"--out={tmp_path / 'plain'}"]) == 0
+    assert main([*common, "--rope_scaling=yarn"]) == 0  # default folder: <run>/eval-yarn
+    plain = json.loads((tmp_path / "plain" / "extrapolation.json").read_text())["final"]["lengths"]
+    doc = json.loads((trained_run / "eval-yarn" / "extrapolation.json").read_text())
+    assert doc["rope_scaling"]["kind"] == "yarn" and "eval-time extension" in doc["rope_scaling"]["label"]
+    yarn = doc["final"]["lengths"]
+    assert yarn[0]["nll"] == plain[0]["nll"] and yarn[1]["nll"] != plain[1]["nll"]
+
+
+@pytest.mark.slow
+def test_extrapolation_with_a_rope_extension_never_touches_training(tmp_path):
+    """`--extrapolation.rope_scaling=yarn`: the periodic evaluations use the extension (1× as trained, s = 1; 2×
+    not) and record it, while training (its losses, its final weights) is the plain run's exactly."""
+    import torch
+
+    runs = {}
+    for name, extra in (("plain", []), ("yarn", ["--extrapolation.rope_scaling=yarn"])):
+        assert main(["fit", "--config", "tiny", f"--root={tmp_path}", f"--name={name}", "--trainer.max_steps=4",
+                     "--trainer.limit_val_batches=1", "--model.scheme.rotation=rope", "--model.d_model=32",
+                     "--extrapolation.multipliers=[1,2]", "--extrapolation.every_n_steps=2",
+                     "--trainer.deterministic=true", *QUICK, *extra]) == 0
+        runs[name] = tmp_path / name / "version_0"
+    plain, yarn = (json.loads((runs[n] / "extrapolation.json").read_text()) for n in ("plain", "yarn"))
+    assert all("eval-time extension" in h["rope_scaling"] for h in yarn["history"])
+    for p, y in zip(plain["history"], yarn["history"]):
+        assert y["lengths"][0]["nll"] == p["lengths"][0]["nll"] and y["lengths"][1]["nll"] != p["lengths"][1]["nll"]
+    weights = [torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for n in runs]
+    assert weights[0].keys() == weights[1].keys() and all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_eval_rejects_a_checkpoint_whose_weights_do_not_fit(trained_run, tmp_path, capsys):
     """A checkpoint edited to claim another scheme (PaTH needs w/β projections the weights lack)."""
     import torch

@@ -31,6 +31,7 @@ from tests.fault_injection import (
     interrupted,
     kill_and_resume,
     numbers,
+    reference_run,
     rows,
     start,
     wait,
@@ -96,25 +97,32 @@ def test_sigkill_during_a_save_never_corrupts_the_checkpoint(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # SIGKILL, resume, and compare with an uninterrupted run
 # ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nope_reference(tmp_path_factory) -> Path:
+    """The uninterrupted NoPE run that the killed, SIGTERMed and Ctrl-C'd NoPE runs must each end up equal to
+    (trained once for the module: the runs are deterministic, whatever their folder)."""
+    return reference_run(tmp_path_factory.mktemp("reference"))
+
+
 # PaTH (no state of its own beyond its parameters; 100 s here) is left to `make faults`, which runs every scheme
 @pytest.mark.parametrize("scheme", ["NoPE", pytest.param("accum-learned-values", marks=pytest.mark.slow)])
-def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(scheme, tmp_path):
+def test_killed_run_resumes_to_exactly_the_uninterrupted_metrics(scheme, tmp_path, request):
     """Real processes: `accrot fit` SIGKILLed as soon as its first checkpoint exists, then `accrot fit
     --resume RUN_DIR`: metrics.csv, extrapolation.json numbers and final weights equal the uninterrupted run's."""
     assert scheme in SCHEMES
-    result = kill_and_resume(tmp_path, scheme)
+    reference = request.getfixturevalue("nope_reference") if scheme == "NoPE" else None
+    result = kill_and_resume(tmp_path, scheme, reference=reference)
     assert result.killed_at < result.max_steps, "the run finished before the kill: nothing was tested"
     assert result.resumes == 1
     assert result.match, result.differences
     assert not list((tmp_path / "killed").glob("version_1"))  # resumed in place, not into a new version
 
 
-def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_path):
+def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_path, nope_reference):
     """SIGTERM (a scheduler, `kill`, the sweep parent) mid-run: the run saves last.ckpt between two steps, says
     so in one line and exits 143 (never 0: it did not finish); resumed, it ends with the uninterrupted metrics."""
     args = [*RUN, *SCHEMES["NoPE"], f"--root={tmp_path}"]
     log = tmp_path / "log"
-    reference = start([*args, "--name=reference"], log)
     cut = subprocess.Popen([sys.executable, "-m", "accrot.cli", *args, "--name=stopped"], cwd=REPO, env=run_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "stopped" / "version_0"
@@ -128,21 +136,20 @@ def test_sigterm_checkpoints_between_steps_exits_143_and_resumes_exactly(tmp_pat
     assert "accrot: stopped by a signal" in err and "accrot fit --resume" in err
     assert json.loads((run_dir / "run.json").read_text())["status"] == "preempted"
     step = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
-    wait(reference, log)
     if step >= 40:  # the signal came after the last step: nothing was tested (a fault in CI, a skip elsewhere)
         message = "the run finished before SIGTERM arrived: nothing to resume"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
     wait(start(["fit", "--resume", str(run_dir)], log), log)
-    assert differences(tmp_path / "reference" / "version_0", run_dir) == []
+    assert differences(nope_reference, run_dir) == []
 
 
-def test_ctrl_c_checkpoints_between_steps_exits_130_and_resumes_exactly(tmp_path):
+def test_ctrl_c_checkpoints_between_steps_exits_130_and_resumes_exactly(tmp_path, nope_reference):
     """Ctrl-C at step 5, before the first periodic checkpoint (step 10): the run finishes step 5, writes its exact
     checkpoint, keeps its directory, says in one line how to resume and exits 130; run.json says interrupted;
     resumed, it ends with the uninterrupted run's metrics."""
-    c = ctrl_c_and_resume(tmp_path)
+    c = ctrl_c_and_resume(tmp_path, nope_reference)
     run_dir = (tmp_path / "stopped" / "version_0").resolve()
     assert c["rc"] == 130, c["stderr"][-2000:]
     lines = [ln for ln in c["stderr"].splitlines() if ln.startswith("accrot:")]

@@ -577,8 +577,9 @@ def test_two_sweeps_started_at_once_share_the_study(tmp_path):
 def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
     """SIGKILL a worker mid-trial: its trial fails with the reason, is retried with the same params and
     seed, the worker is replaced and the study (a configuration × 2 seeds) completes."""
-    # 200 steps: long enough that the poll below sees the trial running on a quiet, fast machine too
-    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 200}
+    # 60 steps (about 4 s here): the poll below (every 0.2 s) kills as soon as the run's directory exists, which
+    # is at the start of fit, so even a fast machine is still training then
+    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 60}
     spec = write_spec(tmp_path, "kill", trials=1, seeds=[0, 1], retries=1, pruner={"type": "none"},
                       overrides=overrides)
     root = tmp_path / "root"

@@ -230,6 +230,7 @@ def study(nll: dict[str, tuple[float, float]], diag: dict[str, dict] | None = No
 
 
 NOISY = (-0.3, 0.0, 0.3)
+YARN, PI = "RoPE+YaRN (eval-time extension)", "RoPE+PI (eval-time extension)"
 ROTATION_ONLY = ("accum-random", "accum-token", "accum-learned", "accum-learned+values", "PaTH")
 ACCUM = ("accum-random", "accum-token", "accum-learned", "accum-learned+values")
 CONTROLLED = ("accum-random+alibi", "accum-learned+values+alibi", "accum-learned+values+forget")
@@ -286,6 +287,11 @@ CASES = {
                          datasets=("corpus", "local")),
            lambda: study({"accum-learned": (2.0, 0.1), **{v: (2.01, 0.0) for v in CONTROLLED}},
                          jitter=(-0.05, 0.0, 0.05), datasets=("corpus", "local"))),
+    # C1 against RoPE's best eval-time extension: the extension (here YaRN) is better than plain RoPE far out, so the
+    # rule must pick it; holds when accum-random beats it too, fails when the extension beats accum-random
+    "C1-ext": (lambda: study({"RoPE": (2.0, 0.3), YARN: (2.0, 0.1), PI: (2.0, 0.2), "accum-random": (2.0, 0.02)}),
+               lambda: study({"RoPE": (2.0, 0.3), YARN: (2.0, 0.01), PI: (2.0, 0.2), "accum-random": (2.0, 0.1)}),
+               lambda: study({"RoPE": (2.0, 0.3), YARN: (2.0, 0.03), "accum-random": (2.0, 0.03)}, jitter=NOISY)),
 }
 
 
@@ -326,3 +332,15 @@ def test_diagnose_end_to_end_on_a_model_that_follows_the_theory():
         assert not any(c["window_censored"]) and all(abs(w - WINDOW) < 15 for w in c["window"]), c["window"]
     change, why = window_change(rec)
     assert why is None and change <= T2_TOLERANCE / 2, (change, why)
+
+
+def test_the_extension_rows_follow_rope_and_c1_is_read_against_both():
+    """RoPE's eval-time extensions sit right after RoPE in every table; C1 stays the comparison with plain RoPE and
+    C1-ext, right after it, names the extension it was read against at each length; no extension rows, no C1-ext."""
+    res = study({"NoPE": (2.0, 0.3), "RoPE": (2.0, 0.3), YARN: (2.0, 0.1), PI: (2.0, 0.2),
+                 "accum-random": (2.0, 0.02)})
+    assert res.variants("corpus") == ["NoPE", "RoPE", PI, YARN, "accum-random"]
+    ids = [c.id for c in check_claims(res)]
+    assert ids[:2] == ["C1", "C1-ext"]
+    assert all(c.what.endswith("vs RoPE+YaRN") for c in verdict(res, "C1-ext").comparisons)
+    assert "C1-ext" not in [c.id for c in check_claims(study({"RoPE": (2.0, 0.3), "accum-random": (2.0, 0.02)}))]

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.console import Console
 
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import config_path
 from accrot.study.report import build_report, write_notes
-from accrot.study.variants import DATASETS, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED, Size
-from accrot.sweep.parent import run_sweep
+from accrot.study.variants import DATASETS, DEFAULT_VARIANTS, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED, Size
+from accrot.sweep.parent import Terminated, run_sweep
 from accrot.sweep.spec import load_spec
 from accrot.sweep.storage import StorageRef
 
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> int:
     ref = StorageRef.parse(args.storage, spec.name, out)
     meta = {"command": "accrot ablation " + " ".join(argv), "size": args.size, "size_cost": size.cost,
             "seeds": seeds, "workers": args.workers, "started": started}
-    report = build_report(spec, ref, folder, meta)
+    report = build_report(spec, ref, folder, meta, console=Console(stderr=True, highlight=False))
     print(f"report: {report}")
     return 0
 
@@ -154,7 +155,7 @@ def _check_args(args) -> tuple[Size, int, list[str], list[str]]:
         raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
-    variants = args.variants or list(VARIANTS)
+    variants = args.variants or list(DEFAULT_VARIANTS)
     datasets = args.datasets or list(DATASETS)
     for given, known, what in ((variants, VARIANTS, "variant"), (datasets, DATASETS, "data set")):
         unknown = [v for v in given if v not in known]
@@ -223,7 +224,7 @@ class _sigterm_as_interrupt:
 
     @staticmethod
     def _raise(signum, frame) -> None:
-        raise KeyboardInterrupt
+        raise Terminated
 
     def __exit__(self, *exc) -> None:
         signal.signal(signal.SIGTERM, self._old)

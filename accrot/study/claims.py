@@ -58,6 +58,10 @@ class Results:
         for r in self.runs:
             self.by.setdefault((r.dataset, r.variant), []).append(r)
 
+    def trained(self) -> int:
+        """Runs that were trained (not RoPE's eval-time extension rows, which are evaluations of trained runs)."""
+        return sum("eval-time extension" not in r.variant for r in self.runs)
+
     def datasets(self) -> list[str]:
         return sorted({r.dataset for r in self.runs}, key=lambda d: (d != "corpus", d))
 
@@ -65,7 +69,9 @@ class Results:
         from accrot.study.variants import VARIANTS
 
         present = {v for d, v in self.by if d == dataset}
-        return [v for v in VARIANTS if v in present] + sorted(present - set(VARIANTS))
+        extensions = sorted(v for v in present if v.startswith("RoPE+"))  # eval-time extensions: right after RoPE
+        known = [e for v in VARIANTS if v in present for e in ([v, *extensions] if v == "RoPE" else [v])]
+        return known + sorted(present - set(known))
 
     def multipliers(self, dataset: str) -> list[float]:
         return sorted({m for r in self.runs if r.dataset == dataset for m in r.lengths})
@@ -105,7 +111,9 @@ def _longest(res: Results) -> float:
 
 def check_claims(res: Results) -> list[Claim]:
     """One :class:`Claim` per row of PAPER.md's table, in its order."""
-    return [check(res) for check in CLAIM_CHECKS]
+    claims = [check(res) for check in CLAIM_CHECKS]
+    extended = _c1_extended(res)  # C1 is read against plain RoPE and, where the ablation made them, its extensions
+    return claims[:1] + [extended] + claims[1:] if extended is not None else claims
 
 
 def _c1(res: Results) -> Claim:
@@ -243,6 +251,23 @@ def _n1(res: Results) -> Claim:
                                                    C5_TOLERANCE, label="max rise "))
     if not c.comparisons:
         c.comparisons.append(Comparison("rotation + far-mass control", "not run", "missing"))
+    return c
+
+
+def _c1_extended(res: Results) -> Claim | None:
+    """C1 against RoPE's best evaluation-time extension at each length (only when those rows exist)."""
+    d = CORPUS
+    extended = [v for v in res.variants(d) if v.startswith("RoPE+") and "eval-time extension" in v]
+    if not extended:
+        return None
+    c = Claim("C1-ext", "... and better than RoPE with its best eval-time length extension",
+              "NLL at 4×–16× L: accum-random below the best of RoPE+PI/NTK/YaRN at that length (corpus)")
+    for m in _lengths(res, d, (4, 8, 16)) or [4.0]:
+        best = _best_at(res, d, extended, m)  # None: no extension evaluated at m (a "not run" comparison)
+        name = best.split(" (")[0] if best else "RoPE's extensions"
+        c.comparisons.append(compare_variants(f"NLL {times(m)} vs {name}", "accum-random",
+                                              res.seeded_values(d, "accum-random", "nll", m),
+                                              name, res.seeded_values(d, best, "nll", m) if best else {}))
     return c
 
 

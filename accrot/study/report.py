@@ -103,6 +103,8 @@ def _color(variant: str):
     from accrot.study.variants import VARIANTS
 
     names = list(VARIANTS)
+    if "eval-time extension" in variant:
+        variant = "RoPE"  # an extension of RoPE's runs: RoPE's colour, its own dash pattern (_band)
     i = names.index(variant) if variant in names else len(names) + sum(map(ord, variant)) % 9
     return colormaps["tab20"]((2 * i if i < 10 else 2 * (i - 10) + 1) % 20)
 
@@ -114,9 +116,13 @@ def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]]) -> 
         if vals:
             mean, std = mean_std(vals)
             xs.append(x), ms.append(mean), ss.append(std or 0.0)
-    line, = ax.plot(xs, ms, marker="o", ms=3, label=variant, color=_color(variant))
-    ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
-                    color=line.get_color(), alpha=0.15)
+    extension = "eval-time extension" in variant  # RoPE's: dashed, no band (they are evaluations, not trainings)
+    style = {"ls": (0, (4, 2)) if variant.startswith("RoPE+PI") else (0, (1, 1.5)) if variant.startswith("RoPE+NTK")
+             else (0, (6, 2, 1, 2)), "marker": "x"} if extension else {"marker": "o"}
+    line, = ax.plot(xs, ms, ms=3, label=variant, color=_color(variant), **style)
+    if not extension:
+        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
+                        color=line.get_color(), alpha=0.15)
 
 
 def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
@@ -359,7 +365,9 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"# {meta.get('study', folder.name)}: does accumulation explain extrapolation?", "",
         f"- command: `{meta.get('command', '')}`",
         f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
-        f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {len(res.runs)}",
+        f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {res.trained()}"
+        + (f" (and {len(res.runs) - res.trained()} eval-time extension rows of the RoPE runs)"
+           if len(res.runs) > res.trained() else ""),
         f"- revision: {_revision()}; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
         + (f"; this invocation took {wall / 60:.1f} min" if wall else ""),
         "- every variant: the same recipe, data, token budget, seeds and evaluation blocks; only the position "
@@ -392,8 +400,12 @@ def _revision() -> str:
         return "unknown"
 
 
-def build_report(spec, ref, folder: Path, meta: Mapping[str, Any]) -> Path:
+def build_report(spec, ref, folder: Path, meta: Mapping[str, Any], console=None) -> Path:
+    from accrot.study.claims import Results
+    from accrot.study.extensions import extension_runs
+
     res = collect(spec, ref)
+    res = Results([*res.runs, *extension_runs(res, console)])  # RoPE's eval-time extensions, from its checkpoints
     write_notes(spec, ref, res)
     return write_report(res, folder, {**meta, "study": spec.name})
 
@@ -406,7 +418,7 @@ def write_notes(spec, ref, res: Results | None = None) -> None:
     from accrot.sweep.storage import open_storage
 
     res = collect(spec, ref) if res is None else res
-    runs = len(res.runs)
+    runs = res.trained()
     body = (f"## {spec.name}: the claims of PAPER.md, {runs} complete run{'s' if runs != 1 else ''} so far\n\n"
             + _claims_md(check_claims(res)) + "\n" + RULES.split("\n\n")[0] + "\n")
     storage = open_storage(ref)

@@ -27,7 +27,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "accum-learned+values+alibi": {"rotation": "accum", "increments": "learned", "rotate_values": True,
                                    "far_mass": "alibi"},
     "accum-random+alibi": {"rotation": "accum", "increments": "random_position", "far_mass": "alibi"},
+    # RoPE trained with a large base (the train-time extension practice); off by default: --variants adds it
+    "RoPE-base500k": {"rotation": "rope", "rope_base": 500000.0},
 }
+OPTIONAL = ("RoPE-base500k",)  # variants `accrot ablation` runs only when --variants names them
+DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
 WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 

@@ -145,6 +145,11 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
     return Parent(spec, ref, root, storage, studies, console, on_progress, quiet).run(workers)
 
 
+class Terminated(KeyboardInterrupt):
+    """The parent was sent SIGTERM (``accrot ablation`` turns it into this): stop like Ctrl-C, but the workers, who
+    did not get the signal, are told at once."""
+
+
 class Parent:
     """Worker processes on one machine: started, watched, their dead replaced and their trials failed and re-queued."""
 
@@ -177,8 +182,8 @@ class Parent:
             with self.display:
                 self.watch(live, max_respawns=workers * max(1, self.spec.retries))
                 self.refresh(live)
-        except KeyboardInterrupt:
-            self.interrupt(live)
+        except KeyboardInterrupt as err:
+            self.interrupt(live, signalled=isinstance(err, Terminated))
             raise
         finally:
             for fd in self.claims:
@@ -262,11 +267,14 @@ class Parent:
         self.console.print(f"[red]worker {w.index} ({w.id}) {_describe_exit(rc)}[/]: {n} running trial(s) "
                            f"failed{' and re-queued' if self.spec.retries else ''}; log: {w.log}")
 
-    def interrupt(self, live: list[_Worker]) -> None:
+    def interrupt(self, live: list[_Worker], signalled: bool = False) -> None:
         """Ctrl-C: a terminal's Ctrl-C reached the workers too; give them time, then terminate, then kill, and
-        fail (and re-queue) what they were running."""
+        fail (and re-queue) what they were running. ``signalled`` (the parent alone got SIGTERM, as from a
+        scheduler or ``kill``): the workers heard nothing, so they are sent SIGTERM at once."""
+        steps = ((signal.SIGTERM, 20), (signal.SIGKILL, None)) if signalled else (
+            (None, 10), (signal.SIGTERM, 20), (signal.SIGKILL, None))
         for w in live:
-            for sig, wait in ((None, 10), (signal.SIGTERM, 20), (signal.SIGKILL, None)):
+            for sig, wait in steps:
                 if sig is not None:
                     w.proc.send_signal(sig)
                 try:

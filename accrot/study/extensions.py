@@ -1,0 +1,48 @@
+"""The RoPE-extension rows of the ablation: every complete RoPE run evaluated again with position interpolation,
+NTK-aware scaling and YaRN (accrot.position.rope_scaling; factor s = T / L at each length), from its own checkpoint,
+on the same evaluation blocks and budget as its training-time evaluation. No extra training: the rows are labelled
+"eval-time extension" wherever they appear (tables, figures, claims)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from accrot.study.claims import Results, Run
+
+# row label -> rope_scaling; the label says what the row is everywhere a variant name is printed
+EXTENSIONS = {"RoPE+PI (eval-time extension)": "pi", "RoPE+NTK (eval-time extension)": "ntk",
+              "RoPE+YaRN (eval-time extension)": "yarn"}
+
+
+def extension_runs(res: Results, console=None) -> list[Run]:
+    """A :class:`Run` per RoPE run × extension, from ``<run>/eval-<kind>/extrapolation.json``, evaluated once (a
+    report built again, or an ablation resumed, reads the files it finds)."""
+    out = []
+    rope = [r for r in res.runs if r.variant == "RoPE"]
+    for i, run in enumerate(rope):
+        for label, kind in EXTENSIONS.items():
+            path = Path(run.run_dir) / f"eval-{kind}" / "extrapolation.json"
+            if not path.is_file():
+                if console is not None:
+                    console.print(f"eval-time extensions: {kind} of RoPE {run.dataset} seed {run.seed} "
+                                  f"({i + 1} of {len(rope)})", highlight=False)
+                _evaluate(run, kind)
+            doc = json.loads(path.read_text())
+            out.append(Run(dataset=run.dataset, variant=label, seed=run.seed, run_dir=run.run_dir,
+                           lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
+                           train_length=int(doc["train_length"]), diagnostics=None))
+    return out
+
+
+def _evaluate(run: Run, kind: str) -> None:
+    """``accrot eval`` of the run's last checkpoint with ``kind`` at the run's own lengths and token budget."""
+    from accrot.run.eval import main as evaluate
+
+    own = json.loads((Path(run.run_dir) / "extrapolation.json").read_text())
+    multipliers = sorted(run.lengths)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        evaluate(["--ckpt", str(Path(run.run_dir) / "checkpoints" / "last.ckpt"), "--rope_scaling", kind,
+                  f"--multipliers={json.dumps(multipliers)}", f"--budget_tokens={own['budget_tokens']}"])
