@@ -134,15 +134,15 @@ def test_autocast_bf16_keeps_bias_in_float32():
 def test_long_sequence_decay_precision():
     """The biased kernel over a genuinely long sequence, against the closed form.
 
-    2¹⁷ positions with log f_j ∈ [−1.5, −0.5] drive c = cumsum(log f) to about −1.3·10⁵, the magnitude it has at
+    2¹⁶ positions with log f_j ∈ [−3, −1] drive c = cumsum(log f) to about −1.3·10⁵, the magnitude it has at
     position 10⁶ with the typical log f ≈ −0.1 (a full 10⁶-position causal pass costs O(T²), ~10 minutes here).
     A float32 running sum is off by its spacing there (~0.008 nats per logit), which moves the output by 10⁻³;
     with the float64 sum what is left is the kernel's own float32 arithmetic, ~3·10⁻⁶. Zero queries and keys: the weights of query t are the bias
-    alone, softmax over s of Σ_{j=s+1..t} log f_j, summed directly over the last 80 keys (e^{−40} beyond).
+    alone, softmax over s of Σ_{j=s+1..t} log f_j, summed directly over the last 80 keys (e^{−80} beyond).
     """
-    T, near = 1 << 17, 80
+    T, near = 1 << 16, 80
     gen = torch.Generator().manual_seed(0)
-    log_f = -0.5 - torch.rand(1, 1, T, generator=gen)  # float32, [1, 1, T]
+    log_f = -1.0 - 2 * torch.rand(1, 1, T, generator=gen)  # float32, [1, 1, T]
     v = torch.randn(1, 1, T, 2, generator=gen)  # [1, 1, T, 2]
     zero = torch.zeros(1, 1, T, 2)
     with torch.no_grad():
