@@ -17,6 +17,7 @@ Compiled for the baseline ISA (no ``-march=native``): one build may serve every 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -68,16 +69,34 @@ def _build(verbose: bool = False) -> object:
         print("accrot: compiling the fused CPU rotation kernels (once per install, under a minute)", file=sys.stderr)
     # always through torch's loader: it takes the build lock, so a process never loads a library another one
     # is still linking, and ninja finds an up-to-date build in milliseconds
-    cpp_extension.load(
-        name="accrot_cpu",
-        sources=[str(SOURCE)],
-        extra_cflags=list(CFLAGS),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(directory),
-        is_python_module=False,
-        verbose=verbose,  # the compiler's own output, for `ACCROT_CPU_KERNELS=on python -m accrot.ops.cpu_kernels`
-    )
+    with _held_build_lock(directory):
+        cpp_extension.load(
+            name="accrot_cpu",
+            sources=[str(SOURCE)],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+            verbose=verbose,  # the compiler's own output, for `ACCROT_CPU_KERNELS=on python -m accrot.ops.cpu_kernels`
+        )
     return torch.ops.accrot_cpu
+
+
+@contextlib.contextmanager
+def _held_build_lock(directory: Path):
+    """torch's build lock is a file (``FileBaton``: ``lock`` in the build folder) that its holder deletes when done;
+    a process killed while holding it (SIGKILL of a starting run or sweep worker) leaves it behind, and every later
+    process then waits for it forever. An flock on our own file is dropped by the OS when its holder dies: under
+    it no live process can be inside torch's loader, so a ``lock`` file found then is a dead process's, removed."""
+    import fcntl
+
+    with open(directory / "accrot-build.flock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def ops(verbose: bool = False) -> object | None:
