@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 
 from accrot.errors import ConfigError
+from accrot.position.rope import rope_frequencies
 
 Scaling = Literal["pi", "ntk", "yarn"]
 SCALINGS = ("pi", "ntk", "yarn")
@@ -64,8 +65,7 @@ def scaled_frequencies(omega: torch.Tensor, kind: str, factor: float, train_leng
     if kind == "pi":
         return omega / factor
     if kind == "ntk":
-        scaled_base = base * factor ** (D / (D - 2)) if D > 2 else base
-        return scaled_base ** (-torch.arange(P, dtype=torch.float64, device=omega.device) / P)
+        return rope_frequencies(D, base * factor ** (D / (D - 2)) if D > 2 else base).to(omega.device)
     if kind == "yarn":
         turns = train_length * omega / (2 * math.pi)  # wavelengths of pair i within L
         gamma = ((turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)).clamp(0.0, 1.0)

@@ -19,7 +19,15 @@ from optuna.trial import TrialState
 from accrot.display import Finished, RunDisplay, Running
 from accrot.errors import UsageError
 from accrot.metrics import metric_key
-from accrot.sweep.recovery import FINISHED, RetryTrial, can_start, fail_trial, recover_stale, unowned
+from accrot.sweep.recovery import (
+    FINISHED,
+    RetryTrial,
+    budget_state,
+    can_start,
+    fail_trial,
+    recover_stale,
+    unowned,
+)
 from accrot.sweep.spec import SweepSpec, load_spec
 from accrot.sweep.storage import (
     StorageRef,
@@ -370,10 +378,9 @@ def _gpu_ids() -> list[str]:
 
 
 def _done(study, trials=None) -> int:
-    """Runs of ``study`` that are done: finished, except failures that were retried (their retry counts)."""
-    trials = study.get_trials(deepcopy=False) if trials is None else trials
-    retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-    return sum(t.state in FINISHED and not (t.state == TrialState.FAIL and t.number in retried) for t in trials)
+    """Runs of ``study`` that are done: those that count against the budget and are neither waiting nor running."""
+    counted, waiting, running = budget_state(study, trials)
+    return counted - waiting - running
 
 
 def _describe(study, t) -> str:

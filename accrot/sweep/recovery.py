@@ -128,10 +128,10 @@ class JournalHeartbeat:
         self._thread.join()
 
 
-def budget_state(study) -> tuple[int, int, int]:
+def budget_state(study, trials=None) -> tuple[int, int, int]:
     """(trials that count against the budget, waiting, running); a failed trial that was retried does
-    not count (its retry does)."""
-    trials = study.get_trials(deepcopy=False)
+    not count (its retry does). ``trials``: the study's, when the caller has read them already."""
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
     retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
     live = [t for t in trials if not (t.state == TrialState.FAIL and t.number in retried)]
     return (len(live), sum(t.state == TrialState.WAITING for t in live),
