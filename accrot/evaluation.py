@@ -10,6 +10,11 @@ Reported per length: mean NLL and perplexity over all scored tokens, the NLL of 
 ``train_length`` positions of each block ("last window": what a model sees beyond its training
 length), and the NLL per position bucket (the per-position curve). The sums live in a torchmetrics
 ``Metric`` (:class:`PositionNLL`), so a sharded evaluation reduces over ranks like any other metric.
+
+A block is ℓ + 1 consecutive tokens of the stream and nothing else: no beginning- or end-of-sequence token
+is added, so every bucket holds real text only and no position scores a token the
+data never had (documents inside a block stay joined by the corpus's own separator). Per-token NLL is
+float32 with autocast off (:func:`token_nll`), the sums float64, whatever precision the model ran in.
 """
 
 from __future__ import annotations
@@ -119,6 +124,17 @@ def bootstrap_ci(block_nll: torch.Tensor, block_count: torch.Tensor, n: int = 10
     return [lo, hi]
 
 
+def token_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``-log p(target)`` per position, ``[b, ℓ, V], [b, ℓ] → [b, ℓ]`` float32 whatever the autocast dtype.
+
+    The log-softmax runs on float32 logits with autocast off: a bf16 log-softmax rounds each token's NLL to
+    about 3 significant digits, which a per-position curve would show as noise of ±0.01 nats. The sums over
+    tokens are float64 (:class:`PositionNLL`'s states).
+    """
+    with torch.autocast(logits.device.type, enabled=False):
+        return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+
+
 def bucket_width_for(length: int, train_length: int, max_buckets: int = 64) -> int:
     """Buckets of a quarter training length, widened so that no curve has more than ``max_buckets`` points."""
     width = max(1, train_length // 4)
@@ -160,9 +176,9 @@ def evaluate_length(
     for start in range(0, mine.numel(), per_batch):
         index = mine[start : start + per_batch]  # [b]
         chunk = blocks[index].to(device=device, dtype=torch.long)  # [b, ℓ+1]
-        logits = model(chunk[:, :-1]).float()  # [b, ℓ, V]
+        logits = model(chunk[:, :-1])  # [b, ℓ, V] in the model's dtype (bf16 under bf16-mixed)
         targets = chunk[:, 1:]  # [b, ℓ]
-        nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # [b, ℓ]
+        nll = token_nll(logits, targets)  # [b, ℓ] float32
         scored = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask[index].to(device)  # [b, ℓ]
         if not torch.isfinite(nll[scored]).all():
             raise FloatingPointError(
@@ -274,8 +290,7 @@ def evaluate_sliding(
     for i in range(0, len(starts), per_batch):
         batch = starts[i : i + per_batch]
         chunk = torch.stack([stream[s : s + context + 1] for s in batch]).to(device=device, dtype=torch.long)
-        logits = model(chunk[:, :-1]).float()  # [b, context, V]
-        nll = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")  # [b, context]
+        nll = token_nll(model(chunk[:, :-1]), chunk[:, 1:])  # [b, context]
         keep = torch.full((len(batch), context), False, device=device)
         keep[:, context - stride :] = True
         if batch[0] == 0:

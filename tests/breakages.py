@@ -36,6 +36,11 @@ class Breakage:
 
 
 BREAKAGES = [
+    Breakage("nll-bf16", "the evaluation's per-token NLL taken in the logits' dtype (bf16 under bf16-mixed)",
+             "accrot/evaluation.py",
+             'return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")',
+             'return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").float()',
+             ("tests/test_evaluation.py", "-k", "bf16")),
     Breakage("bootstrap-50", "the evaluation's 95 % bootstrap interval computed at 50 %",
              "accrot/evaluation.py", "torch.tensor([0.025, 0.975]", "torch.tensor([0.25, 0.75]",
              ("tests/test_evaluation.py",)),

@@ -162,3 +162,34 @@ def test_accuracy_per_depth_groups_blocks(model):
     for d, rows in (("0", [0, 3]), ("0.5", [1, 4]), ("1", [2, 5])):
         assert res.accuracy_by_depth[d] == pytest.approx(hits[rows].mean().item())
     assert evaluate_length(model, blocks, train_length=16).accuracy_by_depth is None
+
+
+class _Bf16Logits:
+    """A model whose logits come out in bfloat16, as under bf16-mixed: a fixed table of sharp logits per token."""
+
+    def __init__(self, vocab: int = 256, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.table = (6 * torch.randn(vocab, vocab, generator=gen)).bfloat16()  # [V, V] next-token logits
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table[tokens]  # [b, ℓ, V] bf16
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["under-bf16-autocast", "no-autocast"])
+def test_bucket_curve_equals_a_float64_computation_from_bf16_logits(autocast):
+    """The per-position curve of bf16 logits is the float64 NLL of those logits to float32 precision: a bf16
+    log-softmax (±0.4 % per token) or a low-precision running sum would miss this by orders of magnitude."""
+    model = _Bf16Logits()
+    gen = torch.Generator().manual_seed(1)
+    blocks = torch.randint(0, 256, (8, 513), generator=gen)  # 8 blocks of length 512
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        res = evaluate_length(model, blocks, train_length=64, max_batch_tokens=1024)
+    logp = torch.log_softmax(model(blocks[:, :-1]).double(), -1)  # [8, 512, V] float64
+    nll = -logp.gather(-1, blocks[:, 1:, None]).squeeze(-1)  # [8, 512]
+    width = res.bucket_width
+    ref = torch.stack([nll[:, i : i + width].mean() for i in range(0, 512, width)])  # [buckets]
+    got = torch.tensor(res.bucket_nll, dtype=torch.float64)
+    assert got.shape == ref.shape
+    assert torch.linalg.vector_norm(got - ref) <= 1e-6 * torch.linalg.vector_norm(ref) + 1e-9
+    assert abs(res.nll - nll.mean().item()) <= 1e-6 * nll.mean().item()
+    assert abs(res.last_window_nll - nll[:, -64:].mean().item()) <= 1e-6 * nll.mean().item()
