@@ -1,8 +1,11 @@
 """LightningDataModules (DESIGN §4): the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
-corpus shares, and the synthetic tasks (offset copy, passkey retrieval)."""
+corpus shares, prose (the King James Bible from Debian's bible-kjv), the synthetic tasks (offset copy, passkey
+retrieval) and the RULER-style retrieval tasks (multi-key needles, multi-value needles, variable tracking)."""
 
 from accrot.errors import DataError
 from data_modules.hf import HFDataModule
+from data_modules.prose import KJVDataModule
+from data_modules.retrieval import MultiKeyNeedleDataModule, MultiValueDataModule, VariableTrackingDataModule
 from data_modules.stdlib import StdlibDataModule, stdlib_root
 from data_modules.streams import TokenStreamDataModule, TokenStreams, TokenWindows
 from data_modules.synthetic import LocalDependencyDataModule, PasskeyDataModule, SyntheticDataModule
@@ -12,7 +15,10 @@ __all__ = [
     "ByteTokenizer",
     "DataError",
     "HFDataModule",
+    "KJVDataModule",
     "LocalDependencyDataModule",
+    "MultiKeyNeedleDataModule",
+    "MultiValueDataModule",
     "PasskeyDataModule",
     "StdlibDataModule",
     "SyntheticDataModule",
@@ -20,5 +26,6 @@ __all__ = [
     "TokenStreams",
     "TokenWindows",
     "Tokenizer",
+    "VariableTrackingDataModule",
     "stdlib_root",
 ]
