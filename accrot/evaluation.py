@@ -52,7 +52,7 @@ class LengthResult:
     last_window_nll: float
     nll_ci: list[float]
     bucket_width: int
-    bucket_nll: list[float] = field(default_factory=list)
+    bucket_nll: list[float | None] = field(default_factory=list)  # None: no scored token in the bucket
     accuracy_by_depth: dict[str, float] | None = None  # passkey: depth of the key → accuracy
 
     def to_dict(self) -> dict:
@@ -105,7 +105,8 @@ class PositionNLL(Metric):
             "count": self.count,
             "accuracy": self.hits / self.count,
             "last_window_nll": self.last / self.last_count.clamp_min(1),
-            "bucket_nll": self.buckets / self.bucket_count.clamp_min(1),
+            # a bucket with no scored token (a synthetic task scores answers only) has no NLL: NaN, not 0
+            "bucket_nll": torch.where(self.bucket_count > 0, self.buckets / self.bucket_count.clamp_min(1), math.nan),
             "block_nll": cat(self.block_nll)[order],
             "block_count": cat(self.block_count)[order],
             "block_hits": cat(self.block_hits)[order],
@@ -208,7 +209,7 @@ def evaluate_length(
         last_window_nll=float(out["last_window_nll"]),
         nll_ci=bootstrap_ci(out["block_nll"], out["block_count"]),
         bucket_width=width,
-        bucket_nll=out["bucket_nll"].cpu().tolist(),
+        bucket_nll=[None if math.isnan(v) else v for v in out["bucket_nll"].cpu().tolist()],
         accuracy_by_depth=by_depth,
     )
 
@@ -321,7 +322,8 @@ def plot_curves(
         longest = rows[-1]
         width = longest["bucket_width"]
         xs = [(i + 0.5) * width for i in range(len(longest["bucket_nll"]))]
-        ax_pos.plot(xs, longest["bucket_nll"], color=line.get_color(), label=f"{label} (ℓ={longest['length']})")
+        ys = [math.nan if v is None else v for v in longest["bucket_nll"]]  # a gap where nothing was scored
+        ax_pos.plot(xs, ys, color=line.get_color(), label=f"{label} (ℓ={longest['length']})")
     for ax in (ax_len, ax_pos):
         ax.set_xscale("log", base=2)
         ax.axvline(train_length, color="grey", linestyle="--", linewidth=1)
@@ -340,14 +342,16 @@ def plot_curves(
     return Path(path)
 
 
-def nll_table(curves: Mapping[str, Sequence[Mapping]], train_length: int, title: str = "NLL per length") -> Table:
-    """A rich table: one row per label, one column per evaluation length (multiple of the training length)."""
+def nll_table(curves: Mapping[str, Sequence[Mapping]], train_length: int, title: str = "NLL per length",
+              field_: str = "nll") -> Table:
+    """A rich table: one row per label, one column per evaluation length (multiple of the training length);
+    ``field_="accuracy"``: the answers' accuracy instead of the NLL."""
     lengths = sorted({r["length"] for rows in curves.values() for r in rows})
     table = Table(title=title)
     table.add_column("scheme")
     for ln in lengths:
         table.add_column(f"{ln / train_length:g}×", justify="right")
     for label, rows in curves.items():
-        by_len = {r["length"]: r["nll"] for r in rows}
+        by_len = {r["length"]: r[field_] for r in rows}
         table.add_row(label, *(f"{by_len[ln]:.3f}" if ln in by_len else "-" for ln in lengths))
     return table

@@ -138,7 +138,8 @@ class ExtrapolationCallback(Periodic):
                                 data=[[r.length, r.nll, r.last_window_nll] for r in results])
         longest = results[-1]
         by_position = wandb.Table(columns=["position", "nll"],
-                                  data=[[(i + 0.5) * longest.bucket_width, v] for i, v in enumerate(longest.bucket_nll)])
+                                  data=[[(i + 0.5) * longest.bucket_width, v] for i, v in enumerate(longest.bucket_nll)
+                                        if v is not None])
         logger.experiment.log({
             "extrap/nll_vs_length": wandb.plot.line(by_length, "length", "nll", title=f"NLL vs length (step {step})"),
             "extrap/nll_vs_position": wandb.plot.line(
@@ -154,8 +155,12 @@ class ExtrapolationCallback(Periodic):
 
             scheme = SchemeConfig.of(pl_module.hparams.get("scheme"))
             label = scheme.label() if scheme is not None else "?"
-            Console().print(nll_table({label: self.history[-1]["lengths"]}, self.train_length,
-                                      title=f"NLL (nats/token) per evaluation length at step {self.history[-1]['step']}"))
+            step, rows = self.history[-1]["step"], {label: self.history[-1]["lengths"]}
+            Console().print(nll_table(rows, self.train_length,
+                                      title=f"NLL (nats/token) per evaluation length at step {step}"))
+            if self._sets is not None and self._sets.masks is not None:  # a task: its answers' accuracy too
+                Console().print(nll_table(rows, self.train_length, field_="accuracy",
+                                          title=f"answer accuracy per evaluation length at step {step}"))
 
     def _sliding(self, dm, pl_module) -> list[dict]:
         if not self.sliding_multipliers or not hasattr(dm, "val_stream"):

@@ -221,6 +221,57 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     assert max(diag["init_args"]["multipliers"]) == max(SIZES[size].multipliers)
 
 
+def test_optional_data_sets_train_at_a_length_their_sequences_fit_in(tmp_path):
+    """The retrieval tasks that need more than L = 128 train at 256 (window following), the text data set reads
+    --text_root's .txt files, and every data module the spec names accepts what the spec gives it."""
+    from accrot.study.variants import DATASETS, DEFAULT_DATASETS, MIN_SEQ_LEN
+
+    size = SIZES["tiny"]
+    doc = build_spec("t", size, 1, ["NoPE", "accum-random"], list(DATASETS), text_root=str(tmp_path))
+    spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)))
+    assert list(spec.studies()) == [f"t/{d}" for d in DATASETS]
+    (tmp_path / "a.txt").write_text("some prose. " * 400)
+    (tmp_path / "b.txt").write_text("other prose. " * 400)
+    for st in spec.strata():
+        data, variant = st.variant.split(".", 1)
+        over = st.overrides
+        seq_len = over.get("data.init_args.seq_len", size.seq_len)
+        assert seq_len == max(size.seq_len, MIN_SEQ_LEN.get(data, 0))
+        if variant == "accum-random":
+            assert over["model.scheme.window"] == 0.75 * seq_len
+        if data in ("prose", "corpus"):
+            continue  # prose: tests/data/test_prose.py (needs Debian's bible-kjv); corpus: the base config
+        module, name = over["data"].rsplit(".", 1)
+        cls = getattr(__import__(module, fromlist=[name]), name)
+        kwargs = {k.removeprefix("data.init_args."): v for k, v in over.items() if k.startswith("data.init_args.")}
+        dm = cls(**{"seq_len": seq_len, **kwargs})  # the task's sequences fit in its training length
+        assert dm.seq_len == seq_len
+    assert set(DEFAULT_DATASETS) == {"corpus", "local"}  # the optional ones run when --datasets names them
+
+
+def _accuracy_run(variant: str, seed: int, table: dict[float, dict[str, float]]) -> Run:
+    rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 1.0, "accuracy": sum(d.values()) / len(d),
+                "bucket_width": 32, "bucket_nll": [1.0] * 4, "accuracy_by_depth": d} for m, d in table.items()}
+    return Run("passkey", variant, seed, f"/runs/{variant}/{seed}", rows, 128)
+
+
+def test_depth_heatmap_is_the_mean_over_seeds_per_depth_and_length(tmp_path):
+    from accrot.study.report import depth_accuracy
+
+    runs = [_accuracy_run("NoPE", 0, {1: {"0": 1.0, "0.5": 0.5}, 2: {"0": 0.0, "0.5": 0.25}}),
+            _accuracy_run("NoPE", 1, {1: {"0": 0.5, "0.5": 0.5}, 2: {"0": 1.0, "0.5": 0.75}}),
+            _accuracy_run("RoPE", 0, {1: {"0": 1.0, "0.5": 1.0}})]
+    res = Results(runs)
+    depths, mults, grid = depth_accuracy(res, "passkey", "NoPE")
+    assert depths == [0.0, 0.5] and mults == [1.0, 2.0]
+    assert grid == [[0.75, 0.5], [0.5, 0.5]]
+    assert depth_accuracy(res, "passkey", "RoPE")[2] == [[1.0], [1.0]]
+    report = write_report(res, tmp_path, {"command": "test", "size": "tiny", "seeds": 2}).read_text()
+    assert "![accuracy per depth and length](depth_passkey.png)" in report
+    assert "Answer accuracy:" in report
+    assert (tmp_path / "depth_passkey.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---------------------------------------------------------------------------------------------------
 # a real ablation, interrupted and resumed
 # ---------------------------------------------------------------------------------------------------
@@ -307,6 +358,10 @@ def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
         (["--multipliers", "1", "x"], "--multipliers=['1', 'x'] is not valid"),
         (["--seeds=0"], "--seeds=0 is not valid"),
         (["--multipliers=[2, 4]"], "positive multiples of L that include 1"),
+        (["--datasets", "corpus", "text"], "the text data set needs --text_root DIR"),
+        (["--text_root", str(tmp_path)], "--text_root is given but --datasets does not name text"),
+        (["--datasets", "text", "--text_root", "/nonexistent/books"], "data root '/nonexistent/books' does not exist"),
+        (["--datasets", "prose", "passkey", "prose"], "a data set is listed twice"),
     ]:
         assert main(["ablation", *argv, f"--out={tmp_path}"]) == 2
         err = capsys.readouterr().err.strip().splitlines()

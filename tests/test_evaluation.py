@@ -68,6 +68,10 @@ def test_mask_scores_only_selected_positions_and_accuracy(model):
     hits = (logits.argmax(-1) == blocks[:, 1:])[mask].double().mean().item()
     assert res.accuracy == pytest.approx(hits)
     assert res.last_window_nll == pytest.approx(nll[:, 20].mean().item(), rel=1e-5)  # only 20 is in the last 16
+    # buckets of 4 positions: 5 lies in bucket 1, 20 in bucket 5; the others scored nothing and have no NLL
+    assert res.bucket_width == 4
+    assert [i for i, v in enumerate(res.bucket_nll) if v is not None] == [1, 5]
+    assert res.bucket_nll[1] == pytest.approx(nll[:, 5].mean().item(), rel=1e-5)
 
 
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_blocks(model):

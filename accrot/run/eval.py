@@ -63,6 +63,8 @@ def main(argv: list[str]) -> int:
     label = model.scheme_config.label() if scaling is None else scaling.label()
     plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
     Console().print(nll_table({label: rows}, train_length))
+    if sets.masks is not None:  # a synthetic task scores answers: their accuracy too
+        Console().print(nll_table({label: rows}, train_length, title="answer accuracy per length", field_="accuracy"))
     print(out / "extrapolation.json")
     return 0
 

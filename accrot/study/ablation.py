@@ -35,7 +35,17 @@ from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import config_path
 from accrot.study.report import build_report, write_notes
-from accrot.study.variants import DATASETS, DEFAULT_VARIANTS, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED, Size
+from accrot.study.variants import (
+    DATASETS,
+    DEFAULT_DATASETS,
+    DEFAULT_VARIANTS,
+    MIN_SEQ_LEN,
+    SIZES,
+    VARIANTS,
+    WINDOW_FRACTION,
+    WINDOWED,
+    Size,
+)
 from accrot.sweep.parent import Terminated, run_sweep
 from accrot.sweep.spec import load_spec
 from accrot.sweep.storage import StorageRef
@@ -50,8 +60,9 @@ def checkpoint_callback(base: str) -> dict[str, Any]:
 
 def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets: list[str],
                wandb: str = "auto", max_steps: int | None = None,
-               multipliers: list[float] | None = None) -> dict[str, Any]:
-    """The sweep spec of the ablation (``accrot sweep`` reads the same YAML)."""
+               multipliers: list[float] | None = None, text_root: str | None = None) -> dict[str, Any]:
+    """The sweep spec of the ablation (``accrot sweep`` reads the same YAML); ``text_root``: the folder of
+    ``.txt`` files of the ``text`` data set."""
     multipliers = list(multipliers or size.multipliers)
     longest = max(multipliers)
     diag = sorted({m for m in size.diagnostics if m <= longest} | {1, longest})
@@ -65,9 +76,14 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
     for data in datasets:
         for label in variants:
             over = {f"model.scheme.{k}": v for k, v in VARIANTS[label].items()}
+            seq_len = max(size.seq_len, MIN_SEQ_LEN.get(data, 0))
             if label in WINDOWED:
-                over["model.scheme.window"] = WINDOW_FRACTION * size.seq_len
+                over["model.scheme.window"] = WINDOW_FRACTION * seq_len
             over.update(DATASETS[data])
+            if seq_len != size.seq_len:
+                over["data.init_args.seq_len"] = seq_len
+            if data == "text":
+                over["data.init_args.root"] = text_root
             # the theory diagnostics (T1–T4) on the corpus models
             over["trainer.callbacks"] = [ckpt, diagnostics] if data == "corpus" else [ckpt]
             strata[f"{data}.{label}"] = over
@@ -105,7 +121,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--study", type=str | None, default=None, help="study name (default: ablation-<size>)")
     # nargs: `--variants NoPE RoPE` as a shell user types it; `--variants '[NoPE, RoPE]'` (YAML) works too
     parser.add_argument("--variants", type=str, nargs="+", default=None, help=f"subset of: {', '.join(VARIANTS)}")
-    parser.add_argument("--datasets", type=str, nargs="+", default=None, help=f"subset of: {', '.join(DATASETS)}")
+    parser.add_argument("--datasets", type=str, nargs="+", default=None,
+                        help=f"any of: {', '.join(DATASETS)} (default: {', '.join(DEFAULT_DATASETS)})")
+    parser.add_argument("--text_root", type=str | None, default=None,
+                        help="the folder of .txt files of the `text` data set (any depth; split by file)")
     parser.add_argument("--max_steps", type=int | None, default=None, help="override the size's training steps")
     parser.add_argument("--multipliers", type=str, nargs="+", default=None,
                         help="evaluation lengths as multiples of L (default: 1 2 4 ... 64)")
@@ -121,7 +140,8 @@ def main(argv: list[str]) -> int:
     study = args.study or f"ablation-{args.size}"
     out = Path(args.out).resolve()
     folder = out / study
-    spec_doc = build_spec(study, size, seeds, variants, datasets, args.wandb, args.max_steps, args.multipliers)
+    spec_doc = build_spec(study, size, seeds, variants, datasets, args.wandb, args.max_steps, args.multipliers,
+                          text_root=args.text_root)
     spec_path = folder / f"{study}.yaml"
 
 
@@ -156,19 +176,37 @@ def _check_args(args) -> tuple[Size, int, list[str], list[str]]:
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
     variants = args.variants or list(DEFAULT_VARIANTS)
-    datasets = args.datasets or list(DATASETS)
+    datasets = args.datasets or list(DEFAULT_DATASETS)
     for given, known, what in ((variants, VARIANTS, "variant"), (datasets, DATASETS, "data set")):
         unknown = [v for v in given if v not in known]
         if unknown:
             raise UsageError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(known)}")
         if len(set(given)) != len(given):
             raise UsageError(f"a {what} is listed twice: {', '.join(given)}")
+    _check_data(datasets, args)
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError(f"--max_steps={args.max_steps} is not valid; a positive number of steps")
     if args.multipliers is not None and (not args.multipliers or 1 not in args.multipliers
                                          or any(m <= 0 for m in args.multipliers)):
         raise UsageError(f"--multipliers={args.multipliers} is not valid; positive multiples of L that include 1")
     return size, seeds, variants, datasets
+
+
+def _check_data(datasets: list[str], args) -> None:
+    """What the optional data sets need, checked before any worker starts (one line each)."""
+    if "prose" in datasets:  # the line names the package to install
+        from data_modules.prose import require_program
+
+        require_program()
+    if "text" in datasets:
+        if args.text_root is None:
+            raise UsageError("the text data set needs --text_root DIR, a folder of .txt files")
+        from data_modules.stdlib import StdlibDataModule
+
+        args.text_root = str(Path(args.text_root).expanduser().resolve())
+        StdlibDataModule(root=args.text_root, glob=DATASETS["text"]["data.init_args.glob"])  # lists and splits its files
+    elif args.text_root is not None:
+        raise UsageError("--text_root is given but --datasets does not name text; add text to --datasets")
 
 
 def _words(values: list[str] | None, flag: str) -> list[str] | None:

@@ -30,6 +30,7 @@ from accrot.study.claims import (
     times,
 )
 from accrot.study.stats import Claim, fmt
+from accrot.study.variants import ANSWER_TASKS
 
 # ---------------------------------------------------------------------------------------------------
 # writing the report
@@ -230,6 +231,60 @@ def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
     return path
 
 
+def depth_accuracy(res: Results, dataset: str, variant: str) -> tuple[list[float], list[float], list[list[float]]]:
+    """``(depths, multipliers, mean accuracy [depth][multiplier])`` over the variant's seeds (NaN where none):
+    the retrieval tasks' accuracy per (key depth, evaluation length)."""
+    runs = res.by.get((dataset, variant), [])
+    mults = sorted({m for r in runs for m, row in r.lengths.items() if row.get("accuracy_by_depth")})
+    depths = sorted({float(d) for r in runs for row in r.lengths.values() for d in (row.get("accuracy_by_depth") or {})})
+    grid = []
+    for d in depths:
+        line = []
+        for m in mults:
+            vals = [float(acc) for r in runs for k, acc in ((r.lengths.get(m) or {}).get("accuracy_by_depth") or {}).items()
+                    if float(k) == d]
+            line.append(sum(vals) / len(vals) if vals else math.nan)
+        grid.append(line)
+    return depths, mults, grid
+
+
+def plot_depth_heatmap(res: Results, dataset: str, path: Path) -> Path | None:
+    """Retrieval accuracy per depth × length, one panel per variant (mean over seeds, the value in each cell)."""
+    panels = [(v, *depth_accuracy(res, dataset, v)) for v in res.variants(dataset)]
+    panels = [p for p in panels if p[1] and p[2]]
+    if not panels:
+        return None
+    plt = pyplot()
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols + 1.2, 2.7 * rows + 0.7), squeeze=False,
+                             layout="constrained")
+    image = None
+    for k, (ax, (v, depths, mults, grid)) in enumerate(zip(axes.flat, panels)):
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(mults)), [times(m) for m in mults], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths], fontsize=7)
+        for i, line in enumerate(grid):
+            for j, acc in enumerate(line):
+                if math.isfinite(acc):
+                    ax.text(j, i, f"{acc:.2f}", ha="center", va="center", fontsize=6,
+                            color="black" if acc > 0.6 else "white")
+        seeds = len(res.by.get((dataset, v), []))
+        name = v.replace(" (eval-time extension)", "\n(eval-time extension)")
+        ax.set_title(f"{name}, {seeds} seed{'s' if seeds != 1 else ''}", fontsize=8)
+        if k >= len(panels) - cols:  # the bottom panel of its column
+            ax.set_xlabel("evaluation length / L", fontsize=7)
+        if k % cols == 0:
+            ax.set_ylabel("depth of the key", fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="answer accuracy (mean over seeds)")  # one scale: 0 to 1
+    fig.suptitle(f"{_title(dataset)}: accuracy per key depth and length", fontsize=10)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
 def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
     return mean_of(h[i] for h in rows)
 
@@ -339,18 +394,24 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
     sections = []
     for dataset in res.datasets():
         figures.append(plot_nll(res, dataset, folder / f"nll_{dataset}.png"))
-        pp = plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
+        # a task scores its answers only, always at the end of a block: no per-position curve to draw
+        pp = None if dataset in ANSWER_TASKS else plot_per_position(res, dataset, folder / f"per_position_{dataset}.png")
         if pp:
             figures.append(pp)
         hz = plot_horizon(res, dataset, folder / f"horizon_{dataset}.png")
         if hz:
             figures.append(hz)
         part = [f"## {_title(dataset)}", "",
-                "NLL (nats/token; on the local task: answers only) per evaluation length, mean ± std over seeds.", "",
-                _table(res, dataset, "nll")]
-        if dataset == "local":
+                "NLL (nats/token; on a synthetic task: answers only) per evaluation length, mean ± std over seeds.",
+                "", _table(res, dataset, "nll")]
+        if dataset in ANSWER_TASKS:
             part += ["", "Answer accuracy:", "", _table(res, dataset, "accuracy")]
         part += ["", f"![NLL vs length](nll_{dataset}.png)"]
+        heat = plot_depth_heatmap(res, dataset, folder / f"depth_{dataset}.png")
+        if heat:
+            figures.append(heat)
+            part += ["", "Accuracy per depth of the key and evaluation length (mean over seeds):", "",
+                     f"![accuracy per depth and length]({heat.name})"]
         if pp:
             part += ["", f"![per-position NLL]({pp.name})"]
         if hz:
@@ -359,7 +420,9 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         sections.append("\n".join(part))
     theory = plot_theory(res, folder)
     figures += theory
-    train_length = res.runs[0].train_length if res.runs else None
+    lengths = {d: next(r.train_length for r in res.runs if r.dataset == d) for d in res.datasets()}
+    train_length = " ".join(f"{n} ({d})" for d, n in lengths.items()) if len(set(lengths.values())) > 1 \
+        else next(iter(lengths.values()), None)
     wall = time.time() - meta["started"] if meta.get("started") else None
     head = [
         f"# {meta.get('study', folder.name)}: does accumulation explain extrapolation?", "",

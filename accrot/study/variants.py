@@ -36,12 +36,35 @@ WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+a
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 
 # data set -> overrides. "corpus": the embedded stdlib bytes (the recipe's data); "local": the offset-copy task,
-# where only answers within K = 8 tokens are scored and only the distractors grow with the length.
+# where only answers within K = 8 tokens are scored and only the distractors grow with the length. The others run
+# when --datasets names them: "prose", narrative text (the King James Bible from Debian's bible-kjv); "text", a
+# folder of your own .txt files (--text_root); and the retrieval tasks, whose only scored tokens are the answers
+# (accuracy per key depth and length: the report's heatmaps).
 DATASETS: dict[str, dict[str, Any]] = {
     "corpus": {},
     "local": {"data": "data_modules.LocalDependencyDataModule"},
+    "prose": {"data": "data_modules.KJVDataModule"},
+    "text": {"data": "data_modules.StdlibDataModule", "data.init_args.glob": "**/*.txt"},  # + root: --text_root
+    "passkey": {"data": "data_modules.PasskeyDataModule"},
+    "needle": {"data": "data_modules.MultiKeyNeedleDataModule", "data.init_args.n_keys": 3},
+    "multivalue": {"data": "data_modules.MultiValueDataModule"},
+    "vartrack": {"data": "data_modules.VariableTrackingDataModule"},
 }
-DATASET_TITLES = {"corpus": "embedded corpus (Python stdlib bytes)", "local": "local-dependency task (offset copy)"}
+DEFAULT_DATASETS = ("corpus", "local")
+# the shortest training length a data set's sequences fit in (its data module says so in one line otherwise):
+# three needles and their question take about 200 bytes, so at L = 128 these tasks train at 256
+MIN_SEQ_LEN = {"needle": 256, "multivalue": 256, "vartrack": 256}
+ANSWER_TASKS = ("local", "passkey", "needle", "multivalue", "vartrack")  # NLL and accuracy of answers only
+DATASET_TITLES = {
+    "corpus": "embedded corpus (Python stdlib bytes)",
+    "local": "local-dependency task (offset copy)",
+    "prose": "prose (King James Bible, Debian bible-kjv)",
+    "text": "your text (.txt files, --text_root)",
+    "passkey": "passkey retrieval",
+    "needle": "multi-key needle retrieval",
+    "multivalue": "multi-value needle retrieval",
+    "vartrack": "variable tracking",
+}
 
 
 @dataclass(frozen=True)
