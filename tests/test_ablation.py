@@ -276,7 +276,7 @@ def test_depth_heatmap_is_the_mean_over_seeds_per_depth_and_length(tmp_path):
 # a real ablation, interrupted and resumed
 # ---------------------------------------------------------------------------------------------------
 ABLATE = ["ablation", "--size=tiny", "--variants=[NoPE, RoPE]", "--datasets=[corpus]", "--seeds=2", "--max_steps=4",
-          "--multipliers=[1, 2]", "--workers=1", "--study=t", "--wandb=disabled"]
+          "--multipliers=[1, 2]", "--workers=2", "--study=t", "--wandb=disabled"]
 
 
 def _complete(url: str) -> dict[tuple[str, int], tuple[int, str]]:

@@ -103,11 +103,11 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
     """1 process × batch 8 and 2 DDP processes × batch 4 (Lightning's launcher, ``devices=2``) end with the same
     weights; so do 2 simulated nodes × 1 process × batch 4 (MASTER_ADDR/NODE_RANK on one machine), which also
     evaluate (blocks sharded over the ranks) and leave only rank 0's files."""
+    # independent runs, started together: their start-ups (imports, gloo) overlap
     single = _fit(tmp_path / "one", "--data.init_args.batch_size=8")
-    _wait(single)
     ddp = _fit(tmp_path / "two", "--data.init_args.batch_size=4", "--trainer.devices=2", "--trainer.strategy=ddp",
                env=_env(MASTER_PORT=str(_free_port())))
-    _wait(ddp)
+    _wait(single, ddp)
     port = str(_free_port())
     cwd = [tmp_path / f"cwd{r}" for r in range(2)]
     nodes = []
@@ -144,11 +144,10 @@ def test_two_gloo_processes_equal_one_process_with_the_same_global_batch(tmp_pat
 def test_ddp_gradient_is_the_single_process_gradient(scheme, tmp_path):
     """Random increments (redrawn every step: each rank keeps its rows of the global batch's draw) and PaTH
     (data-dependent transforms, chunked kernel): 2 DDP ranks × batch 4 give one process's batch-8 gradient."""
-    single = _fit(tmp_path / "one", "--data.init_args.batch_size=8", *SCHEMES[scheme])
-    _wait(single)
+    single = _fit(tmp_path / "one", "--data.init_args.batch_size=8", *SCHEMES[scheme])  # both at once
     ddp = _fit(tmp_path / "two", "--data.init_args.batch_size=4", "--trainer.devices=2", "--trainer.strategy=ddp",
                *SCHEMES[scheme], env=_env(MASTER_PORT=str(_free_port())))
-    _wait(ddp)
+    _wait(single, ddp)
     _assert_same_model(tmp_path / "one", tmp_path / "two", scheme)
 
 
