@@ -57,6 +57,10 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._flush(trainer, patch=False)  # training is over: the loops' own end state is the right one
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            # the run ended between two periodic saves (max_steps not a multiple of every_n_train_steps): last.ckpt
+            # must hold the final weights, which an evaluation of it or a resume that trains further starts from
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
         super().on_train_end(trainer, pl_module)
 
     def _flush(self, trainer: L.Trainer, patch: bool) -> None:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -367,3 +368,24 @@ def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("accrot: error: ") and expect in err[0], err
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("ckpt_step, rows", [(150, 3), (100, 0)], ids=["same-model", "older-checkpoint"])
+def test_extension_rows_come_only_from_the_model_the_rope_row_evaluated(tmp_path, ckpt_step, rows):
+    """An eval-time extension row is RoPE's own model rescaled: a checkpoint from another step than the run's
+    evaluation (a last.ckpt older than the end of training) would compare two models, and is left out."""
+    from accrot.study.extensions import EXTENSIONS, extension_runs
+
+    run_dir = tmp_path / "run"
+    lengths = [{"multiplier": 1.0, "length": 128, "nll": 2.0}]
+    (run_dir).mkdir()
+    (run_dir / "extrapolation.json").write_text(json.dumps({"final": {"step": 150, "lengths": lengths}}))
+    for kind in EXTENSIONS.values():
+        (run_dir / f"eval-{kind}").mkdir()
+        (run_dir / f"eval-{kind}" / "extrapolation.json").write_text(json.dumps(
+            {"train_length": 128, "final": {"step": ckpt_step, "lengths": lengths}}))
+    rope = Run("corpus", "RoPE", 0, str(run_dir), {1.0: lengths[0]}, 128)
+    printed = []
+    out = extension_runs(Results([rope]), console=SimpleNamespace(print=lambda m, **_: printed.append(m)))
+    assert len(out) == rows and sorted(r.variant for r in out) == (sorted(EXTENSIONS) if rows else [])
+    assert len(printed) == 3 - rows and all("from step 100, the run's evaluation from step 150" in m for m in printed)

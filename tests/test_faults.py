@@ -220,6 +220,23 @@ def test_resume_across_epochs_with_ckpt_path_last(every, tmp_path):
     assert record["resume_history"][0]["step"] == 12 - every  # the checkpoint before the crash: 8 or 9
 
 
+def test_last_checkpoint_holds_the_final_step_between_periodic_saves(tmp_path):
+    """max_steps = 7 with a save every 4 steps: last.ckpt holds step 7, not 4 (what `accrot eval`, the ablation's
+    RoPE-extension rows and a resume that trains further read), and `--resume --trainer.max_steps=9` continues
+    from step 7."""
+    args = ["fit", "--config", "tiny", f"--root={tmp_path}", *QUICK, "--trainer.val_check_interval=5",
+            checkpoint_every(4), "--name=run"]
+    assert main([*args, "--trainer.max_steps=7"]) == 0
+    run = tmp_path / "run" / "version_0"
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["global_step"] == 7
+    final = json.loads((run / "extrapolation.json").read_text())["final"]
+    assert final["step"] == 7
+    assert main(["fit", "--resume", str(run), "--trainer.max_steps=9"]) == 0
+    record = json.loads((run / "run.json").read_text())
+    assert record["resume_history"][-1]["step"] == 7 and record["step"] == 9
+
+
 def test_ckpt_path_last_without_a_run_starts_a_new_one(tmp_path):
     assert main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=2", *QUICK,
                  "--ckpt_path=last"]) == 0

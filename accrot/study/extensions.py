@@ -23,6 +23,7 @@ def extension_runs(res: Results, console=None) -> list[Run]:
     out = []
     rope = [r for r in res.runs if r.variant == "RoPE"]
     for i, run in enumerate(rope):
+        trained = json.loads((Path(run.run_dir) / "extrapolation.json").read_text())["final"]["step"]
         for label, kind in EXTENSIONS.items():
             path = Path(run.run_dir) / f"eval-{kind}" / "extrapolation.json"
             if not path.is_file():
@@ -31,6 +32,12 @@ def extension_runs(res: Results, console=None) -> list[Run]:
                                   f"({i + 1} of {len(rope)})", highlight=False)
                 _evaluate(run, kind)
             doc = json.loads(path.read_text())
+            if doc["final"].get("step") != trained:  # another model than the row it would be compared with
+                if console is not None:
+                    console.print(f"eval-time extensions: {kind} of RoPE {run.dataset} seed {run.seed} left out: "
+                                  f"its checkpoint is from step {doc['final'].get('step')}, the run's evaluation "
+                                  f"from step {trained}", highlight=False)
+                continue
             out.append(Run(dataset=run.dataset, variant=label, seed=run.seed, run_dir=run.run_dir,
                            lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
                            train_length=int(doc["train_length"]), diagnostics=None))
