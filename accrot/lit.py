@@ -112,7 +112,9 @@ class LitLM(L.LightningModule):
                 f"the training loss is {loss.item()} at step {self.global_step} (epoch {self.current_epoch}, "
                 f"batch {batch_idx}); lower model.lr or set trainer.gradient_clip_val"
             )
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True, on_epoch=False)
+        # made on the device by a fill (a Python float would be copied host-to-device by self.log every step)
+        lr = torch.full((), self.trainer.optimizers[0].param_groups[0]["lr"], device=loss.device)
+        self.log("train/lr", lr, on_step=True, on_epoch=False)
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:

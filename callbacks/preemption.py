@@ -115,7 +115,11 @@ class Preemption(L.Callback):
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             # every rank, every batch: one all-reduce of the signal numbers (any rank's counts); the strategy's
             # reduce() would add a barrier before it
-            flag = torch.tensor([signum], device=trainer.strategy.root_device)
+            # the flag lives on the device, made once: each batch fills it (no host-to-device copy) and reads it back
+            flag = self._flag
+            if flag is None or flag.device != trainer.strategy.root_device:
+                flag = self._flag = torch.zeros(1, dtype=torch.long, device=trainer.strategy.root_device)
+            flag.fill_(signum)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             signum = int(flag.item())
         if signum:  # every rank at once; Lightning raises SIGTERMException right after this batch
@@ -138,6 +142,7 @@ class Preemption(L.Callback):
             requeue(slurm_job_id())
 
     _patch: tuple[int, int, int] | None = None
+    _flag: torch.Tensor | None = None  # the per-batch signal flag of a multi-rank run, on the device
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         if self._patch is None:

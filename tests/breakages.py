@@ -85,6 +85,13 @@ BREAKAGES = [
              "accrot/run/lightning.py", "        with hold_startup_logs():  # an error before training is the only line printed\n",
              "        if True:\n",
              ("tests/test_bad_inputs.py", "-k", "out-of-range-scheme or missing-data or full-disk")),
+    Breakage("counter-rng-arithmetic-shift", "the device draws' SplitMix64 shifted arithmetically (sign-extending)",
+             "accrot/ops/counter_rng.py", "    return (z >> s) & ((1 << (64 - s)) - 1)\n", "    return z >> s\n",
+             ("tests/ops/test_counter_rng.py",)),
+    Breakage("device-draw-contiguous-shard", "a DDP rank's device draw takes a contiguous block of the global batch",
+             "accrot/position/accum.py", "rows = torch.arange(B, device=device, dtype=torch.int64) * world + rank",
+             "rows = torch.arange(B, device=device, dtype=torch.int64) + rank * B",
+             ("tests/position/test_so2.py", "-k", "shards_the_global_batch")),
 ]
 
 

@@ -333,6 +333,9 @@ CATALOGUE: list[Row] = [
     Row("bad-kernel-switch", "ACCROT_CPU_KERNELS=fast accrot fit ...", lambda f: f.fit(),
         "ACCROT_CPU_KERNELS='fast' is not valid; choose one of auto, on, off",
         simulate=lambda: environment("ACCROT_CPU_KERNELS", "fast")),
+    Row("fla-without-cuda", "--model.scheme.rotation=path --model.scheme.path_kernel=fla --trainer.accelerator=cpu",
+        lambda f: f.fit("--model.scheme.rotation=path", "--model.scheme.path_kernel=fla", "--trainer.accelerator=cpu"),
+        "model.scheme.path_kernel='fla' needs CUDA tensors (got device 'cpu'); use model.scheme.path_kernel='chunked'"),
     # -- data ---------------------------------------------------------------------------------------------
     Row("missing-data", "--data.init_args.root=/nonexistent/accrot",
         lambda f: f.fit("--data.init_args.root=/nonexistent/accrot", corpus=False),

@@ -125,9 +125,11 @@ def ops(verbose: bool = False) -> object | None:
 
 def describe(device: torch.device | str) -> str:
     """Which SO(2) rotation path runs on ``device`` (recorded in run.json and the benchmark's report): the two
-    paths agree to float32 rounding, not bit for bit."""
+    paths agree to float32 rounding, not bit for bit. Accelerators: :func:`accrot.ops.gpu_kernels.describe`."""
     if torch.device(device).type != "cpu":
-        return "eager"
+        from accrot.ops import gpu_kernels
+
+        return gpu_kernels.describe(device) if torch.device(device).type == "cuda" else "eager"
     return "compiled" if ops() is not None else "eager"
 
 

@@ -14,7 +14,9 @@ Implementations (compared on outputs and gradients in ``tests/ops/test_path.py``
 * :func:`naive_path_attention_recurrence`: each query walks back one token per step, u ← H_j u, vector ops only
   (``kernel="recurrent"``, for debugging).
 * :func:`naive_path_attention_products`: explicit D×D path products and a plain softmax (tiny T only).
-* ``kernel="fla"``: the Triton kernel of ``fla`` (flash-linear-attention), CUDA only.
+* ``kernel="fla"``: the Triton kernel of ``fla`` (flash-linear-attention), CUDA only, pinned by the ``gpu`` extra
+  (``pip install -e '.[gpu]'``); w in q's dtype, β and the gate in float32; a missing CUDA device, Triton or fla
+  is one :class:`~accrot.errors.ConfigError` line (:func:`fla_problem`).
 
 The Householder math (w, β, transports, UT transform) and the softmax run in float32 or wider whatever the input
 dtype (autocast is disabled inside); the output has q's dtype. Cumulative log-decays are summed in float64.
@@ -30,6 +32,8 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
+from accrot.errors import ConfigError
 
 Kernel = Literal["chunked", "recurrent", "fla"]
 KERNELS: tuple[str, ...] = ("chunked", "recurrent", "fla")
@@ -207,8 +211,8 @@ def _chunk_prologue(
         r = torch.cat((r, torch.ones_like(a)[..., None]), -1)  # [N, BH, c, D + 1]
         K_walk = torch.cat((K_walk, -a[..., None, :]), -2)  # [N, BH, D + 1, c]
         X = F.pad(X, (0, int(explicit), 0, 1))  # [N, BH, D + 1, D + 1|c]
-        if explicit:  # blockdiag(P, 1) keeps the constant column
-            X = X + F.one_hot(torch.tensor(D, device=dev), D + 1).to(dt).diag()
+        if explicit:  # blockdiag(P, 1) keeps the constant column (a fill on the device, no host tensor)
+            X[..., D, D] = 1.0
         U_walk = F.pad(U, (0, 1))  # [N, BH, c, D + 1]
     return state, r, torch.cat((K_walk, X), -1), None if explicit else U_walk
 
@@ -346,7 +350,36 @@ def householder_product(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     return torch.eye(D, dtype=dt, device=w.device) - w.mT @ U  # [..., D, D]
 
 
-# -- optional CUDA kernel ---------------------------------------------------------------------------
+# -- optional CUDA kernel ---------------------------------------------------------------------------------
+FLA_HEAD_DIMS = (16, 32, 64)  # what fla's PaTH kernels support
+FLA_INSTALL = "pip install -e '.[gpu]'"
+
+
+def fla_problem(device: torch.device | str | None = None) -> str | None:
+    """Why ``kernel='fla'`` cannot run (on ``device``, when given), as one line; None when it can.
+
+    Checked in order: a CUDA device, Triton, then fla's PaTH kernel itself (``find_spec`` first, so a missing
+    package never costs an import)."""
+    import importlib.util
+
+    if device is not None and torch.device(device).type != "cuda":
+        return (f"kernel='fla' needs CUDA tensors (got device {torch.device(device).type!r}); use "
+                "kernel='chunked' on the CPU")
+    if importlib.util.find_spec("triton") is None:
+        return (f"kernel='fla' needs Triton, which is not installed (it comes with torch's CUDA wheels and with "
+                f"{FLA_INSTALL}); use kernel='chunked'")
+    if importlib.util.find_spec("fla") is None:
+        return (f"kernel='fla' needs the optional flash-linear-attention package, which is not installed "
+                f"({FLA_INSTALL}); use kernel='chunked'")
+    try:
+        from fla.ops.path_attn.parallel import parallel_path_attention  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - an fla that does not import (Triton too old or too new) is the reason
+        text = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return (f"kernel='fla' could not import fla's PaTH kernel ({type(err).__name__}: {text}); install the "
+                f"pinned version ({FLA_INSTALL}) or use kernel='chunked'")
+    return None
+
+
 def _path_fla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -356,28 +389,30 @@ def _path_fla(
     log_decay: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    if not q.is_cuda:
-        raise RuntimeError(
-            f"kernel='fla' needs CUDA tensors (got device {q.device.type!r}); use kernel='chunked' on CPU"
-        )
-    try:
-        from fla.ops.path_attn.parallel import parallel_path_attention
-    except ImportError as err:
-        raise RuntimeError(
-            "kernel='fla' needs the optional flash-linear-attention package (import fla failed: "
-            f"{err}); install it or use kernel='chunked'"
-        ) from err
-    B, H, T, D = q.shape
+    """fla's Triton PaTH (``parallel_path_attention``, ``[B, T, H, D]`` layout): q, k, v and w in q's dtype (its
+    matmuls want one dtype), β and the gate in float32 (β near 0 and near 2 must not round: H_j is a reflection
+    at exactly 2)."""
+    problem = fla_problem(q.device)
+    if problem is not None:
+        raise ConfigError(problem)
+    D, Dv = q.shape[-1], v.shape[-1]
+    if D not in FLA_HEAD_DIMS or Dv not in FLA_HEAD_DIMS:
+        got = f"{D}" if D == Dv else f"{D} for q, k and {Dv} for v"
+        raise ConfigError(f"kernel='fla' supports head dims {', '.join(map(str, FLA_HEAD_DIMS))} (got {got}); change "
+                          "d_model / n_heads or use kernel='chunked'")
+    from fla.ops.path_attn.parallel import parallel_path_attention
+
+    B = q.shape[0]
     g = None
     if log_decay is not None:
         # fla adds its gate before multiplying by the softmax scale; ours is added after, so pre-divide.
-        g = (log_decay.float().expand(B, -1, -1) / scale).transpose(1, 2).contiguous()  # [B, T, H]
+        g = (log_decay.float().expand(B, -1, -1) / scale).transpose(1, 2).contiguous()  # [B, T, H] float32
     o, _ = parallel_path_attention(
         q=q.transpose(1, 2),  # fla is [B, T, H, D]
-        k=k.transpose(1, 2),
-        v=v.transpose(1, 2),
+        k=k.to(q.dtype).transpose(1, 2),
+        v=v.to(q.dtype).transpose(1, 2),
         w=w.to(q.dtype).transpose(1, 2),
-        beta=beta.to(q.dtype).transpose(1, 2),
+        beta=beta.float().transpose(1, 2),  # [B, T, H] float32
         g=g,
         scale=scale,
     )
@@ -405,7 +440,8 @@ def path_attention(
             logit after the D^−1/2 scaling.
         chunk_size: chunk length c of the chunked kernel (any positive int; c ≥ T means one chunk).
         kernel: ``"chunked"`` (default), ``"recurrent"`` (the naive recurrence, for debugging) or ``"fla"``
-            (fla's Triton kernel; CUDA tensors and the ``fla`` package needed).
+            (fla's Triton kernel: CUDA tensors, Triton and the pinned ``fla`` of the ``gpu`` extra needed; what is
+            missing is one :class:`~accrot.errors.ConfigError` line, :func:`fla_problem`).
         scale: logit scale, default D^−1/2.
     """
     if kernel not in KERNELS:

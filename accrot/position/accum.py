@@ -15,13 +15,17 @@ Increments (``cfg.increments``):
   |φ| = |sin a / a|, solved for a ∈ (0, π) by bisection. With ``ladder`` the window sets pair 0 (σ_0 = σ); the
   others mix more slowly. When neither is set the window is :data:`DEFAULT_WINDOW` = 96 tokens.
   In training with ``resample`` a fresh draw is taken every forward from the module's own stream: draw n of
-  layer ℓ comes from a generator seeded by (seed, ℓ, n), and n is saved with the weights (the module's extra
-  state), so a resumed run continues the same sequence and nothing else that draws from torch's global RNG
-  can shift it (the backbone sets ℓ, :meth:`RandomPositionIncrements.set_stream`); in ``eval()``
-  (or with ``resample=False``) δ is a fixed function of position, ``seed`` and the layer: chunks of
-  :data:`POSITION_CHUNK` positions, each from its own generator seeded by (seed, ℓ, chunk index), with the
-  angles cached per device, so appending tokens never changes earlier angles and ``angles()`` is what forward
-  used.
+  layer ℓ is keyed by (seed, ℓ, n), and n is saved with the weights (the module's extra state), so a resumed
+  run continues the same sequence and nothing else that draws from torch's global RNG can shift it (the
+  backbone sets ℓ, :meth:`RandomPositionIncrements.set_stream`). On the CPU the key seeds a ``torch.Generator``;
+  on an accelerator the draw is made on the device by the counter-based SplitMix64 stream of that key
+  (:mod:`accrot.ops.counter_rng`: element (row, head, position, pair) is a pure function of the key and its
+  index, so nothing crosses from the host, a DDP rank computes only its own rows, and every GPU model draws
+  the same bits — a run requeued onto another GPU type continues the same stream). In ``eval()`` (or with
+  ``resample=False``) δ is a fixed function of position, ``seed`` and the layer: chunks of
+  :data:`POSITION_CHUNK` positions, each from its own CPU generator seeded by (seed, ℓ, chunk index), drawn
+  once and cached per device (the increments and their angles), so appending tokens never changes earlier
+  angles, ``angles()`` is what forward used, and every device evaluates with the same increments.
 * ``random_token``: a frozen table ``[vocab_size, H, D/2]`` (a buffer) drawn from (seed, ℓ) with the same
   distribution options; δ_j = table[token_j].
 * ``learned``: δ_j = μ_i + max_increment · ℓ_i · tanh(proj(x_j)), proj = [causal depthwise conv] → [low-rank
@@ -52,6 +56,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrot.errors import ConfigError
+from accrot.ops import counter_rng
 from accrot.ops.rotary import accumulate_angles, wrap_angle
 from accrot.position.base import RotationPart
 from accrot.position.config import IncrementFamily, SchemeConfig
@@ -171,6 +176,7 @@ class RandomPositionIncrements(nn.Module):
         self.consts = _DeviceConstants(mean=mean, sigma=sigma)
         # per device: fixed angles [1, H, Tc, P] float32 and the float64 carry [H, 1, P] after Tc positions
         self._fixed: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fixed_delta: dict[torch.device, torch.Tensor] = {}  # per device: fixed increments [1, H, Tc, P]
         self.stream = 0  # which training stream (the layer index, set by the backbone)
         self.draws = 0  # training draws taken so far: part of the state dict (extra state)
         self.shard = (0, 1)  # (rank, world): which rows of the global batch this process holds (DDP)
@@ -183,7 +189,8 @@ class RandomPositionIncrements(nn.Module):
     def set_stream(self, stream: int) -> None:
         """Give this module (layer ``stream``) its own training draws and its own fixed evaluation draws."""
         self.stream = int(stream)
-        self._fixed.clear()  # the fixed angles of the previous stream
+        self._fixed.clear()  # the fixed angles and increments of the previous stream
+        self._fixed_delta.clear()
 
     def set_shard(self, rank: int, world: int) -> None:
         """Under DDP, rank r of W holds rows r, r + W, … of the global batch (``ResumableSampler``'s sharding):
@@ -193,11 +200,15 @@ class RandomPositionIncrements(nn.Module):
             raise ValueError(f"rank={rank} is not in [0, world={world})")
         self.shard = (int(rank), int(world))
 
-    def next_generator(self, device: torch.device) -> torch.Generator:
-        """The generator of the next training draw: seeded by (seed, stream, draw count), a pure function."""
-        seed = mix_seed(mix_seed(_run_seed(self.cfg), _TRAIN_STREAM + self.stream), self.draws)
+    def next_key(self) -> int:
+        """The key of the next training draw, a pure function of (seed, stream, draw count); counts the draw."""
+        key = mix_seed(mix_seed(_run_seed(self.cfg), _TRAIN_STREAM + self.stream), self.draws)
         self.draws += 1
-        return torch.Generator(device=device).manual_seed(seed)
+        return key
+
+    def next_generator(self) -> torch.Generator:
+        """The CPU generator of the next training draw, seeded by :meth:`next_key`."""
+        return torch.Generator().manual_seed(self.next_key())
 
     def get_extra_state(self) -> dict:
         return {"draws": self.draws}
@@ -216,6 +227,26 @@ class RandomPositionIncrements(nn.Module):
         z = _standard_noise(shape, self.cfg.increment_family, generator, device)  # [..., P] float32
         c = self.consts.on(z.device)
         return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32
+
+    def counter_draw(self, key: int, B: int, T: int, device: torch.device | str) -> torch.Tensor:
+        """The training draw of key ``key`` for this rank's ``B`` rows, made on ``device``: ``[B, H, T, P]`` float32.
+
+        Element (row g, head h, position t, pair p) of the global batch ``[B·W, H, T, P]`` is output
+        ((g·H + h)·T + t)·P + p of the key's SplitMix64 stream; rank r of W holds rows g = r, r + W, … (the
+        sampler's sharding), so W ranks together draw exactly what one process draws for the global batch.
+        """
+        rank, world = self.shard
+        H, P = self.n_heads, self.P
+        per_row = H * T * P
+        rows = torch.arange(B, device=device, dtype=torch.int64) * world + rank  # [B] global rows
+        within = torch.arange(per_row, device=device, dtype=torch.int64)  # [H·T·P]
+        counter = (rows[:, None] * per_row + within).view(B, H, T, P)  # [B, H, T, P]
+        if self.cfg.increment_family == "gaussian":
+            z = counter_rng.standard_normal(key, counter)
+        else:
+            z = counter_rng.standard_uniform(key, counter)
+        c = self.consts.on(z.device)
+        return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32, as :meth:`draw`
 
     def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
         """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
@@ -247,15 +278,30 @@ class RandomPositionIncrements(nn.Module):
             self._fixed[device] = (theta, carry)
         return theta[:, :, :T]
 
+    def fixed_increments(self, T: int, device: torch.device) -> torch.Tensor:
+        """The fixed increments of positions 0..T−1, ``[1, H, T, P]`` float32, drawn on the CPU once per chunk and
+        cached on ``device`` (grown chunk by chunk: no host-to-device copy once the length has been seen)."""
+        if T == 0:
+            return torch.zeros(1, self.n_heads, 0, self.P, device=device)
+        have = self._fixed_delta.get(device)
+        n_have = 0 if have is None else have.shape[-2] // POSITION_CHUNK
+        need = -(-T // POSITION_CHUNK)
+        if need > n_have:
+            new = self.fixed_chunks(n_have, need)  # [n, H, C, P] on the CPU
+            new = new.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P).to(device)  # [1, H, n·C, P]
+            have = new if have is None else torch.cat((have, new), dim=-2)
+            self._fixed_delta[device] = have
+        return have[:, :, :T]
+
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
-        if self.fresh:
-            gen = self.next_generator(x.device)
-            rank, world = self.shard
-            delta = self.draw((B * world, self.n_heads, T, self.P), generator=gen, device=x.device)  # [B·W, H, T, P]
-            return delta if world == 1 else delta[rank::world]  # [B, H, T, P] this rank's rows
-        delta = self.fixed_chunks(0, -(-T // POSITION_CHUNK))  # [n, H, C, P]
-        return delta.permute(1, 0, 2, 3).reshape(1, self.n_heads, -1, self.P)[:, :, :T].to(x.device)  # [1, H, T, P]
+        if not self.fresh:
+            return self.fixed_increments(T, x.device)  # [1, H, T, P]
+        if x.device.type != "cpu":  # drawn where x lives, only this rank's rows
+            return self.counter_draw(self.next_key(), B, T, x.device)  # [B, H, T, P]
+        rank, world = self.shard
+        delta = self.draw((B * world, self.n_heads, T, self.P), generator=self.next_generator())  # [B·W, H, T, P]
+        return delta if world == 1 else delta[rank::world]  # [B, H, T, P] this rank's rows
 
 
 class RandomTokenIncrements(nn.Module):
@@ -266,6 +312,7 @@ class RandomTokenIncrements(nn.Module):
         self.cfg, self.n_heads, self.P = cfg, n_heads, head_dim // 2
         self.vocab_size = cfg.vocab_size
         self.register_buffer("table", self._draw_table(0))
+        self._checked_on: set[torch.device] = set()  # accelerators whose token ids were checked once
 
     def _draw_table(self, layer: int) -> torch.Tensor:
         """The table of layer ``layer``: ``[vocab_size, H, P]`` float32 from the generator of (seed, layer)."""
@@ -279,13 +326,19 @@ class RandomTokenIncrements(nn.Module):
         self.table = self._draw_table(int(stream)).to(self.table.device)
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.numel():
+        # token ids outside the table: one line naming vocab_size. On the CPU the check is free; on an accelerator
+        # it costs a device sync, so it runs on the first batch only (the backbone's embedding indexes the same
+        # ids with the same vocabulary every step, so a later bad id cannot slip past both)
+        device = tokens.device
+        if tokens.numel() and (device.type == "cpu" or (device.type != "meta" and device not in self._checked_on)):
             lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one device sync
             if lo < 0 or hi >= self.vocab_size:
                 raise ValueError(
                     f"token ids span [{lo}, {hi}] but the random_token table has vocab_size={self.vocab_size}; "
                     "set vocab_size to the tokenizer's vocabulary size"
                 )
+            if device.type != "cpu":
+                self._checked_on.add(device)
         return self.table[tokens].to(torch.float32).permute(0, 2, 1, 3)  # [B, T, H, P] -> [B, H, T, P]
 
 

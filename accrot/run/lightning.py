@@ -25,7 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
-from accrot.errors import BadInput, UsageError, one_line
+from accrot.errors import BadInput, ConfigError, UsageError, one_line
 from accrot.lit import LitLM
 from accrot.logs import hold_startup_logs
 from accrot.resume import (
@@ -170,7 +170,9 @@ class AccrotCLI(LightningCLI):
             if not any(type(c).__name__.endswith("ProgressBar") for c in callbacks):
                 callbacks.append(RichProgressBar())
         trainer_cfg["callbacks"] = callbacks
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        check_path_kernel(getattr(self, "model", None), trainer.strategy.root_device)
+        return trainer
 
     @staticmethod
     def _checkpoint_io(trainer_cfg, kwargs) -> AtomicCheckpointIO | None:
@@ -269,6 +271,23 @@ class AccrotCLI(LightningCLI):
         if self.launch_argv is not None:  # Lightning's DDP launcher re-runs sys.argv once per extra device
             sys.argv = list(self.launch_argv)
 
+
+def check_path_kernel(model, device) -> None:
+    """``model.scheme.path_kernel=fla`` where it cannot run (no CUDA device, no Triton or fla, a head dim fla lacks):
+    one line before any training, instead of an error at the first forward."""
+    scheme = getattr(model, "scheme_config", None)
+    if scheme is None or scheme.rotation != "path" or scheme.path_kernel != "fla":
+        return
+    from accrot.ops.path import FLA_HEAD_DIMS, fla_problem
+
+    problem = fla_problem(device)
+    if problem is None:
+        head_dim = model.model_config.d_model // model.model_config.n_heads
+        if head_dim not in FLA_HEAD_DIMS:
+            problem = (f"kernel='fla' supports head dims {', '.join(map(str, FLA_HEAD_DIMS))} (got {head_dim} = "
+                       f"model.d_model / model.n_heads); change them or use kernel='chunked'")
+    if problem is not None:
+        raise ConfigError(problem.replace("kernel=", "model.scheme.path_kernel="))
 
 
 def wandb_mode(requested: str) -> str:

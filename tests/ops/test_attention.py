@@ -46,17 +46,24 @@ def grads(out, inputs, g):
     return torch.autograd.grad(out, inputs, g)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_blockwise_matches_naive_float64(case):
+def test_blockwise_matches_naive_float64(case, device):
+    """The biased kernel (CPU: fused flash parts; CUDA: per-block SDPA with a float mask) against the float64 CPU
+    twin, outputs and the gradients of q, k, v and log f."""
     B, T, H, D, blk, Bd = case
     q, k, v, log_f = make_inputs(B, T, H, D, decay_batch=Bd)
     inputs = [t.requires_grad_() for t in (q, k, v, log_f)]
-    fast = causal_attention(q, k, v, log_f, block_size=blk)
+    fast_inputs = [t.detach().to(device).requires_grad_() for t in inputs]
+    fast = causal_attention(*fast_inputs[:3], fast_inputs[3], block_size=blk)
     ref = naive_attention(q, k, v, naive_decay_bias(log_f))
-    assert fast.shape == (B, H, T, D) and fast.dtype == torch.float64
+    assert fast.shape == (B, H, T, D) and fast.dtype == torch.float64 and fast.device.type == device
     assert_close(ref, fast, 1e-10, "out")
     g = torch.randn_like(ref)
-    for name, a, b in zip("q k v log_f".split(), grads(ref, inputs, g), grads(fast, inputs, g)):
+    for name, a, b in zip("q k v log_f".split(), grads(ref, inputs, g), grads(fast, fast_inputs, g.to(device))):
         assert_close(a, b, 1e-10, name)
 
 
@@ -95,9 +102,11 @@ def test_blockwise_matches_naive_float32(case, device):
         assert_close(a, b, (5e-5 if name == "log_f" else 1e-5), name)
 
 
-def test_unbiased_path_matches_naive():
+@pytest.mark.parametrize("device", DEVICES, ids=lambda d: d)
+def test_unbiased_path_matches_naive(device):
     q, k, v, _ = make_inputs(2, 19, 2, 8)
-    assert_close(naive_attention(q, k, v), causal_attention(q, k, v), 1e-12)
+    fast = causal_attention(*(t.to(device) for t in (q, k, v)))
+    assert_close(naive_attention(q, k, v), fast, 1e-12)
 
 
 def test_zero_decay_is_plain_attention():

@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from accrot.errors import ConfigError
 from accrot.ops.path import (
+    fla_problem,
     householder_product,
     naive_path_attention_products,
     naive_path_attention_recurrence,
@@ -94,6 +96,21 @@ def case_id(B, T, H, D, c, beta, fox, dtype) -> str:
     return f"B{B}-T{T}-H{H}-D{D}-c{c}-{beta}{'-fox' if fox else ''}-{DTYPE_ID[dtype]}"
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
+
+
+def outputs_and_grads_on(device: str, fn, inputs: dict[str, torch.Tensor], dtype: torch.dtype, **kwargs):
+    """:func:`outputs_and_grads` of ``inputs`` cast to ``dtype`` and run on ``device``, with the output gradient
+    drawn in float64 first (so a float32 run and its float64 twin see the same values); results on the CPU."""
+    leaves = {name: x.detach().to(device, dtype).requires_grad_(True) for name, x in inputs.items()}
+    out = fn(**leaves, **kwargs)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(123), dtype=torch.float64)
+    grads = torch.autograd.grad(out, list(leaves.values()), g.to(device, out.dtype), materialize_grads=True)
+    return out.detach().cpu(), {name: gr.cpu() for name, gr in zip(leaves, grads)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "B, T, H, D, c, beta, fox, dtype",
     [
@@ -102,10 +119,15 @@ def case_id(B, T, H, D, c, beta, fox, dtype) -> str:
         for case in CASES
     ],
 )
-def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
+def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
+    """On the CPU against the recurrence in the same dtype; on CUDA against the float64 CPU recurrence."""
     inputs = make_inputs(B, H, T, D, dtype, beta=beta, fox=fox)
-    ref = outputs_and_grads(naive_path_attention_recurrence, inputs)
-    fast = outputs_and_grads(path_attention, inputs, chunk_size=c)
+    if device == "cpu":
+        ref = outputs_and_grads(naive_path_attention_recurrence, inputs)
+        fast = outputs_and_grads(path_attention, inputs, chunk_size=c)
+    else:
+        ref = outputs_and_grads_on("cpu", naive_path_attention_recurrence, inputs, torch.float64)
+        fast = outputs_and_grads_on(device, path_attention, inputs, dtype, chunk_size=c)
     assert fast[0].dtype == dtype and fast[0].shape == (B, H, T, D)
     assert_match(ref, fast, TOL[dtype])
 
@@ -289,35 +311,68 @@ def test_bad_arguments():
 
 
 def test_fla_kernel_on_cpu_is_a_clear_error():
-    with pytest.raises(RuntimeError, match="kernel='fla' needs CUDA"):
+    with pytest.raises(ConfigError, match="kernel='fla' needs CUDA") as err:
         path_attention(**make_inputs(1, 1, 8, 16), kernel="fla")
+    assert "\n" not in str(err.value) and "kernel='chunked'" in str(err.value)
+
+
+def test_fla_head_dims_it_cannot_run_are_one_line(monkeypatch):
+    """fla's PaTH supports head dims 16, 32 and 64; any other is named before fla is called."""
+    import accrot.ops.path as path_ops
+
+    monkeypatch.setattr(path_ops, "fla_problem", lambda device=None: None)  # as if CUDA, Triton and fla were here
+    with pytest.raises(ConfigError, match=r"supports head dims 16, 32, 64 \(got 8\)"):
+        path_attention(**make_inputs(1, 1, 8, 8), kernel="fla")
+
+
+@pytest.mark.parametrize("missing", ["triton", "fla"])
+def test_missing_fla_or_triton_is_one_line(missing, monkeypatch):
+    """Without Triton, or without fla, kernel='fla' says which one is missing and how to get it, in one line."""
+    import importlib.util as util
+
+    present = {"triton", "fla"} - {missing}  # whatever this machine has installed
+    monkeypatch.setattr(util, "find_spec", lambda name, *a: object() if name in present else None)
+    problem = fla_problem("cuda")
+    assert problem is not None and "\n" not in problem
+    assert ("needs Triton" if missing == "triton" else "flash-linear-attention") in problem
+    assert ".[gpu]" in problem and "kernel='chunked'" in problem
+    if not torch.cuda.is_available():  # on a CPU the device is the first reason
+        assert "needs CUDA" in fla_problem("cpu")
 
 
 # -- the CUDA kernel of fla, where there is one ---------------------------------------------------------
 HAVE_FLA = importlib.util.find_spec("fla") is not None
 
 
+FLA_PROBLEM = fla_problem("cuda") if torch.cuda.is_available() else None
+
+
 @pytest.mark.parametrize(
-    "fox",
+    "fox, dtype",
     [
         pytest.param(
             fox,
-            id=f"B2-T300-H2-D32-fla{'-fox' if fox else ''}",
+            dtype,
+            id=f"B2-T300-H2-D32-fla{'-fox' if fox else ''}-{'bf16' if dtype == torch.bfloat16 else 'f32'}",
             marks=[
                 pytest.mark.gpu,
                 pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-                pytest.mark.skipif(not HAVE_FLA, reason="needs flash-linear-attention (fla)"),
+                pytest.mark.skipif(not HAVE_FLA or FLA_PROBLEM is not None,
+                                   reason=FLA_PROBLEM or "needs flash-linear-attention (fla)"),
             ],
         )
         for fox in (False, True)
+        for dtype in (torch.bfloat16, torch.float32)
     ],
 )
-def test_fla_matches_chunked(fox):
+def test_fla_matches_chunked(fox, dtype):
+    """fla's Triton PaTH (and PaTH-FoX) against the chunked kernel on the same GPU, outputs and every gradient;
+    q, k, v, w in bf16 (the training dtype) or float32, β and the gate float32 as the scheme makes them."""
     inputs = {k: v.float().cuda() for k, v in make_inputs(2, 2, 300, 32, beta="uniform", fox=fox, seed=13).items()}
     ref = outputs_and_grads(path_attention, inputs, chunk_size=64)
-    low = {k: (v.bfloat16() if k in ("q", "k", "v", "w") else v) for k, v in inputs.items()}
+    low = {k: (v.to(dtype) if k in ("q", "k", "v", "w") else v) for k, v in inputs.items()}
     fast = outputs_and_grads(path_attention, low, kernel="fla")
-    assert_match(ref, fast, 2e-2)
+    assert_match(ref, fast, 2e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
 def test_bench_smoke():

@@ -58,13 +58,17 @@ def test_alibi_log_decay_and_bias():
     assert scheme.describe()["alibi_slopes"] == alibi_slopes(4)
 
 
-def test_alibi_scheme_matches_naive():
-    scheme = build(SchemeConfig(far_mass="alibi", block_size=8), d_model=32, n_heads=4)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_alibi_scheme_matches_naive(device):
+    scheme = build(SchemeConfig(far_mass="alibi", block_size=8), d_model=32, n_heads=4).to(device)
     q, k, v, x, tokens = inputs()
     m = torch.tensor(alibi_slopes(4), dtype=torch.float64).view(1, 4, 1, 1)
     T = q.shape[2]
     offset = (torch.arange(T).view(T, 1) - torch.arange(T).view(1, T)).double()
-    assert_close(naive_attention(q, k, v, -m * offset), scheme(q, k, v, x, tokens), 1e-10)
+    fast = scheme(*(t.to(device) for t in (q, k, v, x, tokens)))
+    assert fast.device.type == device
+    assert_close(naive_attention(q, k, v, -m * offset), fast, 1e-10)
 
 
 def test_forget_bias_init_matches_alibi_slopes():

@@ -101,20 +101,35 @@ def test_householder_is_causal():
     assert not torch.allclose(w2[:, :, 10:14], w[:, :, 10:14])
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
 @pytest.mark.parametrize("far_mass", ["none", "forget"])
-def test_forward_is_path_attention_of_the_exposed_quantities(far_mass):
+def test_forward_is_path_attention_of_the_exposed_quantities(far_mass, device):
+    """The scheme's forward is the chunked kernel of its own w, β (and log f); on CUDA the same module on the GPU
+    against the float64 recurrence twin on the CPU, outputs and the gradients of q, k, v, x."""
     cfg = SchemeConfig(rotation="path", far_mass=far_mass, path_rank=4, conv_size=3, chunk_size=8)
     scheme = build(cfg, D_MODEL, N_HEADS).eval()
-    q, k, v, x, tokens = layer_inputs()
+    if device != "cpu":
+        scheme = scheme.to(device)
+    q, k, v, x, tokens = (t.to(device) for t in layer_inputs())
+    for t in (q, k, v, x):
+        t.requires_grad_()
     out = scheme(q, k, v, x, tokens)
     w, beta = scheme.householder(x, tokens)
     log_f = None if far_mass == "none" else scheme.log_decay(x, tokens)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device.type == device
     assert torch.equal(out, path_attention(q, k, v, w, beta, log_f, chunk_size=8))
-    recurrent = build(dataclasses.replace(cfg, path_kernel="recurrent"), D_MODEL, N_HEADS)
+    recurrent = build(dataclasses.replace(cfg, path_kernel="recurrent"), D_MODEL, N_HEADS).double()
     recurrent.load_state_dict(scheme.state_dict())
-    ref = recurrent(q, k, v, x, tokens)
+    twin_in = [t.detach().cpu().double().requires_grad_() for t in (q, k, v, x)]
+    ref = recurrent(*twin_in, tokens.cpu())  # float64 on the CPU
     assert_close(ref, out, 1e-5)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    fast_grads = torch.autograd.grad(out, (q, k, v, x), g.to(device, out.dtype))
+    for name, a, b in zip("q k v x".split(), torch.autograd.grad(ref, twin_in, g), fast_grads):
+        assert_close(a, b, 1e-4, name)
 
 
 def test_gradients_reach_every_parameter():

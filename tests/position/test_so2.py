@@ -3,18 +3,22 @@ plus the properties that follow from the math (DESIGN §2, STYLE 3–5)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
 from accrot.ops.attention import causal_attention
+from accrot.ops.counter_rng import reference_normal, reference_uniform
 from accrot.ops.rotary import TWO_PI, naive_so2_attention, rotate_pairs
 from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.accum import (
     DEFAULT_WINDOW,
     POSITION_CHUNK,
+    RandomPositionIncrements,
     char_fn_abs,
+    increment_distribution,
     mixing_window,
     sigma_for_window,
 )
@@ -81,21 +85,29 @@ def perturb_forget_gate(scheme):
             scheme.far_mass.proj.weight.normal_(std=0.2, generator=torch.Generator().manual_seed(1))
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rotation, increments, far_mass, values", CELLS)
-def test_cell_matches_naive_twin(rotation, increments, far_mass, values):
-    """Outputs and gradients (q, k, v, x) of every cell against explicit 2×2 path products."""
+def test_cell_matches_naive_twin(rotation, increments, far_mass, values, device):
+    """Outputs and gradients (q, k, v, x) of every cell against explicit 2×2 path products. On CUDA the cell runs on
+    the GPU (a copy of the same module) and the twin stays in float64 on the CPU."""
     scheme = build(config(rotation, increments, far_mass, values), DM, H).eval()
     perturb_forget_gate(scheme)
     q, k, v, x, tokens = inputs()
     for t in (q, k, v, x):
         t.requires_grad_()
-    out = scheme(q, k, v, x, tokens)
+    fast_scheme = scheme if device == "cpu" else copy.deepcopy(scheme).to(device)
+    fast_in = (q, k, v, x) if device == "cpu" else tuple(t.detach().to(device).requires_grad_() for t in (q, k, v, x))
+    out = fast_scheme(*fast_in, tokens.to(device))
     log_f = None if far_mass == "none" else scheme.far_mass.log_decay(x, tokens)
     ref = naive_so2_attention(q, k, v, twin_increments(scheme, x, tokens, q.shape[2]), log_f, values)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == q.shape and out.dtype == q.dtype and out.device.type == device
     assert_close(ref, out, 1e-5)  # angles are float32 by contract; everything else is float64
     g = torch.randn_like(ref)
-    g_fast = torch.autograd.grad(out, (q, k, v, x), g, allow_unused=True)
+    g_fast = torch.autograd.grad(out, fast_in, g.to(device), allow_unused=True)
     g_ref = torch.autograd.grad(ref, (q, k, v, x), g, allow_unused=True)
     for name, a, b in zip("q k v x".split(), g_ref, g_fast):
         if a is None:  # x feeds nothing in this cell
@@ -489,3 +501,105 @@ def test_scheme_seed_follows_the_run_seed(tmp_path):
         assert rc == 0
         (run,) = list((tmp_path / name).glob("version_*"))
         assert json.loads((run / "run.json").read_text())["hparams"]["scheme"]["seed"] == expect
+
+
+# -- random increments on an accelerator: drawn on the device, cached there -----------------------------------
+def random_source(family="gaussian", seed=3, mean="zero") -> RandomPositionIncrements:
+    cfg = SchemeConfig(rotation="accum", increments="random_position", increment_family=family, seed=seed,
+                       increment_mean=mean, sigma=0.4)
+    scheme = build(cfg, DM, H).train()
+    return scheme.rotation.source
+
+
+@pytest.mark.parametrize("family", ["gaussian", "uniform"])
+def test_device_training_draw_is_the_counter_stream(family):
+    """The accelerator's training draw, computed here on CPU tensors: element (b, h, t, p) is μ_p + σ_p·z with z
+    the reference SplitMix64 draw of counter ((b·H + h)·T + t)·P + p under the draw's key."""
+    source = random_source(family, mean="rope")
+    B, T, P = 2, 5, D // 2
+    key = source.next_key()
+    delta = source.counter_draw(key, B, T, "cpu")  # [B, H, T, P]
+    assert delta.shape == (B, H, T, P) and delta.dtype == torch.float32
+    mean, sigma = increment_distribution(source.cfg, D)
+    ref_fn = reference_normal if family == "gaussian" else reference_uniform
+    for b, h, t, p in [(0, 0, 0, 0), (1, 1, 4, 3), (0, 1, 2, 1), (1, 0, 3, 2)]:
+        z = torch.tensor(ref_fn(key, ((b * H + h) * T + t) * P + p), dtype=torch.float64).float()
+        expect = (mean[p] + sigma[p] * z.double()).float()
+        assert float(delta[b, h, t, p]) == pytest.approx(float(expect), rel=1e-6, abs=1e-7)
+    assert source.draws == 1 and not torch.equal(delta, source.counter_draw(source.next_key(), B, T, "cpu"))
+
+
+def test_device_training_draw_shards_the_global_batch_and_resumes():
+    """Rank r of W computes rows r, r + W, … of the global draw (and nothing else); the draw count in the state
+    dict replays the stream after a restart; the global RNG plays no part."""
+    whole = random_source()
+    key = whole.next_key()
+    full = whole.counter_draw(key, 6, 9, "cpu")  # [6, H, 9, P]
+    for rank in range(3):
+        part = random_source()
+        part.set_shard(rank, 3)
+        assert torch.equal(part.counter_draw(key, 2, 9, "cpu"), full[rank::3])
+    state = whole.get_extra_state()
+    torch.manual_seed(99)
+    first = whole.counter_draw(whole.next_key(), 2, 9, "cpu")
+    whole.set_extra_state(state)
+    assert torch.equal(whole.counter_draw(whole.next_key(), 2, 9, "cpu"), first)
+
+
+def test_an_accelerator_forward_draws_on_the_device_of_x():
+    """Training on a non-CPU device takes the counter path where x lives (meta here: shapes only), never a CPU
+    generator and a copy; each forward is one draw of the stream."""
+    source = random_source()
+    x, tokens = torch.empty(2, 7, DM, device="meta"), torch.empty(2, 7, dtype=torch.long, device="meta")
+    delta = source(x, tokens)
+    assert delta.device.type == "meta" and delta.shape == (2, H, 7, D // 2) and source.draws == 1
+
+
+def test_fixed_increments_are_cached_per_device():
+    """Evaluation (and resample=False) increments are drawn once and served from a per-device cache: no new
+    draw, no copy to the device, and a longer length extends the same values."""
+    scheme = build(SchemeConfig(rotation="accum", increments="random_position", seed=5), DM, H).eval()
+    x = torch.zeros(1, 1, DM)
+    short = scheme.rotation.increments(x, torch.zeros(1, 40, dtype=torch.long))
+    again = scheme.rotation.increments(x, torch.zeros(1, 40, dtype=torch.long))
+    assert again.data_ptr() == short.data_ptr()  # served from the cache
+    longer = scheme.rotation.increments(x, torch.zeros(1, POSITION_CHUNK + 9, dtype=torch.long))
+    assert torch.equal(longer[:, :, :40], short)
+    fresh = build(SchemeConfig(rotation="accum", increments="random_position", seed=5), DM, H).eval()
+    assert torch.equal(fresh.rotation.source.fixed_chunks(0, 2).permute(1, 0, 2, 3).reshape(1, H, -1, D // 2)
+                       [:, :, : POSITION_CHUNK + 9], longer)  # the same draws as before the cache
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_random_token_ids_are_checked_once_per_accelerator(device, monkeypatch):
+    """The token-id check costs an accelerator a device sync, so it runs on its first batch only (a bad id on it
+    still fails with the one line); on the CPU, where it is free, it runs every time."""
+    scheme = build(SchemeConfig(rotation="accum", increments="random_token", vocab_size=300), DM, H).to(device)
+    source = scheme.rotation.source
+    with pytest.raises(ValueError, match="vocab_size=300"):
+        source(torch.zeros(1, 2, DM, device=device), torch.tensor([[3, 300]], device=device))
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: calls.append(t.device.type) or real(t))
+    for _ in range(3):
+        source(torch.zeros(1, 3, DM, device=device), torch.tensor([[1, 2, 3]], device=device))
+    assert calls == (["cpu"] * 3 if device == "cpu" else [device])
+
+
+@pytest.mark.gpu
+@CUDA
+def test_cuda_training_draws_equal_the_counter_stream_and_fixed_draws_equal_the_cpus():
+    """On CUDA: the training draw equals the counter stream computed on the CPU (to one float32 ulp on the rare
+    element where the float64 libraries differ), and evaluation draws equal the CPU's exactly."""
+    cfg = SchemeConfig(rotation="accum", increments="random_position", seed=4, sigma=0.3)
+    cpu = build(cfg, DM, H).train()
+    gpu = copy.deepcopy(cpu).cuda()
+    x, tokens = torch.zeros(3, 50, DM), torch.zeros(3, 50, dtype=torch.long)
+    got = gpu.rotation.increments(x.cuda(), tokens.cuda()).cpu()
+    expect = cpu.rotation.source.counter_draw(cpu.rotation.source.next_key(), 3, 50, "cpu")
+    ulp = torch.finfo(torch.float32).eps * expect.abs().clamp_min(1e-30)
+    assert bool(((got - expect).abs() <= 2 * ulp).all())
+    cpu.eval(), gpu.eval()
+    long = torch.zeros(1, 3 * POSITION_CHUNK, dtype=torch.long)
+    assert torch.equal(gpu.angles(x[:1].cuda(), long.cuda()).cpu(), cpu.angles(x[:1], long))
+    assert torch.equal(gpu.rotation.increments(x[:1].cuda(), long.cuda()).cpu(), cpu.rotation.increments(x[:1], long))
