@@ -25,7 +25,7 @@ ABLATION_WORKERS ?= 2
 # demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
 QUIET ?=
 
-.PHONY: help install test test-fast faults breakages demo ablation lint bench sweep dashboard clean
+.PHONY: help install test test-fast faults breakages demo ablation lint bench sweep dashboard clean gpu-check
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x see
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)
 	$(BIN)/accrot bench all
+
+gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0)
+	$(BIN)/python tests/gpu_check.py
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)

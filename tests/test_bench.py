@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from accrot.bench.command import main
 from accrot.bench.grid import ROTATION_LIMIT, ROTATION_VALUES_LIMIT, grid
@@ -31,7 +32,8 @@ def test_grid_has_every_built_cell_once_nope_first():
 @pytest.mark.slow
 def test_quick_schemes_report(tmp_path):
     out = tmp_path / "bench_schemes.json"
-    assert main(["schemes", "--quick", "--out", str(out)]) == 0
+    # the report's shape, not its numbers: --quick at half its lengths (every cell is still trained and evaluated)
+    assert main(["schemes", "--quick", "--T", "128", "--eval_lengths", "512", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     cells, _ = grid()
     assert [r["variant"] for r in doc["rows"]] == [c.name for c in cells]
@@ -74,6 +76,32 @@ def test_bad_input_is_one_line(argv, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("accrot: error: ")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")
+@pytest.mark.parametrize("command", ["schemes", "path"])
+def test_cuda_benchmarks_without_cuda_are_one_line(command, capsys, tmp_path):
+    """``accrot bench schemes|path --device cuda`` (what ``make gpu-check`` runs) on a CPU-only machine."""
+    assert cli_main(["bench", command, "--device", "cuda", "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["accrot: error: device='cuda' but CUDA is not available here; use --device cpu"]
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_path_bench_on_the_cpu_reports_its_device_and_memory_lengths(monkeypatch):
+    """``run_path`` on the CPU: chunked vs recurrence, memory at the lengths asked for (probes stubbed out)."""
+    from accrot.bench import path as bench_path
+
+    monkeypatch.setattr(bench_path, "bench_kernels", lambda **kw: [{"T": kw["lengths"][0], "mode": "fwd"}])
+    seen = {}
+
+    def memory(lengths, **kw):
+        seen["lengths"] = lengths
+        return []
+
+    monkeypatch.setattr(bench_path, "eval_memory", memory)
+    doc = bench_path.run_path([48], 1, 1, 8, 16, log=lambda m: None, memory_lengths=[64, 128])
+    assert doc["device"] == "cpu" and doc["kernels"] == [{"T": 48, "mode": "fwd"}] and seen["lengths"] == (64, 128)
 
 
 def test_pipeline_bench_times_both_loops_on_the_same_model(tmp_path):

@@ -48,8 +48,38 @@ def test_dry_run_prints_the_training_script(capsys, tmp_path):
                  "export MASTER_ADDR=127.0.0.1"):
         assert line in script.splitlines(), line
     srun = next(ln for ln in script.splitlines() if ln.startswith("srun "))
-    assert srun.endswith("--trainer.num_nodes=2 --trainer.devices=2 --trainer.strategy=ddp --ckpt_path=last")
+    assert srun.endswith("--trainer.accelerator=gpu --trainer.num_nodes=2 --trainer.devices=2 --trainer.strategy=ddp "
+                         "--ckpt_path=last")
+    # GPUs: NCCL's ranks fail fast instead of hanging, after the #SBATCH block (sbatch reads no directive later)
+    lines = script.splitlines()
+    nccl = lines.index('export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"')
+    assert 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"' in lines
+    assert nccl > max(i for i, ln in enumerate(lines) if ln.startswith("#SBATCH"))
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_without_gpus_the_script_asks_for_none_and_sets_no_nccl(capsys, tmp_path):
+    assert main(["slurm", "train", "--nodes", "1", "--tasks_per_node", "2", "--assume_shared", "true", "--dry-run",
+                 "--", *TINY, f"--root={tmp_path}"]) == 0
+    script = capsys.readouterr().out
+    assert "--gpus-per-node" not in script and "NCCL" not in script and "--trainer.accelerator" not in script
+
+
+def test_gpu_sweep_array_requests_gpus_and_nccl(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCROT_SWEEP_STORAGE", "postgresql://u:secret@db/accrot")
+    assert main(["slurm", "sweep", "smoke", "--workers", "2", "--nodes", "2", "--tasks_per_node", "4",
+                 "--gpus_per_node", "4", "--root", str(tmp_path), "--assume_shared", "true", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for line in ("#SBATCH --array=0-1", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                 'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"'):
+        assert line in lines, line
+
+
+def test_an_explicit_accelerator_in_the_fit_arguments_is_kept(capsys, tmp_path):
+    assert main(["slurm", "train", "--tasks_per_node", "1", "--gpus_per_node", "1", "--assume_shared", "true",
+                 "--dry-run", "--", *TINY, "--trainer.accelerator=auto", f"--root={tmp_path}"]) == 0
+    srun = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("srun "))
+    assert "--trainer.accelerator=auto" in srun and "--trainer.accelerator=gpu" not in srun
 
 
 def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
@@ -68,6 +98,8 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
     (["slurm", "train", "--time", "1:2:3:4", "--", "--config", "tiny"], "--time='1:2:3:4' is not valid"),
     (["slurm", "train", "--nodse", "2", "--", "--config", "tiny"], "unrecognized arguments: --nodse"),
     (["slurm", "train", "--dry-run"], "give the accrot fit arguments after --"),
+    (["slurm", "train", "--tasks_per_node", "1", "--gpus_per_node", "4", "--", "--config", "tiny"],
+     "--tasks_per_node=1 with --gpus_per_node=4: Lightning runs one rank per GPU; pass --tasks_per_node 4"),
     (["slurm", "train", "--dry-run", "--", "--config", "tiny", "--trainer.devices=2"], "--trainer.devices is set by"),
     (["slurm", "train", "--dry-run", "--", "--config", "tiny", "--model.d_modle=3"], "unknown key 'model.d_modle'"),
     (["slurm", "train", "--nodes", "2", "--dry-run", "--", "--config", "tiny", "--root=/tmp/accrot-local"],
@@ -76,8 +108,8 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
      "the config asks for trainer.devices=4"),
     (["slurm", "sweep", "smoke", "--storage", "sqlite:///x.db", "--dry-run"], "cannot serve a job array"),
     (["slurm", "sweep", "nope", "--storage", "postgresql://u@h/db", "--dry-run"], "sweep spec 'nope' does not exist"),
-], ids=["no-command", "unknown-command", "nodes-0", "bad-time", "typo-option", "no-fit-args", "devices-in-args",
-        "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec"])
+], ids=["no-command", "unknown-command", "nodes-0", "bad-time", "typo-option", "no-fit-args", "tasks-not-gpus",
+        "devices-in-args", "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec"])
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
     monkeypatch.setattr("accrot.sweep.slurm.cluster_is_this_machine", lambda: False)

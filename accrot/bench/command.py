@@ -5,9 +5,13 @@ Subcommands::
     accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
                          [--eval_repeats 3] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
                          [--out bench_schemes.json]
-    accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--out bench_path.json]
+    accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--device cpu]
+                         [--memory_lengths 4096 16384] [--out bench_path.json]
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
     accrot bench all     (all three; one table each, one JSON report, default bench.json)
+
+``path --device cuda`` times the chunked kernel against fla's Triton PaTH (and the recurrence at short lengths)
+and measures their peak memory, e.g. ``--lengths 4096 16384 65536 --memory_lengths 4096 16384 65536``.
 
 ``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches
 (:mod:`accrot.bench.pipeline`).
@@ -92,7 +96,6 @@ def _schemes_args(parser) -> None:
                         help=f"evaluation rounds, one forward each (default {FULL['eval_repeats']})")
     parser.add_argument("--batch", type=dict[str, int], default={},
                         help=f"training batch per size, overriding {BENCH_BATCH} (e.g. '{{small: 4}}')")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval_all", action="store_true",
                         help=f"evaluate every cell beyond {LONG_EVAL} tokens too (several minutes more)")
@@ -105,6 +108,8 @@ def _path_args(parser) -> None:
     parser.add_argument("--H", type=int, default=4)
     parser.add_argument("--D", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--memory_lengths", nargs="+", type=int, default=[4096, 16384],
+                        help="evaluation peak-memory lengths (CUDA: also fla's)")
 
 
 def _schemes_settings(args) -> dict[str, Any]:
@@ -122,6 +127,8 @@ DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipe
 
 def _parser(command: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=__doc__)
+    if command in ("schemes", "path", "all"):
+        parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     if command in ("schemes", "all"):
         _schemes_args(parser)
     if command in ("path", "all"):
@@ -159,8 +166,10 @@ def main(argv: list[str]) -> int:
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
         console.print(schemes_table(report["schemes"]))
     if command in ("path", "all"):
-        report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log)
-        console.print(rows_table(report["path"]["kernels"], "PaTH kernels: chunked vs recurrence"))
+        report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
+                                  memory_lengths=args.memory_lengths)
+        versus = "fla" if report["path"]["device"].startswith("cuda") else "recurrence"
+        console.print(rows_table(report["path"]["kernels"], f"PaTH kernels: chunked vs {versus}"))
         console.print(rows_table(report["path"]["memory"], "PaTH evaluation peak memory"))
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,

@@ -86,6 +86,21 @@ def build_model(cell: Cell, shape: dict[str, int], seed: int, device: torch.devi
     return Transformer(cfg).to(device)
 
 
+def parse_device(name: str) -> torch.device:
+    """``--device``: a torch device the benchmarks run on (cpu or cuda), or a one-line :class:`UsageError`."""
+    from accrot.errors import UsageError
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise UsageError(f"device={name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device={name!r} but CUDA is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"device={name!r} is not supported by the benchmark; use cpu or cuda")
+    return device
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

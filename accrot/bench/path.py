@@ -13,6 +13,12 @@
   linear-memory check (≤ 4.5× from T = 4096 to 16384, no ``[T, T]`` tensor) is made on (1); (2) is reported.
 
 Both return plain ``list[dict]`` rows (JSON-ready) for the CLI to print or save.
+
+On CUDA (``accrot bench path --device cuda``, :func:`bench_kernels_cuda`, :func:`eval_memory_cuda`) the chunked
+kernel is timed against fla's Triton PaTH (``kernel="fla"``, where :func:`~accrot.ops.path.fla_problem` finds
+nothing missing; otherwise the row says why) and, at short lengths, the recurrence, all on the inputs a bf16-mixed
+model hands them (q, k, v in bf16; w, β float32), timed with CUDA events after a warm-up; peak memory is
+``torch.cuda.max_memory_allocated`` above the allocation before the call, in-process.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from accrot.bench.grid import SCHEMA
-from accrot.ops.path import path_attention
+from accrot.bench.grid import SCHEMA, parse_device
+from accrot.ops.path import fla_problem, path_attention
 
 
 def _inputs(B: int, H: int, T: int, D: int, seed: int, requires_grad: bool = False) -> list[torch.Tensor]:
@@ -235,15 +241,133 @@ def _growth(value: float | None, base: float | None) -> float | None:
     return None if value is None or base is None or base <= 0 else value / base
 
 
-def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=print) -> dict[str, Any]:
-    """The PaTH kernels' report: :func:`bench_kernels` at each length and the evaluation's peak memory."""
+# -- CUDA: chunked vs fla ---------------------------------------------------------------------------
+def _cuda_inputs(B: int, H: int, T: int, D: int, seed: int, requires_grad: bool) -> list[torch.Tensor]:
+    """What a bf16-mixed PaTH layer passes the kernel: q, k, v in bf16, w and β float32, on the GPU."""
+    q, k, v, w, beta = (x.detach() for x in _inputs(B, H, T, D, seed))
+    out = [*(x.to("cuda", torch.bfloat16) for x in (q, k, v)), w.cuda(), beta.cuda()]
+    return [x.requires_grad_(requires_grad) for x in out]
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``fn()`` by CUDA events, after one untimed call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def bench_kernels_cuda(
+    lengths: Sequence[int] = (4096, 16384, 65536),
+    backward_lengths: Sequence[int] = (4096, 16384),
+    B: int = 1,
+    H: int = 4,
+    D: int = 32,
+    chunk: int = 64,
+    repeats: int = 3,
+    recurrent_up_to: int = 2048,
+    seed: int = 0,
+) -> list[dict]:
+    """Chunked vs fla (vs the recurrence up to ``recurrent_up_to``) PaTH on CUDA; one row per (T, mode):
+    ``{"T", "mode", "device", "B", "H", "D", "chunk", "chunked_s", "fla_s", "recurrent_s", "fla_speedup", "fla"}``
+    with ``fla_speedup`` = chunked_s / fla_s and ``fla`` "ok" or the one-line reason it did not run."""
+    problem = fla_problem("cuda")
+    kernels = ["chunked"] + (["fla"] if problem is None else [])
+    rows = []
+    jobs = [(T, "fwd") for T in lengths] + [(T, "fwd+bwd") for T in backward_lengths]
+    for T, mode in jobs:
+        backward = mode == "fwd+bwd"
+        ins = _cuda_inputs(B, H, T, D, seed, backward)
+        grad_out = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+
+        def run(kernel: str, ins=ins, grad_out=grad_out, backward=backward) -> None:
+            if backward:
+                out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
+                torch.autograd.grad(out, ins, grad_out)
+            else:
+                with torch.no_grad():
+                    path_attention(*ins, chunk_size=chunk, kernel=kernel)
+
+        row: dict[str, Any] = {"T": T, "mode": mode, "device": torch.cuda.get_device_name(), "B": B, "H": H, "D": D,
+                               "chunk": chunk, "chunked_s": None, "fla_s": None, "recurrent_s": None,
+                               "fla_speedup": None, "fla": problem or "ok"}
+        for kernel in kernels + (["recurrent"] if T <= recurrent_up_to else []):
+            try:
+                row[f"{kernel}_s"] = _cuda_time(lambda k=kernel: run(k), repeats)
+            except torch.OutOfMemoryError:  # reported as a missing time, named
+                row.setdefault("out_of_memory", []).append(kernel)
+                torch.cuda.empty_cache()
+            except Exception as err:  # noqa: BLE001 - a broken fla is a result to report, not a crash
+                if kernel != "fla":
+                    raise
+                row["fla"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
+        if row["chunked_s"] and row["fla_s"]:
+            row["fla_speedup"] = row["chunked_s"] / row["fla_s"]
+        rows.append(row)
+        del ins, grad_out
+        torch.cuda.empty_cache()
+    return rows
+
+
+def eval_memory_cuda(lengths: Sequence[int] = (4096, 16384, 65536), B: int = 1, H: int = 4, D: int = 32,
+                     chunk: int = 64, seed: int = 0) -> list[dict]:
+    """Peak CUDA memory of one evaluation forward (``torch.no_grad``) per length and kernel (chunked, and fla where
+    it runs): ``{"T", "kernel", "peak_mib", "inputs_mib", "growth", "length_ratio"}``."""
+    kernels = ["chunked"] + (["fla"] if fla_problem("cuda") is None else [])
+    rows = []
+    for kernel in kernels:
+        first = None
+        for T in lengths:
+            ins = _cuda_inputs(B, H, T, D, seed, False)
+            row: dict[str, Any] = {"T": T, "kernel": kernel, "peak_mib": None,
+                                   "inputs_mib": sum(x.numel() * x.element_size() for x in ins) / 2**20}
+            try:
+                with torch.no_grad():
+                    path_attention(*ins, chunk_size=chunk, kernel=kernel)  # warm-up
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    before = torch.cuda.memory_allocated()
+                    path_attention(*ins, chunk_size=chunk, kernel=kernel)
+                    torch.cuda.synchronize()
+                    row["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+            except torch.OutOfMemoryError:
+                row["peak_mib"] = "out of memory"
+            first = first if first is not None else row["peak_mib"]
+            row["growth"] = _growth(row["peak_mib"] if isinstance(row["peak_mib"], float) else None,
+                                    first if isinstance(first, float) else None)
+            row["length_ratio"] = T / lengths[0]
+            rows.append(row)
+            del ins
+            torch.cuda.empty_cache()
+    return rows
+
+
+def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=print, device: str = "cpu",
+             memory_lengths: Sequence[int] | None = None) -> dict[str, Any]:
+    """The PaTH kernels' report: the kernels timed at each length and the evaluation's peak memory (CPU: chunked vs
+    the recurrence, memory in fresh subprocesses; CUDA: chunked vs fla, memory in-process)."""
+    dev = parse_device(device)
     started = time.perf_counter()
-    log(f"path: kernels at T = {', '.join(map(str, lengths))} (B {B}, H {H}, D {D}, chunk {chunk})")
-    doc: dict[str, Any] = {"schema": SCHEMA, "bench": "path", "torch": torch.__version__,
-                           "threads": torch.get_num_threads(),
-                           "kernels": bench_kernels(lengths=tuple(lengths), B=B, H=H, D=D, chunk=chunk)}
-    log("path: evaluation peak memory")
-    doc["memory"] = eval_memory(B=B, H=H, D=D, chunk=chunk)
+    log(f"path: kernels at T = {', '.join(map(str, lengths))} (B {B}, H {H}, D {D}, chunk {chunk}) on {dev}")
+    doc: dict[str, Any] = {"schema": SCHEMA, "bench": "path", "device": str(dev), "torch": torch.__version__,
+                           "threads": torch.get_num_threads()}
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            doc["fla"] = fla_problem(dev) or "ok"
+            doc["kernels"] = bench_kernels_cuda(lengths=tuple(lengths), backward_lengths=tuple(lengths[:2]), B=B,
+                                                H=H, D=D, chunk=chunk)
+            log("path: evaluation peak memory")
+            doc["memory"] = eval_memory_cuda(tuple(memory_lengths or (4096, 16384)), B=B, H=H, D=D, chunk=chunk)
+    else:
+        doc["kernels"] = bench_kernels(lengths=tuple(lengths), B=B, H=H, D=D, chunk=chunk)
+        log("path: evaluation peak memory")
+        doc["memory"] = eval_memory(tuple(memory_lengths or (4096, 16384)), B=B, H=H, D=D, chunk=chunk)
     doc["wall_s"] = time.perf_counter() - started
     return doc
 

@@ -24,6 +24,7 @@ from accrot.bench.grid import (
     build_model,
     grid,
     interleaved_rounds,
+    parse_device,
     size_shape,
     sync,
 )
@@ -90,20 +91,6 @@ def targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # -- the schemes benchmark --------------------------------------------------------------------------------
-def _device(name: str) -> torch.device:
-    from accrot.errors import UsageError
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise UsageError(f"device={name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device={name!r} but CUDA is not available here; use --device cpu")
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"device={name!r} is not supported by the benchmark; use cpu or cuda")
-    return device
-
-
 def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repeats: int, eval_repeats: int,
                 batch: dict[str, int], eval_all: bool = False, device: str = "cpu", seed: int = 0,
                 log=print) -> dict[str, Any]:
@@ -118,7 +105,7 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
     bad = [k for k, v in batch.items() if k not in SIZES or not isinstance(v, int) or v < 1]
     if bad:
         raise UsageError(f"batch has a bad entry {bad[0]!r}; give sizes {', '.join(SIZES)} positive integers")
-    dev = _device(device)
+    dev = parse_device(device)
     started = time.perf_counter()
     cells, notes = grid()
     for note in notes:

@@ -36,6 +36,15 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 LOCAL_FS = {"tmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "vfat", "zfs"}
 
 
+# with --gpus_per_node: the ranks talk NCCL (Lightning's DDP on CUDA); a rank that dies or hangs in a collective
+# then fails the step instead of blocking the others until the time limit (srun --kill-on-bad-exit ends the rest)
+GPU_ENV = "\n".join([
+    "# NCCL: the GPU ranks' backend (Lightning's DDP); each rank takes the GPU of its local rank",
+    'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"',
+    'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
+])
+
+
 class _Template(string.Template):
     delimiter = "@"  # the scripts are bash: `$` stays bash's
 
@@ -171,6 +180,9 @@ def _check_common(args) -> None:
             raise UsageError(f"--{name}={getattr(args, name)} is not valid; use an integer >= 1")
     if args.gpus_per_node < 0 or (args.cpus_per_task is not None and args.cpus_per_task < 1):
         raise UsageError("--gpus_per_node must be >= 0 and --cpus_per_task >= 1")
+    if args.gpus_per_node and args.tasks_per_node != args.gpus_per_node:
+        raise UsageError(f"--tasks_per_node={args.tasks_per_node} with --gpus_per_node={args.gpus_per_node}: Lightning "
+                         f"runs one rank per GPU; pass --tasks_per_node {args.gpus_per_node}")
     if not _TIME.match(args.time):
         raise UsageError(f"--time={args.time!r} is not valid; use minutes, HH:MM:SS or D-HH:MM:SS (sbatch --time)")
     if args.signal_seconds < 1 or args.signal_seconds > 65535:
@@ -201,6 +213,7 @@ def _values(args, root: Path, job_name: str) -> dict[str, Any]:
         "master_addr": f"export MASTER_ADDR={args.master_addr}" if args.master_addr else
         "# MASTER_ADDR: Lightning's SLURMEnvironment takes the first node of the job (--master_addr sets it)",
         "threads": args.cpus_per_task or 1,
+        "gpu_env": GPU_ENV if args.gpus_per_node else "# no --gpus_per_node: this job asks for no GPUs",
     }
 
 
@@ -259,6 +272,8 @@ def train_main(argv: list[str]) -> int:
     world = args.nodes * args.tasks_per_node
     launch = [f"--trainer.num_nodes={args.nodes}", f"--trainer.devices={args.tasks_per_node}",
               f"--trainer.strategy={'ddp' if world > 1 else 'auto'}", "--ckpt_path=last"]
+    if args.gpus_per_node and not any(a.split("=")[0] == "--trainer.accelerator" for a in fit_args):
+        launch.insert(0, "--trainer.accelerator=gpu")  # fails at once on a node whose GPUs are not visible
     job_name = args.job_name or "accrot-train"
     values = _values(args, root, job_name)
     values["fit_args"] = shlex.join([*fit_args, *launch])

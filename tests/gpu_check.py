@@ -1,0 +1,518 @@
+"""``make gpu-check``: every GPU check of issue #20 in one prepared script, within 10 minutes on one GPU.
+
+    .venv/bin/python tests/gpu_check.py [--budget 540] [--out results/gpu-check]
+
+Without CUDA it prints one line and exits 0 (the rest of the suite never needs a GPU). With CUDA it runs, each
+section in a child process under its own share of the time budget (a section that runs out is stopped and
+reported as such, and the next one starts):
+
+1. ``pytest -m gpu`` over tests/ops, tests/position and tests/test_gpu.py: the CUDA parameters of the twin tests
+   (outputs and gradients against the float64 CPU twins, fla PaTH / PaTH-FoX against the chunked kernel), a
+   resumed run on CUDA, a 2-step bf16-mixed fast_dev_run of every shipped config × every scheme cell;
+2. the first 200 steps of the ``small`` preset per variant of the study (bf16-mixed, one GPU, in one process):
+   tokens/s, ms/step and peak memory measured after a 10-step warm-up (a variant whose share of the budget runs
+   out stops early; its rate is over the steps it took), and the training time of the preset's 78 runs
+   (13 variants × 2 data sets × 3 seeds × 5000 steps) they imply;
+3. the fused rotation kernels on CUDA, ``torch.compile`` (``ACCROT_GPU_KERNELS=on``) against eager (``off``), on the
+   small model's training step of the learned-increment cells: which measures better;
+4. ``accrot bench schemes --device cuda``: training-step tokens/s per scheme cell (small, float32) and evaluation
+   peak memory at 4k / 16k / 64k tokens;
+5. ``accrot bench path --device cuda``: chunked vs fla PaTH, forward and forward + backward, and peak memory.
+
+Everything lands in ``--out`` (default ``results/gpu-check``): one ``REPORT.md`` (GPU model, torch / CUDA / Triton /
+fla versions, each section's outcome and numbers), the sections' JSON and logs. Exit status 0 when every section
+passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: make `tests` and the packages importable
+    sys.path.insert(0, str(REPO))
+
+NO_CUDA = "gpu-check: no CUDA device (torch.cuda.is_available() is False); nothing to check"
+DEFAULT_BUDGET = 540.0  # seconds for all sections; with each child's 10 s grace the check ends within 10 minutes
+GRACE = 10.0  # a child past its budget by this much is killed (each child also watches its own budget)
+# (section, share of the budget): what is left over by a section that finishes early goes to the next ones
+PLAN = [("pytest", 0.42), ("steps", 0.26), ("kernels", 0.07), ("schemes", 0.15), ("path", 0.10)]
+TITLES = {"pytest": "pytest -m gpu (twin tests on CUDA, fast_dev_runs, resume)",
+          "steps": "200 steps of the small preset per variant (bf16-mixed)",
+          "kernels": "fused rotation kernels on CUDA: torch.compile vs eager",
+          "schemes": "accrot bench schemes --device cuda",
+          "path": "accrot bench path --device cuda (chunked vs fla)"}
+STEPS, WARMUP = 200, 10
+PRESET_RUNS = {"datasets": 2, "seeds": 3, "steps": 5000}  # the small preset of accrot/study/variants.py
+
+
+def environment() -> dict[str, Any]:
+    """What the report records about the machine and the software."""
+    import importlib.metadata as md
+
+    import torch
+
+    def version(name: str) -> str:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "triton": version("triton"),
+                           "flash-linear-attention": version("flash-linear-attention"), "host": platform.node()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(),
+                   capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+                   gpu_memory_gib=round(props.total_memory / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        from accrot.ops.path import fla_problem
+
+        env["fla_path_kernel"] = fla_problem("cuda") or "ok"
+    try:
+        env["revision"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                         text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["revision"] = None
+    return env
+
+
+# -- the report -----------------------------------------------------------------------------------------------
+def _cell(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_report(env: dict[str, Any], sections: list[dict[str, Any]], started: str | None = None) -> str:
+    """REPORT.md from the environment and the sections' results (``name``, ``status``, ``seconds``, ``budget_s``,
+    ``summary`` and, optionally, ``tables`` — a list of ``(title, rows)`` — and ``log``)."""
+    ok = all(s["status"] == "passed" for s in sections)
+    out = ["# accrot gpu-check", "",
+           f"{started or time.strftime('%Y-%m-%d %H:%M:%S')} · overall: **{'passed' if ok else 'not all passed'}** "
+           f"({sum(s['status'] == 'passed' for s in sections)}/{len(sections)} sections passed, "
+           f"{sum(float(s.get('seconds') or 0) for s in sections):.0f} s)", "",
+           "## Machine and software", "", markdown_table([{"what": k, "value": v} for k, v in env.items()]), "",
+           "## Sections", "",
+           markdown_table([{"section": TITLES.get(s["name"], s["name"]), "status": s["status"],
+                            "seconds": s.get("seconds"), "budget s": s.get("budget_s"), "summary": s.get("summary")}
+                           for s in sections]), ""]
+    for s in sections:
+        out += [f"## {TITLES.get(s['name'], s['name'])}", "", f"**{s['status']}** — {s.get('summary') or ''}", ""]
+        for title, rows in s.get("tables") or []:
+            out += [f"### {title}", "", markdown_table(rows), ""]
+        for note in s.get("notes") or []:
+            out += [f"- {note}"]
+        if s.get("notes"):
+            out.append("")
+        if s.get("log") and s["status"] != "passed":
+            out += ["<details><summary>log tail</summary>", "", "```", s["log"].rstrip()[-3000:], "```", "",
+                    "</details>", ""]
+    return "\n".join(out)
+
+
+def write_report(path: Path, env: dict[str, Any], sections: list[dict[str, Any]], started: str | None = None) -> str:
+    from accrot.io import atomic_write_text
+
+    text = render_report(env, sections, started)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    return text
+
+
+# -- the parent: run each section in a child under its budget ----------------------------------------------------
+def _tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def run_child(name: str, budget: float, out: Path) -> dict[str, Any]:
+    """Run section ``name`` in a child process with a wall-clock limit; its result JSON, or what is known."""
+    log, result = out / f"{name}.log", out / f"{name}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--section", name, "--budget", f"{budget:.0f}",
+           "--out", str(out)]
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "WANDB_MODE": "disabled"}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=budget + GRACE)  # the child watches its own budget; this is the backstop
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    seconds = time.monotonic() - started
+    doc: dict[str, Any] = {"name": name, "budget_s": round(budget), "seconds": round(seconds, 1)}
+    if result.exists():
+        doc.update(json.loads(result.read_text()))
+        doc["seconds"] = round(seconds, 1)
+    elif rc is None:
+        doc.update(status="timed out", summary=f"stopped after its {budget:.0f} s budget")
+    else:
+        doc.update(status="failed", summary=f"exited with status {rc} before writing its result")
+    if rc not in (0, None) and doc.get("status") == "passed":
+        doc["status"] = "failed"
+    if not doc.get("log"):  # a section's own log (pytest's output) says more than the child's stdout
+        doc["log"] = _tail(log)
+    return doc
+
+
+def run_all(budget: float, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    started, deadline = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic() + budget
+    sections: list[dict[str, Any]] = []
+    for i, (name, share) in enumerate(PLAN):
+        left = deadline - time.monotonic()
+        rest = sum(s for _, s in PLAN[i:])
+        mine = left * share / rest  # this section's share of what is left
+        if mine < 15:
+            sections.append({"name": name, "status": "skipped", "seconds": 0, "budget_s": round(mine),
+                             "summary": "no time left in the budget"})
+            continue
+        print(f"gpu-check: {TITLES[name]} (budget {mine:.0f} s)", flush=True)
+        sections.append(run_child(name, mine, out))
+        print(f"gpu-check:   {sections[-1]['status']}: {sections[-1].get('summary')}", flush=True)
+    report = out / "REPORT.md"
+    write_report(report, environment(), sections, started)
+    passed = sum(s["status"] == "passed" for s in sections)
+    print(f"gpu-check: {passed}/{len(sections)} sections passed; wrote {report}")
+    return 0 if passed == len(sections) else 1
+
+
+# -- the sections (run in the child) ----------------------------------------------------------------------------
+def section_pytest(budget: float, out: Path) -> dict[str, Any]:
+    import xml.etree.ElementTree as ET
+
+    junit = out / "pytest.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "-p", "no:cacheprovider", f"--junitxml={junit}",
+           "tests/ops", "tests/position", "tests/test_gpu.py"]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, timeout=max(1.0, budget - 5), capture_output=True, text=True)
+    except subprocess.TimeoutExpired as err:
+        text = (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return {"status": "timed out", "summary": f"pytest did not finish within {budget:.0f} s", "log": text[-3000:]}
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    failed: list[dict[str, Any]] = []
+    if junit.exists():
+        suite = ET.parse(junit).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        for key in counts:
+            counts[key] = int(suite.get(key, 0))
+        for case in suite.iter("testcase"):
+            bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if bad is not None:
+                failed.append({"test": f"{case.get('classname')}::{case.get('name')}",
+                               "message": (bad.get("message") or "")[:200]})
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    summary = (f"{passed} passed, {counts['failures'] + counts['errors']} failed, {counts['skipped']} skipped "
+               f"(pytest exit status {done.returncode})")
+    return {"status": "passed" if done.returncode == 0 else "failed", "summary": summary,
+            "tables": [("failures", failed)] if failed else [], "log": done.stdout[-3000:]}
+
+
+def _step_timer_class():
+    """:class:`StepTimer`, built on first use so that the parent process (and the no-CUDA line) never imports
+    Lightning; ``tests.gpu_check.StepTimer`` resolves through the module's ``__getattr__``."""
+    import lightning as L
+    import torch
+
+    class StepTimer(L.Callback):
+        """Times training steps after a warm-up (``--trainer.callbacks+=``): ms/step, tokens/s and peak CUDA
+        memory, written as JSON to ``path`` when training ends."""
+
+        def __init__(self, path: str, warmup: int = WARMUP) -> None:
+            self.path, self.warmup = Path(path), warmup
+            self.t0: float | None = None
+            self.steps = self.tokens = 0
+
+        @staticmethod
+        def _sync() -> None:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if trainer.global_step == self.warmup:
+                self._sync()
+                if torch.cuda.is_available():
+                    torch.cuda.reset_peak_memory_stats()
+                self.t0, self.steps = time.perf_counter(), 0
+            elif self.t0 is not None:
+                self.steps += 1
+                self.tokens = int(batch[0].numel())
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            self._sync()
+            seconds = None if self.t0 is None else time.perf_counter() - self.t0
+            doc: dict[str, Any] = {"steps": trainer.global_step, "timed_steps": self.steps, "seconds": seconds,
+                                   "tokens_per_step": self.tokens,
+                                   "peak_mib": torch.cuda.max_memory_allocated() / 2**20
+                                   if torch.cuda.is_available() else None}
+            if seconds and self.steps:
+                doc["ms_per_step"] = 1e3 * seconds / self.steps
+                doc["tokens_per_s"] = self.tokens * self.steps / seconds
+            self.path.write_text(json.dumps(doc))
+
+    return StepTimer
+
+
+def __getattr__(name: str):
+    if name == "StepTimer":
+        cls = _step_timer_class()
+        globals()["StepTimer"] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def variant_overrides(label: str, seq_len: int = 512) -> list[str]:
+    """The ``model.scheme`` overrides of a study variant, as the ablation sets them (a window just under L)."""
+    from accrot.study.variants import VARIANTS, WINDOW_FRACTION, WINDOWED
+
+    over = {f"model.scheme.{k}": v for k, v in VARIANTS[label].items()}
+    if label in WINDOWED:
+        over["model.scheme.window"] = WINDOW_FRACTION * seq_len
+    return [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in over.items()]
+
+
+def _max_time(seconds: float) -> str:
+    seconds = max(3, int(seconds))
+    return f"00:00:{seconds // 60:02d}:{seconds % 60:02d}"  # Lightning's DD:HH:MM:SS
+
+
+def section_steps(budget: float, out: Path, config: str = "small", steps: int = STEPS, warmup: int = WARMUP,
+                  variants: list[str] | None = None, accelerator: str = "gpu",
+                  precision: str = "bf16-mixed") -> dict[str, Any]:
+    """The first ``steps`` steps of the preset per variant, in this process, each under its share of the budget.
+    (The arguments other than the budget exist for the CPU test of this section's plumbing.)"""
+    from accrot.cli import main
+    from accrot.study.variants import DEFAULT_VARIANTS, SIZES
+
+    size = SIZES[config] if config in SIZES else SIZES["small"]
+    variants = list(variants or DEFAULT_VARIANTS)
+    deadline = time.monotonic() + budget - 5
+    rows, failed = [], []
+    root = out / "steps-runs"
+    for i, label in enumerate(variants):
+        share = (deadline - time.monotonic()) / (len(variants) - i)
+        if share < 6:
+            rows.append({"variant": label, "status": "skipped: no time left"})
+            failed.append(label)
+            continue
+        timing = out / f"steps-{i}.json"
+        timing.unlink(missing_ok=True)
+        timer = json.dumps({"class_path": "tests.gpu_check.StepTimer",
+                            "init_args": {"path": str(timing), "warmup": warmup}})
+        argv = ["fit", "--config", config, f"--trainer.max_steps={steps}", f"--trainer.precision={precision}",
+                f"--trainer.accelerator={accelerator}", "--trainer.devices=1", "--trainer.limit_val_batches=0",
+                "--trainer.enable_progress_bar=false", "--trainer.log_every_n_steps=50", "--wandb=disabled",
+                f"--trainer.max_time={_max_time(share - 4)}", "--extrapolation.multipliers=[1]",
+                "--extrapolation.budget_tokens=1024", "--extrapolation.every_n_steps=0", f"--model.lr={size.lr}",
+                f"--root={root}", f"--name=v{i}", f"--trainer.callbacks+={timer}",
+                *variant_overrides(label, size.seq_len)]
+        t0 = time.monotonic()
+        try:
+            rc = main(argv)
+        except Exception as err:  # noqa: BLE001 - one variant's failure is a result, the others still run
+            rc = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
+        row: dict[str, Any] = {"variant": label, "status": "ok" if rc == 0 else f"failed ({rc})",
+                               "wall_s": time.monotonic() - t0}
+        if timing.exists():
+            doc = json.loads(timing.read_text())
+            row.update(steps=doc["steps"], ms_per_step=doc.get("ms_per_step"), tokens_per_s=doc.get("tokens_per_s"),
+                       peak_mib=doc.get("peak_mib"))
+            if doc.get("ms_per_step"):
+                row["preset_min_per_run"] = PRESET_RUNS["steps"] * doc["ms_per_step"] / 6e4
+                row["preset_gpu_h"] = PRESET_RUNS["datasets"] * PRESET_RUNS["seeds"] * row["preset_min_per_run"] / 60
+        if rc != 0:
+            failed.append(label)
+        rows.append(row)
+    measured = [r for r in rows if r.get("preset_gpu_h")]
+    total = sum(r["preset_gpu_h"] for r in measured)
+    notes = [f"ms/step and tokens/s over the steps after a {warmup}-step warm-up (batch × L tokens per step); a "
+             f"variant stopped by its time share before step {steps} is measured over the steps it took",
+             f"preset_min_per_run: {PRESET_RUNS['steps']} steps at that rate (training only: the evaluation every "
+             "1000 steps and the diagnostics come on top); preset_gpu_h: × 2 data sets × 3 seeds"]
+    summary = (f"{len(measured)}/{len(rows)} variants measured; the small preset's training ≈ {total:.1f} GPU-hours "
+               "on this GPU (+ evaluation)" if measured else "no variant measured")
+    if failed:
+        summary += f"; not measured: {', '.join(failed)}"
+    return {"status": "passed" if not failed and len(measured) == len(rows) else "failed", "summary": summary,
+            "tables": [("per variant", rows)], "notes": notes}
+
+
+def section_kernels(budget: float, out: Path) -> dict[str, Any]:
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from accrot.model import ModelConfig, Transformer
+    from accrot.ops import gpu_kernels
+    from accrot.position import SchemeConfig
+
+    cells = {"accum:learned/none+v": dict(rotation="accum", increments="learned", rotate_values=True),
+             "accum:learned/forget+v": dict(rotation="accum", increments="learned", rotate_values=True,
+                                            far_mass="forget"),
+             "rope/none+v": dict(rotation="rope", rotate_values=True)}
+    deadline = time.monotonic() + budget - 5
+    rows = []
+    tokens = torch.randint(0, 256, (32, 513), device="cuda")
+    for name, scheme in cells.items():
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(d_model=256, n_layers=6, n_heads=8, scheme=SchemeConfig(**scheme))).cuda()
+        row: dict[str, Any] = {"cell": name}
+        for mode, key in (("auto", "compiled_ms"), ("off", "eager_ms")):
+            os.environ["ACCROT_GPU_KERNELS"] = mode
+            if time.monotonic() > deadline:
+                row[key] = None
+                continue
+
+            def step(model=model) -> None:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    logits = model(tokens[:, :-1])
+                F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten()).backward()
+
+            for _ in range(3):  # warm-up: compiles the kernels on the first call of "auto"
+                step()
+            if mode == "auto" and gpu_kernels.describe("cuda") != "compiled":
+                row["note"] = f"not compiled: {gpu_kernels._state['failed'] or 'no Triton'}"
+            times = []
+            for _ in range(10):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                step()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            row[key] = statistics.median(times)
+        if row.get("compiled_ms") and row.get("eager_ms") and "note" not in row:
+            row["compiled_vs_eager"] = row["compiled_ms"] / row["eager_ms"]
+        rows.append(row)
+    os.environ.pop("ACCROT_GPU_KERNELS", None)
+    ratios = [r["compiled_vs_eager"] for r in rows if r.get("compiled_vs_eager")]
+    if not ratios:
+        return {"status": "failed", "summary": "nothing measured in the budget", "tables": [("cells", rows)]}
+    better = "torch.compile" if statistics.median(ratios) < 1 else "eager"
+    summary = (f"compiled / eager step time: median {statistics.median(ratios):.3f} over {len(ratios)} cells → "
+               f"{better} measures better (default ACCROT_GPU_KERNELS=auto compiles"
+               f"{'' if better == 'torch.compile' else '; set ACCROT_GPU_KERNELS=off, or flip the default'})")
+    return {"status": "passed", "summary": summary, "tables": [("training step, small, B 32, T 512, bf16", rows)]}
+
+
+def _bench(command: list[str], budget: float, out: Path, name: str) -> tuple[dict | None, dict[str, Any]]:
+    """Run ``accrot bench COMMAND`` under the budget: (its JSON report, {}) or (None, the section's failure)."""
+    target = out / f"bench_{name}.json"
+    target.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "accrot.cli", "bench", *command, "--out", str(target)]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, timeout=max(1.0, budget - 5), capture_output=True, text=True)
+    except subprocess.TimeoutExpired:
+        return None, {"status": "timed out", "summary": f"did not finish within {budget:.0f} s"}
+    if done.returncode != 0 or not target.exists():
+        last = (done.stderr.strip().splitlines() or [""])[-1][:200]
+        return None, {"status": "failed", "summary": f"exit status {done.returncode}: {last}",
+                      "log": (done.stdout + done.stderr)[-3000:]}
+    return json.loads(target.read_text()), {}
+
+
+def schemes_rows(doc: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """Tokens/s per scheme (training step) and evaluation peak memory per length, from the schemes report."""
+    train, memory = [], []
+    for row in doc["rows"]:
+        entry: dict[str, Any] = {"variant": row["variant"]}
+        for size, res in row["train"].items():
+            entry[f"{size} tokens/s"] = res["batch"] * res["T"] / (res["ms"] / 1e3) if res["ms"] else None
+            entry[f"{size} ×NoPE"] = res["ratio"]
+        train.append(entry)
+        mem: dict[str, Any] = {"variant": row["variant"]}
+        for length, res in row["eval"].items():
+            mem[f"{length} MiB"] = res.get("peak_mib")
+            mem[f"{length} ×NoPE"] = res.get("mem_ratio")
+        memory.append(mem)
+    return train, memory
+
+
+def section_schemes(budget: float, out: Path) -> dict[str, Any]:
+    doc, error = _bench(["schemes", "--device", "cuda", "--sizes", "small", "--T", "512", "--batch", "{small: 32}",
+                         "--repeats", "2", "--eval_repeats", "1", "--eval_lengths", "4096", "16384", "65536"],
+                        budget, out, "schemes")
+    if doc is None:
+        return error
+    train, memory = schemes_rows(doc)
+    return {"status": "passed", "summary": f"{len(train)} cells; float32 training step at small, B 32, T 512",
+            "tables": [("training tokens/s (small, float32)", train),
+                       ("evaluation peak memory (tiny, batch 1; n/m cells: see --eval_all)", memory)]}
+
+
+def section_path(budget: float, out: Path) -> dict[str, Any]:
+    doc, error = _bench(["path", "--device", "cuda", "--lengths", "4096", "16384", "65536", "--memory_lengths",
+                         "4096", "16384", "65536"], budget, out, "path")
+    if doc is None:
+        return error
+    fla = doc.get("fla", "ok")
+    summary = "chunked vs fla" if fla == "ok" else f"chunked only; fla: {fla}"
+    return {"status": "passed", "summary": summary,
+            "tables": [("PaTH kernels (q, k, v bf16; w, β float32)", doc["kernels"]),
+                       ("PaTH evaluation peak memory", doc["memory"])]}
+
+
+SECTIONS = {"pytest": section_pytest, "steps": section_steps, "kernels": section_kernels,
+            "schemes": section_schemes, "path": section_path}
+
+
+def run_section(name: str, budget: float, out: Path) -> int:
+    """Child mode: run one section and write its result JSON (the parent reads it)."""
+    started = time.monotonic()
+    try:
+        doc = SECTIONS[name](budget, out)
+    except Exception as err:  # noqa: BLE001 - reported in the section's row
+        import traceback
+
+        doc = {"status": "failed", "summary": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}",
+               "log": traceback.format_exc()[-3000:]}
+    doc["seconds"] = round(time.monotonic() - started, 1)
+    (out / f"{name}.json").write_text(json.dumps(doc, default=str))
+    return 0 if doc["status"] == "passed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for all sections")
+    parser.add_argument("--out", default=str(REPO / "results" / "gpu-check"), help="report folder")
+    parser.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)  # child mode
+    args = parser.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_CUDA)
+        return 0
+    out = Path(args.out).resolve()
+    if args.section:
+        return run_section(args.section, args.budget, out)
+    return run_all(args.budget, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""``make gpu-check`` (tests/gpu_check.py) where there is no GPU: the one line and exit 0, the make target, the
+report written from fake section results, the budget split, and the plumbing of the sections a CPU can run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import gpu_check
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, whatever the machine has
+    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [gpu_check.NO_CUDA]
+    assert gpu_check.NO_CUDA.startswith("gpu-check: no CUDA device") and "nothing to check" in gpu_check.NO_CUDA
+
+
+def test_make_target_runs_the_script():
+    done = subprocess.run(["make", "-n", "gpu-check"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "tests/gpu_check.py" in done.stdout
+    help_text = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+    assert "gpu-check" in help_text
+
+
+ENV = {"gpu": "NVIDIA H200", "torch": "2.13.0+cu128", "cuda": "12.8", "triton": "3.9.0",
+       "flash-linear-attention": "0.6.0", "fla_path_kernel": "ok"}
+
+
+def fake_sections() -> list[dict]:
+    return [
+        {"name": "pytest", "status": "passed", "seconds": 120.5, "budget_s": 205, "summary": "180 passed, 0 failed"},
+        {"name": "steps", "status": "failed", "seconds": 140.0, "budget_s": 148, "summary": "12/13 variants measured",
+         "tables": [("per variant", [{"variant": "NoPE", "ms_per_step": 21.5, "tokens_per_s": 762000.0},
+                                     {"variant": "PaTH|FoX", "status": "failed (2)"}])],
+         "notes": ["ms/step after a 10-step warm-up"], "log": "Traceback ...\nRuntimeError: boom"},
+        {"name": "kernels", "status": "timed out", "seconds": 45.0, "budget_s": 45, "summary": "stopped",
+         "log": "still compiling"},
+        {"name": "schemes", "status": "skipped", "seconds": 0, "budget_s": 3, "summary": "no time left in the budget"},
+    ]
+
+
+def test_report_names_the_machine_and_every_section(tmp_path):
+    text = gpu_check.write_report(tmp_path / "REPORT.md", ENV, fake_sections(), started="2026-01-01 00:00:00")
+    assert (tmp_path / "REPORT.md").read_text() == text
+    assert text.startswith("# accrot gpu-check") and "not all passed" in text and "1/4 sections passed" in text
+    for value in ENV.values():
+        assert f"| {value} |" in text
+    for title in ("pytest -m gpu", "200 steps of the small preset", "torch.compile vs eager",
+                  "accrot bench schemes --device cuda"):
+        assert f"## {next(t for t in gpu_check.TITLES.values() if title in t)}" in text
+    assert "**timed out**" in text and "**skipped**" in text and "**passed** — 180 passed" in text
+    assert "| NoPE | 21.5 | 7.62e+05 | – |" in text  # rows fill every column; a missing value is –
+    assert "PaTH\\|FoX" in text  # a pipe inside a cell does not break the table
+    assert "RuntimeError: boom" in text and "still compiling" in text  # logs of what did not pass
+    assert "- ms/step after a 10-step warm-up" in text
+
+
+def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkeypatch):
+    budgets = {}
+
+    def child(name, budget, out):
+        budgets[name] = budget
+        return {"name": name, "status": "passed", "seconds": 1.0, "budget_s": round(budget), "summary": "ok"}
+
+    monkeypatch.setattr(gpu_check, "run_child", child)
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    assert gpu_check.run_all(500.0, tmp_path) == 0
+    assert list(budgets) == [name for name, _ in gpu_check.PLAN]
+    # each section gets its share of what is left: the first its share of all, the last what the others left
+    assert budgets["pytest"] == pytest.approx(500 * gpu_check.PLAN[0][1], abs=0.5)
+    assert budgets[gpu_check.PLAN[-1][0]] == pytest.approx(500, abs=0.5)  # the fakes took no time
+    assert all(b <= 500 for b in budgets.values())
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "overall: **passed**" in text and "5/5 sections passed" in text
+
+
+def test_a_failed_section_is_exit_1_and_no_time_left_skips(tmp_path, monkeypatch):
+    def child(name, budget, out):
+        return {"name": name, "status": "failed" if name == "steps" else "passed", "seconds": 0, "summary": "x"}
+
+    monkeypatch.setattr(gpu_check, "run_child", child)
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    assert gpu_check.run_all(500.0, tmp_path) == 1
+    assert gpu_check.run_all(20.0, tmp_path) == 1  # 20 s: every share is under 15 s
+    assert "no time left in the budget" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_a_child_that_writes_no_result_is_a_failure_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child finds no CUDA: says so and writes nothing
+    doc = gpu_check.run_child("path", 60, tmp_path)
+    assert doc["status"] == "failed" and "before writing its result" in doc["summary"]
+    assert gpu_check.NO_CUDA in doc["log"]
+
+
+def test_schemes_report_becomes_tokens_per_second_and_memory_rows():
+    doc = {"rows": [{"variant": "none/none", "train": {"small": {"batch": 32, "T": 512, "ms": 64.0, "ratio": 1.0}},
+                     "eval": {"4096": {"peak_mib": 10.0, "mem_ratio": 1.0}, "65536": {"peak_mib": 160.0,
+                                                                                    "mem_ratio": 1.0}}},
+                    {"variant": "path/none", "train": {"small": {"batch": 32, "T": 512, "ms": 128.0, "ratio": 2.0}},
+                     "eval": {"4096": {"peak_mib": 30.0, "mem_ratio": 3.0}}}]}
+    train, memory = gpu_check.schemes_rows(doc)
+    assert train[0]["small tokens/s"] == pytest.approx(32 * 512 / 0.064) and train[1]["small ×NoPE"] == 2.0
+    assert memory[0]["65536 MiB"] == 160.0 and "65536 MiB" not in memory[1]
+
+
+def test_variant_overrides_are_the_ablations():
+    assert gpu_check.variant_overrides("NoPE") == []
+    assert gpu_check.variant_overrides("accum-random") == ["--model.scheme.rotation=accum",
+                                                           "--model.scheme.increments=random_position",
+                                                           "--model.scheme.window=384.0"]
+    assert "--model.scheme.rotate_values=true" in gpu_check.variant_overrides("accum-learned+values")
+    assert gpu_check._max_time(75.9) == "00:00:01:15" and gpu_check._max_time(1) == "00:00:00:03"
+
+
+@pytest.mark.slow
+def test_steps_section_plumbing_on_the_cpu(tmp_path):
+    """The steps section end to end on the CPU (tiny, 4 steps, 2 variants): its fit arguments parse, the step timer
+    is found by its class path and reports, and the per-variant rows and the preset estimate are filled in."""
+    doc = gpu_check.section_steps(400, tmp_path, config="tiny", steps=4, warmup=1, variants=["NoPE", "accum-random"],
+                                  accelerator="cpu", precision="32-true")
+    assert doc["status"] == "passed", doc
+    (title, rows), = doc["tables"]
+    assert [r["variant"] for r in rows] == ["NoPE", "accum-random"]
+    for row in rows:
+        assert row["status"] == "ok" and row["steps"] == 4 and row["ms_per_step"] > 0 and row["tokens_per_s"] > 0
+        assert row["preset_gpu_h"] == pytest.approx(6 * 5000 * row["ms_per_step"] / 3.6e6)
+    assert "GPU-hours" in doc["summary"]
+    json.dumps(doc)  # the child writes it as JSON
