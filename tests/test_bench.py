@@ -35,6 +35,7 @@ def test_quick_schemes_report(tmp_path):
     # the report's shape, not its numbers: --quick at half its lengths (every cell is still trained and evaluated)
     assert main(["schemes", "--quick", "--T", "128", "--eval_lengths", "512", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
+    assert doc["machine"]["kernels"] == doc["rotation_kernels"] and doc["machine"]["threads"] == doc["threads"]
     cells, _ = grid()
     assert [r["variant"] for r in doc["rows"]] == [c.name for c in cells]
     lengths = [str(ln) for ln in doc["settings"]["eval_lengths"]]
@@ -153,3 +154,28 @@ def test_interleaved_ratios_are_unbiased_under_noise():
     assert res["slow"]["ms"]["ratio_of_min"] == pytest.approx(1.10, abs=0.02)
     assert res["same"]["ms"]["ratio"] == pytest.approx(1.00, abs=0.02)
     assert res["nope"]["ms"]["ratio"] == 1.0
+
+
+def test_quick_applies_to_every_bench_unless_a_flag_is_given():
+    from accrot.bench.command import QUICK_PATH, QUICK_PIPELINE, _checked_args
+
+    args = _checked_args("all", ["--quick"])
+    assert args.lengths == QUICK_PATH["lengths"] and args.memory_lengths == QUICK_PATH["memory_lengths"]
+    assert (args.pipeline_steps, args.pipeline_rounds) == (QUICK_PIPELINE["pipeline_steps"], 1)
+    given = _checked_args("path", ["--quick", "--lengths", "64", "128"])
+    assert given.lengths == [64, 128] and given.memory_lengths == QUICK_PATH["memory_lengths"]
+    full = _checked_args("path", [])
+    assert full.lengths == [512, 2048, 8192]
+
+
+def test_every_report_names_the_machine_it_measured():
+    import os
+
+    from accrot.bench.grid import machine, machine_line
+
+    info = machine("cpu")
+    assert info["cores"] == os.cpu_count() and info["threads"] == torch.get_num_threads()
+    assert info["torch"] == torch.__version__ and info["kernels"] in ("compiled", "eager") and info["cpu"]
+    line = machine_line(info)
+    assert line.startswith("machine: ") and info["cpu"] in line and f"rotation kernels: {info['kernels']}" in line
+    assert "\n" not in line

@@ -59,8 +59,10 @@ peak memory. Combined cells (e.g. accum/forget) are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
 thread count is left as it is. The default run takes about 6 minutes on 2 idle cores and several times that
-while the cores are shared. ``--quick`` is a smoke run (~30 s idle): tiny only, batch 4, T = 256, every cell
-evaluated at 1024, one round.
+while the cores are shared. ``--quick`` (every bench) is a first look in about a minute each: schemes at tiny
+only, batch 4, T = 256, every cell evaluated at 1024, one round; path at 512 and 2048 (memory at 2048); the
+pipeline for 10 steps, one round. Every report starts with the machine it measured (CPU, cores, threads, torch,
+kernel path; the GPU on CUDA): ratios from two machines are not comparable.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from jsonargparse import ArgumentParser
 from rich.console import Console
 from rich.table import Table
 
-from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, SCHEMA
+from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, SCHEMA, machine, machine_line
 from accrot.bench.path import run_path
 from accrot.bench.pipeline import pipeline_table, run_pipeline
 from accrot.bench.schemes import run_schemes, schemes_table
@@ -99,7 +101,6 @@ def _schemes_args(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval_all", action="store_true",
                         help=f"evaluate every cell beyond {LONG_EVAL} tokens too (several minutes more)")
-    parser.add_argument("--quick", action="store_true", help="~30 s smoke run: tiny, batch 4, T 256, eval 1024")
 
 
 def _path_args(parser) -> None:
@@ -137,8 +138,28 @@ def _parser(command: str) -> ArgumentParser:
         parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
         parser.add_argument("--pipeline_rounds", type=int, default=3, help="alternating rounds of the two loops")
         parser.add_argument("--with_logger", action="store_true", help="the Lightning loop also writes metrics.csv")
+    parser.add_argument("--quick", action="store_true",
+                        help="a first look in about a minute per bench: " + "; ".join(QUICK_HELP[c] for c in QUICK_HELP
+                                                                                     if command in (c, "all")))
     parser.add_argument("--out", type=str, default=DEFAULT_OUT[command], help="JSON report (written atomically)")
     return parser
+
+
+# --quick: what each bench measures then (the flags given explicitly still win)
+QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048]}
+QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1}
+QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
+              "path": "path: lengths 512 2048, memory at 2048", "pipeline": "pipeline: 10 steps, one round"}
+
+
+def _quick(args, argv: Sequence[str]) -> None:
+    """Apply --quick's path and pipeline settings to the flags the command line did not give."""
+    if not getattr(args, "quick", False):
+        return
+    given = {a.split("=", 1)[0].lstrip("-") for a in argv if a.startswith("--")}
+    for key, value in {**QUICK_PATH, **QUICK_PIPELINE}.items():
+        if hasattr(args, key) and key not in given:
+            setattr(args, key, value)
 
 
 def main(argv: list[str]) -> int:
@@ -148,12 +169,8 @@ def main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         raise UsageError(f"unknown bench {command!r}; choose one of {', '.join(COMMANDS)}")
-    args = _parser(command).parse_args(rest)
+    args = _checked_args(command, rest)
     out = Path(args.out)
-    if not out.parent.is_dir():
-        raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")
-    if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
-        raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
     console, progress = Console(), Console(stderr=True, soft_wrap=True)
     if not console.is_terminal:  # a pipe or a file: rich would wrap the table at 80 columns
         console = Console(width=240)
@@ -161,6 +178,8 @@ def main(argv: list[str]) -> int:
     def log(message: str) -> None:
         progress.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
 
+    info = machine(getattr(args, "device", "cpu"))
+    progress.print(machine_line(info), highlight=False)
     report: dict[str, Any] = {}
     if command in ("schemes", "all"):
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
@@ -175,10 +194,25 @@ def main(argv: list[str]) -> int:
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
                                           with_logger=args.with_logger, log=log)
         console.print(pipeline_table(report["pipeline"]))
-    doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", **report}
+    for part in report.values():
+        part["machine"] = info
+    doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", "machine": info, **report}
+    console.print(machine_line(info), highlight=False)  # beside the tables, whatever stream they go to
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
     return 0
+
+
+def _checked_args(command: str, rest: list[str]):
+    """The parsed options of ``accrot bench <command>``, --quick applied; a one-line UsageError otherwise."""
+    args = _parser(command).parse_args(rest)
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")
+    _quick(args, rest)
+    if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
+        raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
+    return args
 
 
 def rows_table(rows: Sequence[dict[str, Any]], title: str):

@@ -4,6 +4,8 @@ interleaved timing that makes ratios to NoPE robust on a shared machine."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -155,3 +157,36 @@ def interleaved_rounds(names: Sequence[str], nope: str, repeats: int, seed: int,
             out[name][key] = {"median": statistics.median(samples), "ratio": statistics.median(ratios),
                               "ratio_of_min": of_min, "samples": samples, "ratio_samples": ratios}
     return out
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine(device: torch.device | str = "cpu") -> dict[str, Any]:
+    """What a benchmark measured on: CPU model, cores, torch threads, torch and Python, the rotation-kernel path
+    and, on CUDA, the GPU (every report carries it; ratios from two machines are not comparable)."""
+    from accrot.ops import cpu_kernels
+
+    dev = torch.device(device)
+    out = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "python": platform.python_version(), "kernels": cpu_kernels.describe(dev), "device": str(dev)}
+    if dev.type == "cuda" and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(dev)
+        out["cuda"] = torch.version.cuda
+    return out
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    """One line of :func:`machine` for the terminal."""
+    gpu = f"; {info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else ""
+    return (f"machine: {info['cpu']}, {info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, "
+            f"Python {info['python']}; rotation kernels: {info['kernels']} on {info['device']}{gpu}")
