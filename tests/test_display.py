@@ -6,6 +6,7 @@ import io
 import re
 import time
 
+import pytest
 from rich.console import Console
 
 from accrot.display import Finished, RunDisplay, Running, clock
@@ -55,3 +56,16 @@ def test_line_mode_prints_one_line_per_finished_run():
 
 def test_quiet_is_line_mode_on_a_terminal_too():
     assert not RunDisplay("x", 1, terminal(), quiet=True).live
+
+
+@pytest.mark.parametrize("max_epochs, label", [(-1, "Epoch 3"), (None, "Epoch 3"), (5, "Epoch 3/4")],
+                         ids=["step-limited", "no-limit", "epoch-limited"])
+def test_training_bar_names_the_epoch_without_a_negative_limit(max_epochs, label):
+    """A step-limited run (max_epochs = −1) is labelled ``Epoch 3``, never Lightning's ``Epoch 3/-2``."""
+    from types import SimpleNamespace
+
+    from callbacks.progress import ProgressBar
+
+    bar = ProgressBar()
+    bar._trainer = SimpleNamespace(max_epochs=max_epochs)
+    assert bar._get_train_description(3).rstrip() == label

@@ -20,7 +20,6 @@ import lightning as L
 from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
@@ -44,6 +43,7 @@ from accrot.run.rundir import RunDirs
 from callbacks.checkpoint import make_resumable
 from callbacks.extrapolation import ExtrapolationCallback
 from callbacks.preemption import Preemption
+from callbacks.progress import ProgressBar
 from callbacks.run_record import RunRecord
 from data_modules import TokenStreamDataModule
 
@@ -168,7 +168,7 @@ class AccrotCLI(LightningCLI):
         check_launch(trainer_cfg)  # `srun -n1` with devices=2 would silently train on one rank
         if trainer_cfg.get("enable_progress_bar") is not False:
             if not any(type(c).__name__.endswith("ProgressBar") for c in callbacks):
-                callbacks.append(RichProgressBar())
+                callbacks.append(ProgressBar())
         trainer_cfg["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         check_path_kernel(getattr(self, "model", None), trainer.strategy.root_device)
