@@ -25,7 +25,7 @@ ABLATION_WORKERS ?= 2
 # demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
 QUIET ?=
 
-.PHONY: help install test test-fast faults breakages demo ablation lint bench sweep dashboard clean gpu-check
+.PHONY: help install test test-slow test-all faults breakages demo ablation lint bench sweep dashboard clean gpu-check
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -39,11 +39,16 @@ $(STAMP): pyproject.toml constraints.txt accrot/ops/csrc/rotary_cpu.cpp accrot/o
 
 install: $(STAMP) ## create .venv and install pinned dependencies (idempotent)
 
-test: $(STAMP) ## run the whole test suite (slow tests included), offline
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
-
-test-fast: $(STAMP) ## the suite without slow tests
+# `make test` stays under 15 minutes on 2 cores: the long tests (marked slow, about 5 minutes together) are their own
+# target, which CI runs right after it; `make test-all` is both in one pytest run
+test: $(STAMP) ## the test suite without the long (slow-marked) tests, offline: under 15 min on 2 cores
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP) ## only the long tests (a real interrupted ablation, sweeps under faults, the quick bench, ...)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-all: $(STAMP) ## every test in one run (test + test-slow)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 faults: $(STAMP) ## kill and resume runs, kill a sweep worker, try every bad input; print the figures
 	$(BIN)/python tests/fault_injection.py
