@@ -175,11 +175,15 @@ def main(argv: list[str]) -> int:
     if not console.is_terminal:  # a pipe or a file: rich would wrap the table at 80 columns
         console = Console(width=240)
 
+    device = getattr(args, "device", "cpu")
+    info: dict[str, Any] = {}
+
     def log(message: str) -> None:
+        if not info:  # the first progress line: the options are checked by now (a bad one prints only its error)
+            info.update(machine(device))
+            progress.print(machine_line(info), highlight=False)
         progress.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
 
-    info = machine(getattr(args, "device", "cpu"))
-    progress.print(machine_line(info), highlight=False)
     report: dict[str, Any] = {}
     if command in ("schemes", "all"):
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
@@ -194,6 +198,7 @@ def main(argv: list[str]) -> int:
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
                                           with_logger=args.with_logger, log=log)
         console.print(pipeline_table(report["pipeline"]))
+    info = info or machine(device)
     for part in report.values():
         part["machine"] = info
     doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", "machine": info, **report}
