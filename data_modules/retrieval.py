@@ -58,8 +58,8 @@ from data_modules.streams import check_int
 from data_modules.synthetic import (
     EVAL_KEY_BYTE,
     FILLER,
+    DepthTaskDataModule,
     PasskeyTask,
-    SyntheticDataModule,
     _boundaries,
     _filler,
 )
@@ -140,8 +140,27 @@ def _depth(depths: tuple[float, ...], split: str, index: int) -> float | None:
 # ---------------------------------------------------------------------------------------------------
 # the tasks: pure, picklable sample generators
 # ---------------------------------------------------------------------------------------------------
+class _NeedleLayout:
+    """What the three tasks share, from their ``needles``, ``room`` (boundaries the anchor leaves after it) and
+    ``fixed_bytes`` (everything that is not filler): the shortest length, the filler size and the anchor's offset."""
+
+    @property
+    def min_length(self) -> int:
+        return self.fixed_bytes + _min_filler(self.needles) - 1  # n = ℓ + 1 bytes, a boundary per needle
+
+    def filler_bytes(self, length: int) -> int:
+        return length + 1 - self.fixed_bytes
+
+    def anchor_position(self, length: int, depth: float) -> int:
+        """Filler offset of the anchor (the queried needle, the first value, the queried chain's first assignment)
+        of an evaluation block at ``depth``."""
+        F = self.filler_bytes(length)
+        bounds = _boundaries(F)
+        return bounds[_anchor(None, bounds, F, self.room, depth)]
+
+
 @dataclass(frozen=True)
-class MultiKeyTask:
+class MultiKeyTask(_NeedleLayout):
     """The multi-key needle generator (module docstring)."""
 
     n_keys: int
@@ -165,19 +184,6 @@ class MultiKeyTask:
         needle = len(NEEDLE.format(name=NAMES[0], value="0" * self.digits))
         return self.n_keys * needle + len(KEY_QUERY.format(name=NAMES[0])) + self.digits
 
-    @property
-    def min_length(self) -> int:
-        return self.fixed_bytes + _min_filler(self.needles) - 1  # n = ℓ + 1 bytes, a boundary per needle
-
-    def filler_bytes(self, length: int) -> int:
-        return length + 1 - self.fixed_bytes
-
-    def anchor_position(self, length: int, depth: float) -> int:
-        """Filler offset of the queried needle of an evaluation block at ``depth``."""
-        F = self.filler_bytes(length)
-        bounds = _boundaries(F)
-        return bounds[_anchor(None, bounds, F, self.room, depth)]
-
     def sample(self, g: torch.Generator, length: int, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x [ℓ+1] int64 bytes, mask [ℓ] bool)``; evaluation block ``index`` sits at depths[index % len]."""
         names = [NAMES[j] for j in torch.randperm(len(NAMES), generator=g)[: self.n_keys].tolist()]  # [0]: queried
@@ -193,7 +199,7 @@ class MultiKeyTask:
 
 
 @dataclass(frozen=True)
-class MultiValueTask:
+class MultiValueTask(_NeedleLayout):
     """The multi-value needle generator (module docstring)."""
 
     n_values: int
@@ -220,19 +226,6 @@ class MultiValueTask:
         needle = len(NEEDLE.format(name=NAMES[0], value="0" * self.digits))
         return self.n_values * needle + len(VALUES_QUERY.format(name=NAMES[0])) + self.answer_bytes
 
-    @property
-    def min_length(self) -> int:
-        return self.fixed_bytes + _min_filler(self.needles) - 1
-
-    def filler_bytes(self, length: int) -> int:
-        return length + 1 - self.fixed_bytes
-
-    def anchor_position(self, length: int, depth: float) -> int:
-        """Filler offset of the first needle of an evaluation block at ``depth``."""
-        F = self.filler_bytes(length)
-        bounds = _boundaries(F)
-        return bounds[_anchor(None, bounds, F, self.room, depth)]
-
     def sample(self, g: torch.Generator, length: int, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x [ℓ+1] int64 bytes, mask [ℓ] bool)``; evaluation block ``index`` sits at depths[index % len]."""
         name = NAMES[int(torch.randint(len(NAMES), (), generator=g))]
@@ -247,7 +240,7 @@ class MultiValueTask:
 
 
 @dataclass(frozen=True)
-class VariableTrackingTask:
+class VariableTrackingTask(_NeedleLayout):
     """The variable-tracking generator (module docstring)."""
 
     hops: int
@@ -272,19 +265,6 @@ class VariableTrackingTask:
         chain = (len(ASSIGNMENT.format(name=name, value="0" * self.digits))
                  + (self.hops - 1) * len(ASSIGNMENT.format(name=name, value=name)))
         return self.n_chains * chain + len(TRACK_QUERY.format(name=name)) + self.digits
-
-    @property
-    def min_length(self) -> int:
-        return self.fixed_bytes + _min_filler(self.needles) - 1
-
-    def filler_bytes(self, length: int) -> int:
-        return length + 1 - self.fixed_bytes
-
-    def anchor_position(self, length: int, depth: float) -> int:
-        """Filler offset of the queried chain's first assignment in an evaluation block at ``depth``."""
-        F = self.filler_bytes(length)
-        bounds = _boundaries(F)
-        return bounds[_anchor(None, bounds, F, self.room, depth)]
 
     @staticmethod
     def draw_names(g: torch.Generator, k: int) -> list[str]:
@@ -360,8 +340,8 @@ def _check_seq_len(seq_len: object, task: RetrievalTask) -> None:
                         f"use seq_len >= {task.min_length} for {_settings(task)}")
 
 
-class _RetrievalDataModule(SyntheticDataModule):
-    """What the three retrieval modules share: depths per block, the anchor's position, the length check."""
+class _RetrievalDataModule(DepthTaskDataModule):
+    """What the three retrieval modules share beyond passkey's: the anchor's position and the length check."""
 
     task: RetrievalTask
 
@@ -369,18 +349,6 @@ class _RetrievalDataModule(SyntheticDataModule):
         self.task = task
         self.depths = list(task.depths)
         self.tokenizer = ByteTokenizer()
-
-    @property
-    def min_length(self) -> int:
-        """The shortest sequence (in targets) that holds the needles, a boundary for each, the question and answer."""
-        return self.task.min_length
-
-    def eval_depths(self, length: int, budget_tokens: int) -> list[float]:
-        """The depth of each block of :meth:`eval_blocks` (same arguments): ``depths[i % len(depths)]``."""
-        self._check_length("evaluation length", length)
-        check_int("budget_tokens", budget_tokens, 1)
-        n = max(1, budget_tokens // length)
-        return [self.task.depths[i % len(self.task.depths)] for i in range(n)]
 
     def anchor_position(self, length: int, depth: float) -> int:
         """Filler offset of the depth-defining needle in an evaluation block of ``length`` at ``depth``."""

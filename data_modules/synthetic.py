@@ -409,7 +409,24 @@ class LocalDependencyDataModule(SyntheticDataModule):
         self.tokenizer = SymbolTokenizer(n_content, max_offset)
 
 
-class PasskeyDataModule(SyntheticDataModule):
+class DepthTaskDataModule(SyntheticDataModule):
+    """A retrieval task whose evaluation block i hides its key at ``task.depths[i % len]`` (passkey and the tasks of
+    :mod:`data_modules.retrieval`): accuracy is reported per depth (:meth:`eval_depths`)."""
+
+    @property
+    def min_length(self) -> int:
+        """The shortest sequence (in targets) that holds the task's key sentences, the question and the answer."""
+        return self.task.min_length
+
+    def eval_depths(self, length: int, budget_tokens: int) -> list[float]:
+        """The depth of each block of :meth:`eval_blocks` (same arguments): ``depths[i % len(depths)]``."""
+        self._check_length("evaluation length", length)
+        check_int("budget_tokens", budget_tokens, 1)
+        n = max(1, budget_tokens // length)
+        return [self.task.depths[i % len(self.task.depths)] for i in range(n)]
+
+
+class PasskeyDataModule(DepthTaskDataModule):
     """Passkey retrieval in byte-level filler; the key's digits at the end are the only scored targets.
 
     Generation rules: module docstring. Training sequences have ``seq_len + 1`` bytes and the key at a uniformly
@@ -450,18 +467,6 @@ class PasskeyDataModule(SyntheticDataModule):
         self.digits, self.depths = digits, list(task.depths)
         self.task = task
         self.tokenizer = ByteTokenizer()
-
-    @property
-    def min_length(self) -> int:
-        """The shortest sequence (in targets) that holds the key sentence, the question and the digits."""
-        return self.task.min_length
-
-    def eval_depths(self, length: int, budget_tokens: int) -> list[float]:
-        """The depth of each block of :meth:`eval_blocks` (same arguments): ``depths[i % len(depths)]``."""
-        self._check_length("evaluation length", length)
-        check_int("budget_tokens", budget_tokens, 1)
-        n = max(1, budget_tokens // length)
-        return [self.task.depths[i % len(self.task.depths)] for i in range(n)]
 
     def key_position(self, length: int, depth: float) -> int:
         """Byte offset of the key sentence in a block of ``length`` at ``depth`` (a sentence boundary)."""
