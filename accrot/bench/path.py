@@ -23,6 +23,7 @@ model hands them (q, k, v in bf16; w, β float32), timed with CUDA events after 
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
@@ -36,6 +37,16 @@ import torch.nn.functional as F
 
 from accrot.bench.grid import SCHEMA, parse_device
 from accrot.ops.path import fla_problem, path_attention
+
+
+def _run_kernel(kernel: str, ins: list[torch.Tensor], grad_out: torch.Tensor, backward: bool, chunk: int) -> None:
+    """One timed call of ``path_attention`` with ``kernel``: forward only, or forward and backward."""
+    if backward:
+        out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
+        torch.autograd.grad(out, ins, grad_out)
+    else:
+        with torch.no_grad():
+            path_attention(*ins, chunk_size=chunk, kernel=kernel)
 
 
 def _inputs(B: int, H: int, T: int, D: int, seed: int, requires_grad: bool = False) -> list[torch.Tensor]:
@@ -89,18 +100,7 @@ def bench_kernels(
             ins = _inputs(B, H, T, D, seed, requires_grad=backward)
             grad_out = torch.randn(B, H, T, D, generator=torch.Generator().manual_seed(seed + 1))
 
-            def run(
-                kernel: str,
-                ins: list[torch.Tensor] = ins,
-                grad_out: torch.Tensor = grad_out,
-                backward: bool = backward,
-            ) -> None:
-                if backward:
-                    out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
-                    torch.autograd.grad(out, ins, grad_out)
-                else:
-                    with torch.no_grad():
-                        path_attention(*ins, chunk_size=chunk, kernel=kernel)
+            run = functools.partial(_run_kernel, ins=ins, grad_out=grad_out, backward=backward, chunk=chunk)
 
             n_rec = long_repeats if T >= long_from else repeats
             run("chunked")  # warm-up (allocator, BLAS and LAPACK initialisation)
@@ -286,20 +286,14 @@ def bench_kernels_cuda(
         ins = _cuda_inputs(B, H, T, D, seed, backward)
         grad_out = torch.randn(B, H, T, D, device="cuda", dtype=torch.bfloat16)
 
-        def run(kernel: str, ins=ins, grad_out=grad_out, backward=backward) -> None:
-            if backward:
-                out = path_attention(*ins, chunk_size=chunk, kernel=kernel)
-                torch.autograd.grad(out, ins, grad_out)
-            else:
-                with torch.no_grad():
-                    path_attention(*ins, chunk_size=chunk, kernel=kernel)
+        run = functools.partial(_run_kernel, ins=ins, grad_out=grad_out, backward=backward, chunk=chunk)
 
         row: dict[str, Any] = {"T": T, "mode": mode, "device": torch.cuda.get_device_name(), "B": B, "H": H, "D": D,
                                "chunk": chunk, "chunked_s": None, "fla_s": None, "recurrent_s": None,
                                "fla_speedup": None, "fla": problem or "ok"}
         for kernel in kernels + (["recurrent"] if T <= recurrent_up_to else []):
             try:
-                row[f"{kernel}_s"] = _cuda_time(lambda k=kernel: run(k), repeats)
+                row[f"{kernel}_s"] = _cuda_time(functools.partial(run, kernel), repeats)
             except torch.OutOfMemoryError:  # reported as a missing time, named
                 row.setdefault("out_of_memory", []).append(kernel)
                 torch.cuda.empty_cache()
