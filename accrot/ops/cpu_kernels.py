@@ -1,7 +1,7 @@
 """The fused CPU kernels of the SO(2) path (``csrc/rotary_cpu.cpp``), compiled once per install and source.
 
-:func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate``, ``rotate_backward``, ``accumulate_wrap``,
-``suffix_sum``) or None, in which case :mod:`accrot.ops.rotary` runs its eager formulas: the same math in more
+:func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate_many``, ``rotate_many_backward``, ``accumulate_wrap``,
+``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``) or None, in which case :mod:`accrot.ops.rotary` runs its eager formulas: the same math in more
 passes (the kernels are tested against them). ``ACCROT_CPU_KERNELS`` chooses:
 
 * ``auto`` (default): build with torch's C++ extension tooling (a C++ compiler and ninja) on first use; if that

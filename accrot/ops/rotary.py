@@ -60,8 +60,23 @@ def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inver
     training step. On the CPU each direction is one pass of a compiled kernel (:mod:`accrot.ops.cpu_kernels`)
     instead of four to six eager ones; on CUDA, one ``torch.compile``-fused kernel (:mod:`accrot.ops.gpu_kernels`).
     """
-    work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
-    return _Rotate.apply(x.to(work), cos.to(work), sin.to(work), -1.0 if inverse else 1.0, theta).to(x.dtype)
+    return rotate_pairs_many((x,), cos, sin, inverse=inverse, theta=theta)[0]
+
+
+def rotate_pairs_many(xs: tuple[torch.Tensor, ...] | list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+                      inverse: bool = False, theta: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """:func:`rotate_pairs_cs` of several tensors of one shape by the same angles (q and k), as one autograd node.
+
+    On the CPU one kernel pass rotates them all forward (cos and sin are read once), and one pass backward gives
+    every input gradient and the angle gradient already summed over the tensors (one ``[B, H, T, D/2]`` dθ
+    instead of one per tensor plus their sum). Elsewhere the tensors go through the one-tensor kernels in turn.
+    """
+    xs = tuple(xs)
+    if not xs:
+        return ()
+    work = torch.promote_types(torch.promote_types(xs[0].dtype, cos.dtype), torch.float32)
+    outs = _Rotate.apply(cos.to(work), sin.to(work), -1.0 if inverse else 1.0, theta, *(x.to(work) for x in xs))
+    return tuple(y.to(x.dtype) for x, y in zip(xs, outs))
 
 
 def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -112,60 +127,92 @@ def _last_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Rotate(torch.autograd.Function):
-    """y = R(sθ) x per pair from (x ``[B, H, T, D]``, cos, sin ``[B|1, H|1, T, D/2]``, s = ±1), one dtype.
+    """y_i = R(sθ) x_i per pair from (cos, sin ``[B|1, H|1, T, D/2]``, s = ±1, θ or None, x_1 … x_n ``[B, H, T, D]``),
+    one dtype and shape.
 
-    Backward: dx = R(−sθ) dy; with (a, b) the halves of x and (g_a, g_b) of dy, d cos = a g_a + b g_b and
-    d sin = s (a g_b − b g_a); with ``theta`` given, dθ = s (y_a g_b − y_b g_a) from the output y. Each is
-    summed over the dimensions the angles were broadcast along. On the CPU, y and (dx, dθ) each come from one
-    kernel pass; d cos and d sin (asked for only when a caller differentiates through cos/sin) stay eager.
+    Backward: dx_i = R(−sθ) dy_i; with (a, b) the halves of x_i and (g_a, g_b) of dy_i, d cos = Σ_i a g_a + b g_b
+    and d sin = s Σ_i (a g_b − b g_a); with ``theta`` given, dθ = s Σ_i (y_a g_b − y_b g_a) from the outputs. Each
+    is summed over the dimensions the angles were broadcast along. On the CPU, the ys and (dxs, dθ) each come
+    from one kernel pass over all the tensors; d cos and d sin (asked for only when a caller differentiates
+    through cos/sin) stay eager.
     """
 
     @staticmethod
-    def forward(ctx, x, cos, sin, sign, theta):
-        kernels = _kernels(x, cos, sin)
-        if kernels is not None:
-            out = kernels.rotate(_last_contiguous(x), _last_contiguous(cos), _last_contiguous(sin), sign)
+    def forward(ctx, cos, sin, sign, theta, *xs):
+        kernels = _kernels(*xs, cos, sin)
+        if kernels is not None and hasattr(kernels, "rotate_many"):
+            outs = kernels.rotate_many([_last_contiguous(x) for x in xs], _last_contiguous(cos),
+                                       _last_contiguous(sin), sign)
+        elif kernels is not None:
+            outs = [kernels.rotate(_last_contiguous(x), _last_contiguous(cos), _last_contiguous(sin), sign)
+                    for x in xs]
         else:
-            out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            a, b = x.chunk(2, dim=-1)
-            _rotate_into(out, a, b, cos, sin, sign)
-        want_cs = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        want_theta = theta is not None and ctx.needs_input_grad[4]
-        ctx.save_for_backward(x if want_cs else None, out if want_theta else None, cos, sin)
+            outs = []
+            for x in xs:
+                out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                a, b = x.chunk(2, dim=-1)
+                _rotate_into(out, a, b, cos, sin, sign)
+                outs.append(out)
+        want_cs = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        want_theta = theta is not None and ctx.needs_input_grad[3]
+        ctx.n = len(xs)
+        ctx.save_for_backward(cos, sin, *(xs if want_cs else ()), *(outs if want_theta else ()))
+        ctx.want_cs, ctx.want_theta = want_cs, want_theta
         ctx.sign = sign
         ctx.theta_shape = None if theta is None else (theta.shape, theta.dtype)
-        return out
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx, grad):
-        x, y, cos, sin = ctx.saved_tensors
-        ga, gb = grad.chunk(2, dim=-1)
-        dx = dcos = dsin = dtheta = None
-        kernels = _kernels(grad, cos, sin)
-        if kernels is not None and (ctx.needs_input_grad[0] or y is not None):
-            dx, dtheta = kernels.rotate_backward(_last_contiguous(grad), y, _last_contiguous(cos),
-                                                 _last_contiguous(sin), ctx.sign, ctx.needs_input_grad[0])
-            dx = dx if ctx.needs_input_grad[0] else None
-            dtheta = dtheta if y is not None else None
+    def backward(ctx, *grads):
+        cos, sin, *rest = ctx.saved_tensors
+        n = ctx.n
+        xs = rest[:n] if ctx.want_cs else None
+        ys = (rest[n:] if ctx.want_cs else rest) if ctx.want_theta else None
+        want_dx = [ctx.needs_input_grad[4 + i] for i in range(n)]
+        dxs: list[torch.Tensor | None] = [None] * n
+        dcos = dsin = dtheta = None
+        kernels = _kernels(*grads, cos, sin)
+        if kernels is not None and hasattr(kernels, "rotate_many") and (any(want_dx) or ys is not None):
+            got, dtheta = kernels.rotate_many_backward([_last_contiguous(g) for g in grads], list(ys or ()),
+                                                       _last_contiguous(cos), _last_contiguous(sin), ctx.sign,
+                                                       any(want_dx))
+            dxs = [d if w else None for d, w in zip(got, want_dx)] if any(want_dx) else dxs
+            dtheta = dtheta if ys is not None else None
         else:
-            if ctx.needs_input_grad[0]:
-                dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-                _rotate_into(dx, ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
-            if y is not None:
-                ya, yb = y.chunk(2, dim=-1)
-                dtheta = torch.addcmul(ya * gb, yb, ga, value=-1.0)
-                dtheta = dtheta if ctx.sign > 0 else -dtheta
-        if x is not None:
-            a, b = x.chunk(2, dim=-1)
-            if ctx.needs_input_grad[1]:
-                dcos = torch.addcmul(a * ga, b, gb).sum_to_size(cos.shape)
-            if ctx.needs_input_grad[2]:
-                dsin = torch.addcmul(a * gb, b, ga, value=-1.0)
-                dsin = (dsin if ctx.sign > 0 else -dsin).sum_to_size(sin.shape)
+            for i, grad in enumerate(grads):
+                y = ys[i] if ys is not None else None
+                if kernels is not None and (want_dx[i] or y is not None):
+                    dx, dth = kernels.rotate_backward(_last_contiguous(grad), y, _last_contiguous(cos),
+                                                      _last_contiguous(sin), ctx.sign, want_dx[i])
+                    dxs[i] = dx if want_dx[i] else None
+                    dth = dth if y is not None else None
+                else:
+                    ga, gb = grad.chunk(2, dim=-1)
+                    if want_dx[i]:
+                        dxs[i] = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+                        _rotate_into(dxs[i], ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
+                    dth = None
+                    if y is not None:
+                        ya, yb = y.chunk(2, dim=-1)
+                        dth = torch.addcmul(ya * gb, yb, ga, value=-1.0)
+                        dth = dth if ctx.sign > 0 else -dth
+                if dth is not None:
+                    dtheta = dth if dtheta is None else dtheta + dth
+        if xs is not None:
+            for x, grad in zip(xs, grads):
+                a, b = x.chunk(2, dim=-1)
+                ga, gb = grad.chunk(2, dim=-1)
+                if ctx.needs_input_grad[0]:
+                    dc = torch.addcmul(a * ga, b, gb).sum_to_size(cos.shape)
+                    dcos = dc if dcos is None else dcos + dc
+                if ctx.needs_input_grad[1]:
+                    ds = torch.addcmul(a * gb, b, ga, value=-1.0)
+                    ds = (ds if ctx.sign > 0 else -ds).sum_to_size(sin.shape)
+                    dsin = ds if dsin is None else dsin + ds
         if dtheta is not None:
             shape, dtype = ctx.theta_shape
             dtheta = dtheta.sum_to_size(shape).to(dtype)
-        return dx, dcos, dsin, None, dtheta
+        return dcos, dsin, None, dtheta, *dxs
 
 
 def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,20 +240,24 @@ def accumulate_angles_reference(delta: torch.Tensor, offset: torch.Tensor | None
     return wrap_angle(theta).to(torch.float32)
 
 
+def _wrapped_cumsum(delta: torch.Tensor, offset: torch.Tensor | None) -> torch.Tensor:
+    """The forward of :class:`_AccumulateWrap`: one kernel pass where there is one, else the eager formula."""
+    kernels = _kernels(delta)
+    if kernels is not None and (offset is None or torch.broadcast_shapes(offset.shape, delta.shape) == delta.shape):
+        return kernels.accumulate_wrap(delta, offset)  # [..., T, P] float32, one pass
+    theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P] a fresh float64 buffer
+    if offset is not None:
+        theta = theta + offset.to(torch.float64)
+    return theta.add_(math.pi).remainder_(TWO_PI).sub_(math.pi).to(torch.float32)
+
+
 class _AccumulateWrap(torch.autograd.Function):
     """forward: float64 cumsum (+ offset), wrapped to [−π, π) in place, cast to float32.
     backward: d delta_j = Σ_{t≥j} dθ_t; d offset = Σ_t dθ_t (over the dimensions it was broadcast along)."""
 
     @staticmethod
     def forward(ctx, delta, offset):
-        kernels = _kernels(delta)
-        if kernels is not None and (offset is None or torch.broadcast_shapes(offset.shape, delta.shape) == delta.shape):
-            theta = kernels.accumulate_wrap(delta, offset)  # [..., T, P] float32, one pass
-        else:
-            theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P] a fresh float64 buffer
-            if offset is not None:
-                theta = theta + offset.to(torch.float64)
-            theta = theta.add_(math.pi).remainder_(TWO_PI).sub_(math.pi).to(torch.float32)
+        theta = _wrapped_cumsum(delta, offset)
         ctx.delta_dtype = delta.dtype
         ctx.delta_strides = delta.stride() if _dense(delta) else None
         ctx.offset_shape = None if offset is None else (offset.shape, offset.dtype)
@@ -227,6 +278,73 @@ class _AccumulateWrap(torch.autograd.Function):
             shape, dtype = ctx.offset_shape
             d_offset = grad.sum(-2, keepdim=True).sum_to_size(shape).to(dtype)
         return d_delta, d_offset
+
+
+def accumulate_bounded(u: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None = None,
+                       extra: torch.Tensor | None = None) -> torch.Tensor:
+    """θ = :func:`accumulate_angles` of δ = scale · tanh(u) (+ mean) (+ extra): learned increments' angles in one node.
+
+    Args:
+        u: ``[B, H, T, P]`` float32 pre-activations (any strides; the projection's ``[B, T, H, P]`` view).
+        scale, mean: ``[P]`` float32 (max_increment · ladder; the increments' mean, or None for zero).
+        extra: ``[B|1, H, T, P]`` float32 increments added without a gradient (a mixing floor's draw), or None.
+    Returns:
+        ``[B, H, T, P]`` float32 angles; differentiable w.r.t. u only.
+
+    On the CPU (:class:`_AccumulateBounded`) torch's vectorised tanh is the one extra pass forward: the scale, the
+    shifts, the float64 running sum and the wrap are one kernel pass, and the backward pass is one more (the
+    suffix sums times scale·(1 − tanh²)), in u's layout. Eager, it is the autograd formula of
+    :func:`accumulate_bounded_reference`, its test twin.
+    """
+    return _AccumulateBounded.apply(u, scale, mean, extra)
+
+
+def accumulate_bounded_reference(u: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None = None,
+                                 extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Test twin of :func:`accumulate_bounded`: δ rounded to float32 step by step, then the reference sum."""
+    delta = torch.tanh(u) * scale
+    if mean is not None:
+        delta = delta + mean
+    if extra is not None:
+        delta = delta + extra.detach()
+    return accumulate_angles_reference(delta)
+
+
+class _AccumulateBounded(torch.autograd.Function):
+    """forward: t = tanh(u); θ = wrap(cumsum(scale·t + mean + extra)) (one kernel pass on the CPU).
+    backward: du = scale · (1 − t²) · suffix sums of dθ."""
+
+    @staticmethod
+    def forward(ctx, u, scale, mean, extra):
+        t = torch.tanh(u)  # [B, H, T, P] in u's layout
+        kernels = _kernels(t)
+        if kernels is not None and hasattr(kernels, "accumulate_bounded") and t.dtype == torch.float32 \
+                and t.stride(-1) == 1 and (extra is None or extra.dim() == 4):
+            theta = kernels.accumulate_bounded(t, scale, mean, extra)
+            ctx.fused = True
+        else:
+            delta = t * scale
+            if mean is not None:
+                delta = delta + mean
+            if extra is not None:
+                delta = delta + extra
+            theta = _wrapped_cumsum(delta, None)
+            ctx.fused = False
+        ctx.save_for_backward(t, scale)
+        return theta
+
+    @staticmethod
+    def backward(ctx, grad):
+        t, scale = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        kernels = _kernels(grad, t)
+        if ctx.fused and kernels is not None:
+            du = kernels.accumulate_bounded_backward(grad, t, scale)
+        else:
+            suffix = grad.flip(-2).cumsum(-2).flip(-2) if kernels is None else kernels.suffix_sum(grad, None)
+            du = suffix.to(t.dtype) * (scale * (1.0 - t * t))
+        return du, None, None, None
 
 
 def naive_so2_attention(

@@ -57,7 +57,7 @@ from torch import nn
 
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
-from accrot.ops.rotary import accumulate_angles, wrap_angle
+from accrot.ops.rotary import accumulate_angles, accumulate_bounded, wrap_angle
 from accrot.position.base import RotationPart
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.rope import rope_frequencies
@@ -364,7 +364,8 @@ class LearnedIncrements(nn.Module):
             scale=(cfg.max_increment * ladder).to(torch.float32), mean=mean.to(torch.float32)  # [P] each
         )
 
-    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
+        """u = proj(x), ``[B, H, T, P]`` float32: a view of the projection's ``[B, T, H·P]`` output."""
         B, T, _ = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
             h = x.float()  # [B, T, d_model]
@@ -375,10 +376,22 @@ class LearnedIncrements(nn.Module):
             if self.down is not None:
                 h = F.linear(h, self.down.weight.float())  # [B, T, r]
             u = F.linear(h, self.up.weight.float(), self.up.bias.float())  # [B, T, H·P]
-            u = u.view(B, T, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, T, P]
-            c = self.consts.on(x.device)
-            delta = torch.tanh(u) * c["scale"]  # [B, H, T, P]
+            return u.view(B, T, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, T, P]
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        c = self.consts.on(x.device)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            delta = torch.tanh(self.pre_activation(x)) * c["scale"]  # [B, H, T, P]
             return delta if self.zero_mean else delta + c["mean"]  # a zero mean costs no pass
+
+    def angles(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """θ = Σ_{j≤t} (δ_j + extra_j), ``[B, H, T, P]`` float32, as ``accumulate_angles(forward(x) + extra)`` but
+        in one autograd node (:func:`~accrot.ops.rotary.accumulate_bounded`: on the CPU the bound, the shifts,
+        the sum and the wrap are one pass each way)."""
+        c = self.consts.on(x.device)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return accumulate_bounded(self.pre_activation(x), c["scale"], None if self.zero_mean else c["mean"],
+                                      extra)
 
 
 def _check_options(cfg: SchemeConfig) -> None:
@@ -433,6 +446,8 @@ class AccumulatedRotation(RotationPart):
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         if isinstance(self.source, RandomPositionIncrements) and not self.source.fresh:
             return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
+        if isinstance(self.source, LearnedIncrements):  # the bound, the floor and the sum in one node
+            return self.source.angles(x, None if self.floor is None else self.floor(x, tokens))  # [B, H, T, P]
         return accumulate_angles(self.increments(x, tokens))  # [B|1, H, T, P]
 
     @property

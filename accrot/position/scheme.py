@@ -13,7 +13,7 @@ from torch import nn
 
 from accrot.errors import ConfigError
 from accrot.ops.attention import causal_attention
-from accrot.ops.rotary import cos_sin, rotate_pairs_cs
+from accrot.ops.rotary import cos_sin, rotate_pairs_cs, rotate_pairs_many
 from accrot.position.base import FarMassPart, RotationPart
 from accrot.position.config import SchemeConfig
 
@@ -102,7 +102,7 @@ class PositionScheme(nn.Module):
             # from each rotation directly (rotate_pairs_cs's theta), never through cos/sin
             cos, sin = cs = cos_sin(theta.detach(), q.dtype)
             th = theta if theta.requires_grad else None
-            q, k = rotate_pairs_cs(q, cos, sin, theta=th), rotate_pairs_cs(k, cos, sin, theta=th)
+            q, k = rotate_pairs_many((q, k), cos, sin, theta=th)  # one pass, one summed angle gradient
             scale = self.rotation.logit_scale(q.shape[-2]) if hasattr(self.rotation, "logit_scale") else 1.0
             if scale != 1.0:  # an evaluation-time RoPE extension's temperature (YaRN)
                 q = q * scale

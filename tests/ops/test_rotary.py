@@ -19,8 +19,11 @@ from accrot.ops.rotary import (
     _kernels,
     accumulate_angles,
     accumulate_angles_reference,
+    accumulate_bounded,
+    accumulate_bounded_reference,
     cos_sin,
     rotate_pairs_cs,
+    rotate_pairs_many,
     rotate_pairs_reference,
 )
 
@@ -212,17 +215,93 @@ def test_accumulation_in_the_learned_increments_layout_matches_reference(device)
     torch.testing.assert_close(d_fast.cpu(), d_ref, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)
+@pytest.mark.parametrize("layout", ["qkv-view", "bthd", "contiguous"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("inverse", [False, True], ids=["forward", "inverse"])
+def test_rotating_several_tensors_at_once_matches_rotating_each(layout, dtype, inverse, device):
+    """q and k (views of one projection) rotated by one node: outputs, both input gradients and the angle gradient
+    (summed over the tensors), against the twin applied to each tensor; a tensor without a gradient gets none."""
+    B, H, T, D = 2, 3, 9, 10
+    gen = torch.Generator().manual_seed(11)
+    q, k = (_layouts(B, H, T, D, gen)[layout].to(device, dtype) for _ in range(2))
+    q.requires_grad_()
+    theta = (3 * torch.randn(B, T, H, D // 2, generator=gen, dtype=torch.float64)).transpose(1, 2)
+    theta = theta.to(device, dtype).requires_grad_()
+    gq, gk = (torch.randn(B, H, T, D, generator=gen, dtype=torch.float64).to(device, dtype) for _ in range(2))
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    for k_grad in (True, False):
+        k_in = k.detach().requires_grad_(k_grad)
+        yq, yk = rotate_pairs_many((q, k_in), *cos_sin(theta.detach(), dtype), inverse=inverse, theta=theta)
+        qc, kc, thc = on(torch.device("cpu"), q, k_in, theta)
+        cos, sin = cos_sin(thc, dtype)
+        sin = -sin if inverse else sin
+        rq, rk = rotate_pairs_reference(qc, cos, sin), rotate_pairs_reference(kc, cos, sin)
+        torch.testing.assert_close(yq.cpu(), rq, rtol=0, atol=tol)
+        torch.testing.assert_close(yk.cpu(), rk, rtol=0, atol=tol)
+        wrt, ref_wrt = [q, theta] + ([k_in] if k_grad else []), [qc, thc] + ([kc] if k_grad else [])
+        fast = torch.autograd.grad((yq, yk), wrt, (gq, gk))
+        ref = torch.autograd.grad((rq, rk), ref_wrt, (gq.cpu(), gk.cpu()))
+        for a, b in zip(fast, ref):
+            assert a.shape == b.shape
+            torch.testing.assert_close(a.cpu(), b, rtol=0, atol=20 * tol)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)
+@pytest.mark.parametrize("with_mean", [False, True], ids=["zero-mean", "mean"])
+@pytest.mark.parametrize("extra", [None, "full", "batch-broadcast"])
+@pytest.mark.parametrize("layout", ["btHP-view", "contiguous"])
+def test_bounded_accumulation_matches_reference(with_mean, extra, layout, device):
+    """Learned increments' angles in one node, δ = scale·tanh(u) + mean + extra, against the twin: the angles and
+    the gradient to u, in the projection's [B, T, H, P] view and contiguous, with and without a mixing floor."""
+    B, H, T, P = 2, 3, 60, 4
+    gen = torch.Generator().manual_seed(12)
+    raw = 2 * torch.randn(B, T, H, P, generator=gen)
+    u = (raw.transpose(1, 2) if layout == "btHP-view" else raw.transpose(1, 2).contiguous()).requires_grad_()
+    scale = torch.tensor([1.0, 0.5, 0.25, 2.0])
+    mean = torch.tensor([1.0, 0.1, 0.01, 0.001]) if with_mean else None
+    floor = {None: None, "full": lambda: 0.3 * torch.randn(B, H, T, P, generator=gen),
+             "batch-broadcast": lambda: 0.3 * torch.randn(1, H, T, P, generator=gen)}[extra]
+    floor = floor() if floor else None
+    g = torch.randn(B, H, T, P, generator=gen)
+    ud = u.detach().to(device).requires_grad_()
+    if layout == "btHP-view":  # the same permuted view on the device
+        ud = raw.to(device).transpose(1, 2).requires_grad_()
+    fast = accumulate_bounded(ud, *(None if t is None else t.to(device) for t in (scale, mean, floor)))
+    ref = accumulate_bounded_reference(u, scale, mean, floor)
+    assert fast.dtype == torch.float32 and fast.shape == (B, H, T, P)
+    torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-6)
+    assert float(fast.detach().min()) >= -math.pi and float(fast.detach().max()) < math.pi
+    (d_fast,), (d_ref,) = torch.autograd.grad(fast, [ud], g.to(device)), torch.autograd.grad(ref, [u], g)
+    assert d_fast.shape == u.shape
+    torch.testing.assert_close(d_fast.cpu(), d_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bounded_accumulation_in_float64_matches_reference():
+    """A float64 pre-activation (a float64 model) takes the eager formula, exactly the twin's."""
+    gen = torch.Generator().manual_seed(13)
+    u = torch.randn(2, 3, 40, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    scale = torch.full((4,), 0.7, dtype=torch.float64)
+    fast, ref = accumulate_bounded(u, scale), accumulate_bounded_reference(u, scale)
+    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
+    g = torch.randn(2, 3, 40, 4, generator=gen)
+    (a,), (b,) = torch.autograd.grad(fast, [u], g), torch.autograd.grad(ref, [u], g)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_kernel_mode_decides_which_path_runs(kernel_mode):
     """With the kernels on, the compiled ops run (no silent fallback); with them off, none does."""
     x = torch.randn(2, 3, 8, 6, requires_grad=True)
     theta = torch.randn(2, 3, 8, 3, requires_grad=True)
+    u = torch.randn(2, 3, 8, 3, requires_grad=True)
     with torch.autograd.profiler.profile() as prof:
         angles = accumulate_angles(theta, None)
         out = rotate_pairs_cs(x, *cos_sin(angles.detach()), theta=angles)
-        out.sum().backward()
+        bounded = accumulate_bounded(u, torch.ones(3))
+        (out.sum() + bounded.sum()).backward()
     names = {e.name for e in prof.function_events}
-    compiled = {"accrot_cpu::rotate", "accrot_cpu::rotate_backward", "accrot_cpu::accumulate_wrap",
-                "accrot_cpu::suffix_sum"}
+    compiled = {"accrot_cpu::rotate_many", "accrot_cpu::rotate_many_backward", "accrot_cpu::accumulate_wrap",
+                "accrot_cpu::suffix_sum", "accrot_cpu::accumulate_bounded", "accrot_cpu::accumulate_bounded_backward"}
     assert (compiled <= names) if kernel_mode == "on" else not (compiled & names)
 
 

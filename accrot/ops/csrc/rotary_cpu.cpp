@@ -83,76 +83,120 @@ inline void rotate_row(const scalar_t* __restrict__ a, const scalar_t* __restric
   }
 }
 
-// y = R(sθ) x per pair: (a, b) -> (a c - s b n, s a n + b c). y keeps x's memory order when x is dense (the
-// attention output arrives as [B, T, H, D] memory, and the output projection then reads it without a copy),
-// else it is contiguous.
-at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, double sign) {
-  check_rows(x, "x");
-  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), P = D / 2;
+// A fresh output for a rotation of x: in x's memory order when x is dense; for a strided view of a [B, T, ·]
+// buffer (q, k, v are slices of the [B, T, 3, H, D] projection), [B, T, H, D] memory, the order the rows are
+// walked in (for_rows) and the one attention reads a projection's views in; else contiguous.
+at::Tensor rotation_output(const at::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  if (x.is_non_overlapping_and_dense()) return at::empty_like(x, at::MemoryFormat::Preserve);
+  if (x.stride(2) > x.stride(1)) return at::empty({B, T, H, D}, x.options()).transpose(1, 2);
+  return at::empty({B, H, T, D}, x.options());
+}
+
+// y_i = R(sθ) x_i per pair, (a, b) -> (a c - s b n, s a n + b c), for every x_i of xs (one shape and dtype), in
+// one walk over the rows: cos and sin are read once for all of them (q and k share their angles).
+std::vector<at::Tensor> rotate_many(at::TensorList xs, const at::Tensor& cos, const at::Tensor& sin, double sign) {
+  TORCH_CHECK(!xs.empty(), "rotate_many needs at least one tensor");
+  const at::Tensor& x0 = xs[0];
+  check_rows(x0, "x");
+  const int64_t B = x0.size(0), H = x0.size(1), T = x0.size(2), D = x0.size(3), P = D / 2;
   TORCH_CHECK(D % 2 == 0, "x's last dimension must be even");
   at::Tensor c = cos.expand({B, H, T, P}), n = sin.expand({B, H, T, P});
   check_rows(c, "cos");
   check_rows(n, "sin");
-  TORCH_CHECK(c.scalar_type() == x.scalar_type() && n.scalar_type() == x.scalar_type(),
-              "x, cos and sin must share one dtype");
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::Preserve);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "accrot_rotate", [&] {
+  std::vector<at::Tensor> ys;
+  for (const at::Tensor& x : xs) {
+    check_rows(x, "x");
+    TORCH_CHECK(x.sizes() == x0.sizes() && x.scalar_type() == x0.scalar_type(), "xs must share one shape and dtype");
+    ys.push_back(rotation_output(x));
+  }
+  TORCH_CHECK(c.scalar_type() == x0.scalar_type() && n.scalar_type() == x0.scalar_type(),
+              "xs, cos and sin must share one dtype");
+  AT_DISPATCH_FLOATING_TYPES(x0.scalar_type(), "accrot_rotate_many", [&] {
     const scalar_t s = static_cast<scalar_t>(sign);
-    const Strided<const scalar_t> X(x.const_data_ptr<scalar_t>(), x), C(c.const_data_ptr<scalar_t>(), c),
-        N(n.const_data_ptr<scalar_t>(), n);
-    const Strided<scalar_t> Y(y.mutable_data_ptr<scalar_t>(), y);
-    for_rows(x, B, H, T, [&](int64_t b, int64_t h, int64_t t) {
-      const scalar_t* xr = X.at(b, h, t);
-      scalar_t* yr = Y.at(b, h, t);
-      rotate_row(xr, xr + P, C.at(b, h, t), N.at(b, h, t), yr, yr + P, P, s);
+    const Strided<const scalar_t> C(c.const_data_ptr<scalar_t>(), c), N(n.const_data_ptr<scalar_t>(), n);
+    std::vector<Strided<const scalar_t>> X;
+    std::vector<Strided<scalar_t>> Y;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      X.emplace_back(xs[i].const_data_ptr<scalar_t>(), xs[i]);
+      Y.emplace_back(ys[i].mutable_data_ptr<scalar_t>(), ys[i]);
+    }
+    for_rows(x0, B, H, T, [&](int64_t b, int64_t h, int64_t t) {
+      const scalar_t *cr = C.at(b, h, t), *nr = N.at(b, h, t);
+      for (size_t i = 0; i < X.size(); ++i) {
+        const scalar_t* xr = X[i].at(b, h, t);
+        scalar_t* yr = Y[i].at(b, h, t);
+        rotate_row(xr, xr + P, cr, nr, yr, yr + P, P, s);
+      }
     });
   });
-  return y;
+  return ys;
 }
 
-// Backward of y = R(sθ) x from the output gradient g: dx = R(-sθ) g (when want_dx), and, when y is defined,
-// dθ = s (y_a g_b - y_b g_a) per row, [B, H, T, P] (the caller sums broadcast dimensions). dx keeps grad's
-// memory order when grad is dense.
-std::tuple<at::Tensor, at::Tensor> rotate_backward(const at::Tensor& grad, const c10::optional<at::Tensor>& y,
-                                                   const at::Tensor& cos, const at::Tensor& sin, double sign,
-                                                   bool want_dx) {
-  check_rows(grad, "grad");
-  const int64_t B = grad.size(0), H = grad.size(1), T = grad.size(2), D = grad.size(3), P = D / 2;
+// Backward of rotate_many: dx_i = R(-sθ) g_i (when want_dx) and, when ys is given, the angle gradient summed over
+// the tensors, dθ = s Σ_i (y_i,a g_i,b - y_i,b g_i,a), [B, H, T, P] in g_0's row order: one pass and one dθ
+// instead of one per tensor and their sum.
+std::tuple<std::vector<at::Tensor>, at::Tensor> rotate_many_backward(at::TensorList grads, at::TensorList ys,
+                                                                     const at::Tensor& cos, const at::Tensor& sin,
+                                                                     double sign, bool want_dx) {
+  TORCH_CHECK(!grads.empty(), "rotate_many_backward needs at least one gradient");
+  const bool want_theta = !ys.empty();
+  TORCH_CHECK(!want_theta || ys.size() == grads.size(), "ys must be empty or one per gradient");
+  const at::Tensor& g0 = grads[0];
+  check_rows(g0, "grad");
+  const int64_t B = g0.size(0), H = g0.size(1), T = g0.size(2), D = g0.size(3), P = D / 2;
   at::Tensor c = cos.expand({B, H, T, P}), n = sin.expand({B, H, T, P});
   check_rows(c, "cos");
   check_rows(n, "sin");
-  const bool want_theta = y.has_value() && y->defined();
-  at::Tensor out = want_theta ? *y : grad;
-  if (want_theta) {
-    check_rows(out, "y");
-    TORCH_CHECK(out.sizes() == grad.sizes(), "y and grad must have one shape");
+  std::vector<at::Tensor> dxs;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_rows(grads[i], "grad");
+    TORCH_CHECK(grads[i].sizes() == g0.sizes() && grads[i].scalar_type() == g0.scalar_type(),
+                "grads must share one shape and dtype");
+    if (want_theta) {
+      check_rows(ys[i], "y");
+      TORCH_CHECK(ys[i].sizes() == g0.sizes(), "y and grad must have one shape");
+    }
+    if (want_dx) dxs.push_back(rotation_output(grads[i]));
   }
-  at::Tensor dx = want_dx ? at::empty_like(grad, at::MemoryFormat::Preserve) : at::empty({0, H, T, D}, grad.options());
-  // dθ in grad's row order, so the summed angle gradient reaches the scans without a reordering copy
-  at::Tensor dtheta = grad.stride(2) <= grad.stride(1) || !want_theta
-                          ? at::empty({want_theta ? B : 0, H, T, P}, grad.options())
-                          : at::empty({B, T, H, P}, grad.options()).transpose(1, 2);
-  AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "accrot_rotate_backward", [&] {
+  at::Tensor dtheta = g0.stride(2) <= g0.stride(1) || !want_theta
+                          ? at::empty({want_theta ? B : 0, H, T, P}, g0.options())
+                          : at::empty({B, T, H, P}, g0.options()).transpose(1, 2);
+  AT_DISPATCH_FLOATING_TYPES(g0.scalar_type(), "accrot_rotate_many_backward", [&] {
     const scalar_t s = static_cast<scalar_t>(sign);
-    const Strided<const scalar_t> G(grad.const_data_ptr<scalar_t>(), grad), C(c.const_data_ptr<scalar_t>(), c),
-        N(n.const_data_ptr<scalar_t>(), n), Yo(out.const_data_ptr<scalar_t>(), out);
-    const Strided<scalar_t> DX(dx.mutable_data_ptr<scalar_t>(), dx), DT(dtheta.mutable_data_ptr<scalar_t>(), dtheta);
-    for_rows(grad, B, H, T, [&](int64_t b, int64_t h, int64_t t) {
-      const scalar_t *gr = G.at(b, h, t), *cr = C.at(b, h, t), *nr = N.at(b, h, t);
-      if (want_dx) {
-        scalar_t* dxr = DX.at(b, h, t);
-        rotate_row(gr, gr + P, cr, nr, dxr, dxr + P, P, -s);  // R(-sθ) g
-      }
-      if (want_theta) {
-        const scalar_t *__restrict__ ya = Yo.at(b, h, t), *__restrict__ yb = ya + P, *__restrict__ ga = gr,
-                                      *__restrict__ gb = gr + P;
-        scalar_t* __restrict__ dt = DT.at(b, h, t);
-        _Pragma("omp simd")  // inside a macro argument, so not #pragma
-        for (int64_t p = 0; p < P; ++p) dt[p] = s * (ya[p] * gb[p] - yb[p] * ga[p]);
+    const Strided<const scalar_t> C(c.const_data_ptr<scalar_t>(), c), N(n.const_data_ptr<scalar_t>(), n);
+    const Strided<scalar_t> DT(dtheta.mutable_data_ptr<scalar_t>(), dtheta);
+    std::vector<Strided<const scalar_t>> G, Yo;
+    std::vector<Strided<scalar_t>> DX;
+    for (size_t i = 0; i < grads.size(); ++i) {
+      G.emplace_back(grads[i].const_data_ptr<scalar_t>(), grads[i]);
+      if (want_theta) Yo.emplace_back(ys[i].const_data_ptr<scalar_t>(), ys[i]);
+      if (want_dx) DX.emplace_back(dxs[i].mutable_data_ptr<scalar_t>(), dxs[i]);
+    }
+    for_rows(g0, B, H, T, [&](int64_t b, int64_t h, int64_t t) {
+      const scalar_t *cr = C.at(b, h, t), *nr = N.at(b, h, t);
+      scalar_t* __restrict__ dt = want_theta ? DT.at(b, h, t) : nullptr;
+      for (size_t i = 0; i < G.size(); ++i) {
+        const scalar_t* gr = G[i].at(b, h, t);
+        if (want_dx) {
+          scalar_t* dxr = DX[i].at(b, h, t);
+          rotate_row(gr, gr + P, cr, nr, dxr, dxr + P, P, -s);  // R(-sθ) g
+        }
+        if (want_theta) {
+          const scalar_t *__restrict__ ya = Yo[i].at(b, h, t), *__restrict__ yb = ya + P, *__restrict__ ga = gr,
+                                        *__restrict__ gb = gr + P;
+          if (i == 0) {
+            _Pragma("omp simd")
+            for (int64_t p = 0; p < P; ++p) dt[p] = s * (ya[p] * gb[p] - yb[p] * ga[p]);
+          } else {
+            _Pragma("omp simd")
+            for (int64_t p = 0; p < P; ++p) dt[p] += s * (ya[p] * gb[p] - yb[p] * ga[p]);
+          }
+        }
       }
     });
   });
-  return {dx, dtheta};
+  return {dxs, dtheta};
 }
 
 // θ_t = wrap(offset + Σ_{j≤t} δ_j) along dimension 2 of δ [B, H, T, P] (any strides), summed in float64 in
@@ -222,18 +266,103 @@ at::Tensor suffix_sum(const at::Tensor& grad, at::OptionalIntArrayRef strides) {
   return out;
 }
 
+// Learned increments in one pass each way. Forward: δ_j = scale · t_j (+ mean) (+ extra_j), t = tanh(u) (torch's
+// vectorised tanh, computed by the caller), each step rounded to float32 as the eager formula rounds it, then
+// θ = wrap(Σ_{j≤t} δ_j) summed in float64, as accumulate_wrap. t [B, H, T, P] any strides (last contiguous);
+// scale, mean [P] float32; extra (a mixing floor's random increments) [B|1, H, T, P] float32. θ is float32 in
+// t's memory order when t is dense.
+at::Tensor accumulate_bounded(const at::Tensor& t, const at::Tensor& scale, const c10::optional<at::Tensor>& mean,
+                              const c10::optional<at::Tensor>& extra) {
+  check_rows(t, "t");
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "accumulate_bounded takes float32 t");
+  const int64_t B = t.size(0), H = t.size(1), T = t.size(2), P = t.size(3);
+  at::Tensor sc = scale.to(at::kFloat).contiguous();
+  TORCH_CHECK(sc.numel() == P, "scale must have one entry per pair");
+  at::Tensor mu, ex;
+  if (mean.has_value() && mean->defined()) mu = mean->to(at::kFloat).contiguous();
+  if (extra.has_value() && extra->defined()) {
+    ex = extra->to(at::kFloat).expand({B, H, T, P});
+    if (ex.stride(3) != 1 && P != 1) ex = ex.contiguous();
+  }
+  at::Tensor theta = at::empty_like(t, at::MemoryFormat::Preserve);
+  if (theta.stride(3) != 1) theta = at::empty({B, H, T, P}, t.options());
+  const Strided<const float> Tt(t.const_data_ptr<float>(), t);
+  const Strided<float> Th(theta.mutable_data_ptr<float>(), theta);
+  const float* ps = sc.const_data_ptr<float>();
+  const float* pm = mu.defined() ? mu.const_data_ptr<float>() : nullptr;
+  const bool has_extra = ex.defined();
+  const Strided<const float> Ex(has_extra ? ex.const_data_ptr<float>() : nullptr, has_extra ? ex : t);
+  for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
+    std::vector<double> sums((h1 - h0) * P, 0.0);
+    for (int64_t s = 0; s < T; ++s) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* __restrict__ row = Tt.at(b, h, s);
+        const float* __restrict__ e = has_extra ? Ex.at(b, h, s) : nullptr;
+        double* __restrict__ acc = sums.data() + (h - h0) * P;
+        float* __restrict__ out = Th.at(b, h, s);
+        for (int64_t p = 0; p < P; ++p) {
+          float d = row[p] * ps[p];
+          if (pm) d = d + pm[p];
+          if (e) d = d + e[p];
+          acc[p] += static_cast<double>(d);
+          const double v = acc[p] + kPi;
+          out[p] = static_cast<float>(v - kTwoPi * std::floor(v * kInvTwoPi) - kPi);  // remainder, [-π, π)
+        }
+      }
+    }
+  });
+  return theta;
+}
+
+// Backward of accumulate_bounded w.r.t. u: du_j = scale · (1 - t_j²) · Σ_{s≥j} g_s, the suffix sum accumulated in
+// double (as suffix_sum), in t's memory order when t is dense (u's: the projection's backward then needs no copy).
+at::Tensor accumulate_bounded_backward(const at::Tensor& grad, const at::Tensor& t, const at::Tensor& scale) {
+  TORCH_CHECK(grad.dim() == 4 && grad.device().is_cpu(), "grad must be a 4-d CPU tensor [B, H, T, P]");
+  check_rows(t, "t");
+  const int64_t B = t.size(0), H = t.size(1), T = t.size(2), P = t.size(3);
+  at::Tensor g = grad.to(at::kFloat).expand({B, H, T, P});
+  if (g.stride(3) != 1 && P != 1) g = g.contiguous();
+  at::Tensor sc = scale.to(at::kFloat).contiguous();
+  at::Tensor du = at::empty_like(t, at::MemoryFormat::Preserve);
+  if (du.stride(3) != 1) du = at::empty({B, H, T, P}, t.options());
+  const Strided<const float> Gs(g.const_data_ptr<float>(), g), Tt(t.const_data_ptr<float>(), t);
+  const Strided<float> O(du.mutable_data_ptr<float>(), du);
+  const float* ps = sc.const_data_ptr<float>();
+  for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
+    std::vector<double> sums((h1 - h0) * P, 0.0);
+    for (int64_t s = T - 1; s >= 0; --s) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* __restrict__ row = Gs.at(b, h, s);
+        const float* __restrict__ tr = Tt.at(b, h, s);
+        double* __restrict__ acc = sums.data() + (h - h0) * P;
+        float* __restrict__ o = O.at(b, h, s);
+        for (int64_t p = 0; p < P; ++p) {
+          acc[p] += static_cast<double>(row[p]);
+          const float suffix = static_cast<float>(acc[p]);
+          o[p] = suffix * (ps[p] * (1.0f - tr[p] * tr[p]));
+        }
+      }
+    }
+  });
+  return du;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(accrot_cpu, m) {
-  m.def("rotate(Tensor x, Tensor cos, Tensor sin, float sign) -> Tensor");
-  m.def("rotate_backward(Tensor grad, Tensor? y, Tensor cos, Tensor sin, float sign, bool want_dx) -> (Tensor, Tensor)");
   m.def("accumulate_wrap(Tensor delta, Tensor? offset) -> Tensor");
   m.def("suffix_sum(Tensor grad, int[]? strides) -> Tensor");
+  m.def("rotate_many(Tensor[] xs, Tensor cos, Tensor sin, float sign) -> Tensor[]");
+  m.def("rotate_many_backward(Tensor[] grads, Tensor[] ys, Tensor cos, Tensor sin, float sign, bool want_dx) -> (Tensor[], Tensor)");
+  m.def("accumulate_bounded(Tensor t, Tensor scale, Tensor? mean, Tensor? extra) -> Tensor");
+  m.def("accumulate_bounded_backward(Tensor grad, Tensor t, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(accrot_cpu, CPU, m) {
-  m.impl("rotate", &rotate);
-  m.impl("rotate_backward", &rotate_backward);
   m.impl("accumulate_wrap", &accumulate_wrap);
   m.impl("suffix_sum", &suffix_sum);
+  m.impl("rotate_many", &rotate_many);
+  m.impl("rotate_many_backward", &rotate_many_backward);
+  m.impl("accumulate_bounded", &accumulate_bounded);
+  m.impl("accumulate_bounded_backward", &accumulate_bounded_backward);
 }
