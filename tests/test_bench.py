@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from accrot.bench.command import main
-from accrot.bench.grid import ROTATION_LIMIT, ROTATION_VALUES_LIMIT, grid
+from accrot.bench.grid import (
+    LEARNED_LIMIT,
+    LEARNED_VALUES_LIMIT,
+    OP_FAR_MASS_LIMIT,
+    PATH_EVAL_LIMIT,
+    ROTATION_LIMIT,
+    ROTATION_VALUES_LIMIT,
+    grid,
+)
 from accrot.cli import main as cli_main
 from accrot.position import FAR_MASS, ROTATIONS
 
@@ -33,7 +41,8 @@ def test_grid_has_every_built_cell_once_nope_first():
 def test_quick_schemes_report(tmp_path):
     out = tmp_path / "bench_schemes.json"
     # the report's shape, not its numbers: --quick at half its lengths (every cell is still trained and evaluated)
-    assert main(["schemes", "--quick", "--T", "128", "--eval_lengths", "512", "--out", str(out)]) == 0
+    assert main(["schemes", "--quick", "--T", "128", "--eval_lengths", "512", "--op_T", "128", "--op_eval_length",
+                 "512", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["machine"]["kernels"] == doc["rotation_kernels"] and doc["machine"]["threads"] == doc["threads"]
     cells, _ = grid()
@@ -44,12 +53,20 @@ def test_quick_schemes_report(tmp_path):
         assert all(res["ms"] > 0 and res["ratio"] > 0 for res in row["train"].values()), row["variant"]
         assert sorted(row["eval"]) == sorted(lengths)  # --quick evaluates every cell
         assert all(res["ratio"] > 0 and res["mem_ratio"] > 0 for res in row["eval"].values()), row["variant"]
-    # each row's verdict is its targets': the rotation-only cells' training ratio per size, the far-mass anchors'
-    # evaluation time and memory at the longest length, and nothing (None) for the others
+    # each row's verdict is its targets': the rotation-only cells' training ratio per size (learned increments:
+    # their own limits), PaTH's training ratio per size, the far-mass anchors' evaluation time and memory at the
+    # longest length and their op, PaTH-FoX's op against PaTH's, PaTH's op evaluation; nothing (None) for the others
+    by_name = {r["variant"]: r for r in doc["rows"]}
     for cell, row in zip(cells, doc["rows"]):
         targets = {t["what"]: t for t in row["targets"]}
+        op = row["op"]
+        assert op["train"]["ms"] > 0 and op["train"]["ratio"] > 0, cell.name
+        assert (op["eval"] is not None) == (cell.name in doc["settings"]["op"]["eval_cells"]), cell.name
         if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
-            limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
+            if cell.increments == "learned":
+                limit = LEARNED_VALUES_LIMIT if cell.rotate_values else LEARNED_LIMIT
+            else:
+                limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
             assert sorted(targets) == sorted(f"train {size}" for size in row["train"]), cell.name
             for size, res in row["train"].items():
                 assert targets[f"train {size}"]["value"] == res["ratio"] and targets[f"train {size}"]["limit"] == limit
@@ -57,6 +74,16 @@ def test_quick_schemes_report(tmp_path):
             longest = max(lengths, key=int)
             assert targets[f"eval {longest} time"]["value"] == row["eval"][longest]["ratio"], cell.name
             assert targets[f"eval {longest} memory"]["value"] == row["eval"][longest]["mem_ratio"], cell.name
+            assert targets["op"]["value"] == op["train"]["ratio"] and targets["op"]["limit"] == OP_FAR_MASS_LIMIT
+        elif cell.rotation == "path" and cell.far_mass in ("none", "forget"):
+            what = f"op eval {doc['settings']['op']['eval_length']}"
+            assert targets[what]["value"] == op["eval"]["ratio"] and targets[what]["limit"] == PATH_EVAL_LIMIT
+            if cell.far_mass == "none":
+                assert sorted(targets) == sorted([what] + [f"train {size}" for size in row["train"]])
+            else:
+                path = by_name["path/none"]["op"]["train"]
+                assert targets["op / PaTH's"]["value"] == pytest.approx(op["train"]["ratio"] / path["ratio"])
+                assert sorted(targets) == sorted([what, "op / PaTH's"])
         else:
             assert targets == {} and row["ok"] is None, cell.name
             continue
@@ -65,6 +92,7 @@ def test_quick_schemes_report(tmp_path):
     nope = doc["rows"][0]
     assert all(res["ratio"] == 1.0 for res in nope["train"].values())
     assert all(res["ratio"] == 1.0 and res["mem_ratio"] == 1.0 for res in nope["eval"].values())
+    assert nope["op"]["train"]["ratio"] == 1.0 and nope["op"]["eval"]["mem_ratio"] == 1.0
 
 
 @pytest.mark.parametrize(

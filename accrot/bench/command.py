@@ -3,8 +3,8 @@
 Subcommands::
 
     accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
-                         [--eval_repeats 3] [--batch '{small: 2}'] [--eval_all] [--device cpu] [--quick]
-                         [--out bench_schemes.json]
+                         [--eval_repeats 3] [--batch '{small: 2}'] [--op_T 1024] [--op_eval_length 16384]
+                         [--eval_all] [--device cpu] [--quick] [--out bench_schemes.json]
     accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--device cpu]
                          [--memory_lengths 4096 16384] [--out bench_path.json]
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
@@ -37,6 +37,11 @@ separate rows, rotate_values for rope/accum only, path cells when ``path`` is re
   the rotation kinds on the plain kernel (:func:`eval_plan`: NoPE, ALiBi, FoX, rope, accum); ``--eval_all``
   measures every cell (combined cells and PaTH: several minutes more).
 
+* **the attention op** (:mod:`accrot.bench.ops`): one layer's position scheme alone, forward + backward at
+  ``B 4 × H 4 × T --op_T (1024) × D 32``, and its evaluation forward (batch 1, ``--op_eval_length`` = 16384) with
+  peak memory for one cell per kernel and increment kind: at tiny the whole step hides attention behind the MLP,
+  so the kernels' targets are judged here. A second table beside the schemes table.
+
 Peak memory on CPU: torch's CPU allocations are invisible to :mod:`tracemalloc`, so every (variant, length, round)
 runs in its own forked child (:func:`eval_probe`). After its untimed and timed forwards, the child returns free
 heap to the OS and pins glibc's mmap threshold at 64 KiB (glibc otherwise raises it after every free, so how much
@@ -52,10 +57,12 @@ eval-mode caches built by the earlier forwards are in the baseline, not the peak
 On CUDA (``--device cuda``) everything runs in-process: ``torch.cuda.max_memory_allocated`` after
 ``reset_peak_memory_stats`` minus the allocation before the forward, after one warm-up forward per variant.
 
-Targets (from the issue; ✓/✗ per row, ``–`` where the issue sets none): rope/none and accum/none (q/k only)
-training steps ≤ 1.10× NoPE at every size; the same cells with rotate_values ≤ 1.15×; none/alibi and
-none/forget evaluation at 16384 tokens (or the longest length measured) ≤ 2× NoPE's time and ≤ 1.5× NoPE's
-peak memory. Combined cells (e.g. accum/forget) are reported without a target.
+Targets (from the issues; ✓/✗ per row, ``–`` where none is set): rope/none and accum/none with random
+increments ≤ 1.10× NoPE's training step at every size, ≤ 1.15× with rotate_values; accum with learned increments
+≤ 1.05× and ≤ 1.08×; PaTH ≤ 2× at tiny and ≤ 1.5× at small; none/alibi and none/forget evaluation at 16384 tokens
+(or the longest length measured) ≤ 2× NoPE's time and ≤ 1.5× its peak memory, and their op ≤ 1.5× NoPE's op;
+PaTH-FoX's op ≤ 1.2× PaTH's; PaTH's and PaTH-FoX's op evaluation ≤ 4× NoPE's. Combined cells (e.g.
+accum/forget) are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
 thread count is left as it is. The default run takes about 6 minutes on 2 idle cores and several times that
@@ -81,7 +88,7 @@ from rich.table import Table
 from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, SCHEMA, machine, machine_line
 from accrot.bench.path import run_path
 from accrot.bench.pipeline import pipeline_table, run_pipeline
-from accrot.bench.schemes import run_schemes, schemes_table
+from accrot.bench.schemes import ops_table, run_schemes, schemes_table
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 
@@ -99,6 +106,10 @@ def _schemes_args(parser) -> None:
     parser.add_argument("--batch", type=dict[str, int], default={},
                         help=f"training batch per size, overriding {BENCH_BATCH} (e.g. '{{small: 4}}')")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--op_T", type=int, default=None,
+                        help=f"the attention op's training length, B 4 × H 4 × D 32 (default {FULL['op_T']})")
+    parser.add_argument("--op_eval_length", type=int, default=None,
+                        help=f"the attention op's evaluation length, batch 1 (default {FULL['op_eval_length']})")
     parser.add_argument("--eval_all", action="store_true",
                         help=f"evaluate every cell beyond {LONG_EVAL} tokens too (several minutes more)")
 
@@ -188,6 +199,7 @@ def main(argv: list[str]) -> int:
     if command in ("schemes", "all"):
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
         console.print(schemes_table(report["schemes"]))
+        console.print(ops_table(report["schemes"]))
     if command in ("path", "all"):
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
                                   memory_lengths=args.memory_lengths)

@@ -19,14 +19,21 @@ SCHEMA = "accrot.bench/1"
 SIZES = ("tiny", "small")
 # training-step batch per size (the recipes train at 16 and 32), cut to keep the default run near 5 minutes
 BENCH_BATCH = {"tiny": 8, "small": 2}
-FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 6, "eval_repeats": 3}
-QUICK = {"sizes": ["tiny"], "T": 256, "eval_lengths": [1024], "repeats": 1, "eval_repeats": 1}
+FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 6, "eval_repeats": 3,
+        "op_T": 1024, "op_eval_length": 16384}
+QUICK = {"sizes": ["tiny"], "T": 256, "eval_lengths": [1024], "repeats": 1, "eval_repeats": 1, "op_T": 256,
+         "op_eval_length": 1024}
 QUICK_BATCH = {"tiny": 4, "small": 1}
 TARGET_EVAL_LENGTH = 16384
 PROBE_FORWARDS, PROBE_SECONDS = 3, 0.5  # timed forwards per evaluation child (see eval_probe)
 LONG_EVAL = 4096  # beyond this length the default evaluation measures only the anchors (see eval_plan)
-ROTATION_LIMIT, ROTATION_VALUES_LIMIT = 1.10, 1.15  # training step / NoPE
+ROTATION_LIMIT, ROTATION_VALUES_LIMIT = 1.10, 1.15  # training step / NoPE (rope, accum random increments)
+LEARNED_LIMIT, LEARNED_VALUES_LIMIT = 1.05, 1.08  # training step / NoPE (accum learned increments)
+PATH_TRAIN_LIMIT = {"tiny": 2.0, "small": 1.5}  # PaTH's training step / NoPE
 FAR_MASS_TIME_LIMIT, FAR_MASS_MEMORY_LIMIT = 2.0, 1.5  # evaluation forward / NoPE
+OP_FAR_MASS_LIMIT = 1.5  # ALiBi's and FoX's attention op (forward + backward) / NoPE's
+PATH_FORGET_LIMIT = 1.2  # PaTH-FoX's op / PaTH's
+PATH_EVAL_LIMIT = 4.0  # PaTH's and PaTH-FoX's op evaluation forward at the op evaluation length / NoPE's
 MIB = 2.0**20
 
 

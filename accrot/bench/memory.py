@@ -55,8 +55,23 @@ def _eval_tokens(vocab_size: int, T: int, seed: int, device: torch.device) -> to
     return torch.randint(0, vocab_size, (1, T), generator=g).to(device)  # [1, T], the same for every variant
 
 
-def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, mode: str) -> dict[str, Any]:
-    """In a freshly forked child: build the model and run no-grad forwards of ``[1, T]`` tokens.
+def _forward(cell: Cell, shape: dict[str, int], seed: int, T: int, target: str, device: torch.device):
+    """``run(n)``: a no-grad-ready forward of the first ``n`` of ``T`` positions: the whole tiny model on ``[1, T]``
+    tokens (``target="model"``), or one layer's attention op on batch 1 (``"op"``, :mod:`accrot.bench.ops`)."""
+    if target == "model":
+        model = build_model(cell, shape, seed, device).eval()
+        tokens = _eval_tokens(shape["vocab_size"], T, seed, device)
+        return lambda n=T: model(tokens[:, :n])
+    from accrot.bench.ops import build_op, op_forward, op_inputs
+
+    scheme = build_op(cell, shape["H"], shape["D"], seed, device).eval()
+    qkv, x, tokens = op_inputs(1, shape["H"], T, shape["D"], seed, device, grad=False)
+    return lambda n=T: op_forward(scheme, qkv, x, tokens, n)
+
+
+def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, mode: str,
+               target: str = "model") -> dict[str, Any]:
+    """In a freshly forked child: build the model (or the op, ``target="op"``) and run no-grad forwards of T tokens.
 
     ``mode="time"``: one untimed forward (starts the OpenMP team and the BLAS/oneDNN kernels, grows the heap,
     fills the caches), then the median of up to :data:`PROBE_FORWARDS` timed forwards, as many as fit in
@@ -65,19 +80,18 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
     fresh ``mmap``, which costs allocation-heavy kernels up to ~40% time, hence a child of its own), one untimed
     forward on a short prefix, then the resident-memory growth (KiB) of one forward.
     """
-    model = build_model(Cell(**cell), shape, seed, torch.device("cpu")).eval()
-    tokens = _eval_tokens(shape["vocab_size"], T, seed, torch.device("cpu"))
+    run = _forward(Cell(**cell), shape, seed, T, target, torch.device("cpu"))
     with torch.no_grad():
         if mode == "time":
-            model(tokens)
+            run()
             times: list[float] = []
             while not times or (len(times) < PROBE_FORWARDS and sum(times) < PROBE_SECONDS):
                 t0 = time.perf_counter()
-                model(tokens)
+                run()
                 times.append(time.perf_counter() - t0)
             return {"seconds": statistics.median(times), "forwards": len(times)}
         _pin_allocator()
-        model(tokens[:, : min(T, 128)])
+        run(min(T, 128))
         gc.collect()
         _pin_allocator()  # trim again
         try:  # restart ru_maxrss at the current RSS: building the model must not hide part of the peak
@@ -87,9 +101,9 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
             pass
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         base = _rss_kib()
-        logits = model(tokens)  # [1, T, vocab]
+        out = run()  # the logits [1, T, vocab] or the op's output [1, H, T, D]
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        del logits
+        del out
     return {"peak_kib": peak - base, "base_kib": base, "maxrss_before_kib": before}
 
 
@@ -133,10 +147,12 @@ class Zygote:
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, bufsize=1)
 
-    def measure(self, cell: Cell, shape: dict[str, int], seed: int, T: int, mode: str) -> dict[str, Any]:
+    def measure(self, cell: Cell, shape: dict[str, int], seed: int, T: int, mode: str,
+                target: str = "model") -> dict[str, Any]:
         """One :func:`eval_probe` in a fresh child: ``{"seconds", "forwards"}`` (time) or ``{"peak_bytes",
         "base_mib", "maxrss_before_mib"}`` (memory)."""
-        request = {"cell": dataclasses.asdict(cell), "shape": shape, "seed": seed, "T": T, "mode": mode}
+        request = {"cell": dataclasses.asdict(cell), "shape": shape, "seed": seed, "T": T, "mode": mode,
+                   "target": target}
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -154,16 +170,16 @@ class Zygote:
         self.proc.stdout.close()
 
 
-def _eval_cuda(model, tokens: torch.Tensor) -> dict[str, float]:
-    sync(tokens.device)
-    torch.cuda.reset_peak_memory_stats(tokens.device)
-    base = torch.cuda.memory_allocated(tokens.device)
+def _eval_cuda(run, device: torch.device) -> dict[str, float]:
+    sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        model(tokens)
-    sync(tokens.device)
+        run()
+    sync(device)
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "peak_bytes": torch.cuda.max_memory_allocated(tokens.device) - base}
+    return {"seconds": seconds, "peak_bytes": torch.cuda.max_memory_allocated(device) - base}
 
 
 def eval_plan(cells: Sequence[Cell], lengths: Sequence[int], eval_all: bool) -> dict[int, list[Cell]]:
@@ -182,36 +198,37 @@ def eval_plan(cells: Sequence[Cell], lengths: Sequence[int], eval_all: bool) -> 
     return plan
 
 
-def measure_eval(plan: dict[int, list[Cell]], repeats: int, device: torch.device, seed: int,
-                 log) -> dict[int, dict[str, dict[str, Any]]]:
+def measure_eval(plan: dict[int, list[Cell]], repeats: int, device: torch.device, seed: int, log,
+                 target: str = "model", shape: dict[str, int] | None = None) -> dict[int, dict[str, dict[str, Any]]]:
     """Per length and variant: evaluation time (see :func:`interleaved_rounds`) and peak memory of the tiny
-    model, batch 1."""
-    shape = size_shape("tiny")
+    model, batch 1 (or of one layer's op, ``target="op"`` with ``shape = {H, D}``)."""
+    shape = size_shape("tiny") if target == "model" else shape
     zygote = Zygote() if device.type == "cpu" else None
     try:
-        return {T: _measure_length(T, cells, repeats, device, seed, shape, zygote, log) for T, cells in plan.items()}
+        return {T: _measure_length(T, cells, repeats, device, seed, shape, zygote, log, target)
+                for T, cells in plan.items()}
     finally:
         if zygote is not None:
             zygote.close()
 
 
 def _measure_length(T: int, cells: Sequence[Cell], repeats: int, device: torch.device, seed: int,
-                    shape: dict[str, int], zygote: Zygote | None, log) -> dict[str, dict[str, Any]]:
+                    shape: dict[str, int], zygote: Zygote | None, log, target: str) -> dict[str, dict[str, Any]]:
     nope = cells[0].name
     by_name = {c.name: c for c in cells}
-    log(f"eval tiny: T {T}, {repeats} round(s) × {len(cells)} variants, NoPE between each"
+    what = "eval tiny" if target == "model" else f"op eval: H {shape['H']} × D {shape['D']}"
+    log(f"{what}: T {T}, batch 1, {repeats} round(s) × {len(cells)} variants, NoPE between each"
         + (", one forked child per measurement" if device.type == "cpu" else ""))
     if device.type == "cuda":  # kernels, handles and caches are built on first use: one warm-up forward each
-        tokens = _eval_tokens(shape["vocab_size"], T, seed, device)
-        models = {c.name: build_model(c, shape, seed, device).eval() for c in cells}
-        for model in models.values():
+        runs = {c.name: _forward(c, shape, seed, T, target, device) for c in cells}
+        for run in runs.values():
             with torch.no_grad():
-                model(tokens)
+                run()
 
     def probe(name: str, mode: str) -> dict[str, Any]:
         if device.type == "cuda":
-            return _eval_cuda(models[name], tokens)
-        return zygote.measure(by_name[name], shape, seed, T, mode)
+            return _eval_cuda(runs[name], device)
+        return zygote.measure(by_name[name], shape, seed, T, mode, target)
 
     timed = interleaved_rounds(list(by_name), nope, repeats, seed + T,
                                lambda name: {"ms": probe(name, "time")["seconds"] * 1e3})

@@ -15,6 +15,12 @@ import torch.nn.functional as F
 from accrot.bench.grid import (
     FAR_MASS_MEMORY_LIMIT,
     FAR_MASS_TIME_LIMIT,
+    LEARNED_LIMIT,
+    LEARNED_VALUES_LIMIT,
+    OP_FAR_MASS_LIMIT,
+    PATH_EVAL_LIMIT,
+    PATH_FORGET_LIMIT,
+    PATH_TRAIN_LIMIT,
     ROTATION_LIMIT,
     ROTATION_VALUES_LIMIT,
     SCHEMA,
@@ -29,6 +35,7 @@ from accrot.bench.grid import (
     sync,
 )
 from accrot.bench.memory import eval_plan, measure_eval
+from accrot.bench.ops import OP_EVAL_LENGTH, OP_SHAPE, op_cells, time_op_training
 from accrot.ops import cpu_kernels
 
 # -- the grid -----------------------------------------------------------------------------------------------
@@ -68,22 +75,40 @@ def time_training(cells: Sequence[Cell], size: str, T: int, batch: int, repeats:
 
 
 # -- targets ------------------------------------------------------------------------------------------------
-def targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets that apply to ``cell``, each ``{what, value, limit, ok}``."""
+def _check(what: str, value: float, value_of_min: float, limit: float) -> dict[str, Any]:
+    return {"what": what, "value": value, "value_of_min": value_of_min, "limit": limit}
+
+
+def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The issue's targets that apply to ``cell``, each ``{what, value, limit, ok}`` (``rows``: every row by
+    variant, for PaTH-FoX's ratio to PaTH)."""
     checks = []
     if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
-        limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
+        if cell.increments == "learned":
+            limit = LEARNED_VALUES_LIMIT if cell.rotate_values else LEARNED_LIMIT
+        else:
+            limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
         for size, res in row["train"].items():
-            checks.append({"what": f"train {size}", "value": res["ratio"], "value_of_min": res["ratio_of_min"],
-                           "limit": limit})
+            checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], limit))
+    if cell.rotation == "path" and cell.far_mass == "none":
+        for size, res in row["train"].items():
+            checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], PATH_TRAIN_LIMIT[size]))
     if cell.rotation == "none" and cell.far_mass != "none" and row["eval"]:
         lengths = [int(k) for k in row["eval"]]  # the anchors are measured at every length
         T = TARGET_EVAL_LENGTH if TARGET_EVAL_LENGTH in lengths else max(lengths)
         res = row["eval"][str(T)]
-        checks.append({"what": f"eval {T} time", "value": res["ratio"], "value_of_min": res["ratio_of_min"],
-                       "limit": FAR_MASS_TIME_LIMIT})
-        checks.append({"what": f"eval {T} memory", "value": res["mem_ratio"], "value_of_min": res["mem_ratio"],
-                       "limit": FAR_MASS_MEMORY_LIMIT})
+        checks.append(_check(f"eval {T} time", res["ratio"], res["ratio_of_min"], FAR_MASS_TIME_LIMIT))
+        checks.append(_check(f"eval {T} memory", res["mem_ratio"], res["mem_ratio"], FAR_MASS_MEMORY_LIMIT))
+    op = row.get("op") or {}
+    if cell.rotation == "none" and cell.far_mass != "none" and op.get("train"):
+        checks.append(_check("op", op["train"]["ratio"], op["train"]["ratio_of_min"], OP_FAR_MASS_LIMIT))
+    path = (rows or {}).get(Cell("path").name, {}).get("op", {}).get("train")
+    if cell.rotation == "path" and cell.far_mass == "forget" and op.get("train") and path:
+        checks.append(_check("op / PaTH's", op["train"]["ratio"] / path["ratio"],
+                             op["train"]["ratio_of_min"] / path["ratio_of_min"], PATH_FORGET_LIMIT))
+    if cell.rotation == "path" and cell.far_mass in ("none", "forget") and op.get("eval"):
+        checks.append(_check(f"op eval {op['eval']['T']}", op["eval"]["ratio"], op["eval"]["ratio_of_min"],
+                             PATH_EVAL_LIMIT))
     for check in checks:  # judged on the median ratio; ok_of_min says whether the minima agree
         check["ok"] = bool(check["value"] <= check["limit"])
         check["ok_of_min"] = bool(check["value_of_min"] <= check["limit"])
@@ -93,11 +118,12 @@ def targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
 # -- the schemes benchmark --------------------------------------------------------------------------------
 def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repeats: int, eval_repeats: int,
                 batch: dict[str, int], eval_all: bool = False, device: str = "cpu", seed: int = 0,
-                log=print) -> dict[str, Any]:
+                log=print, op_T: int = OP_SHAPE["T"], op_eval_length: int = OP_EVAL_LENGTH) -> dict[str, Any]:
     """Measure every built cell; returns the JSON-ready report (``rows`` in grid order, NoPE first)."""
     from accrot.errors import UsageError
 
-    for name, value in {"T": T, "repeats": repeats, "eval_repeats": eval_repeats}.items():
+    for name, value in {"T": T, "repeats": repeats, "eval_repeats": eval_repeats, "op_T": op_T,
+                        "op_eval_length": op_eval_length}.items():
         if value < 1:
             raise UsageError(f"{name}={value} is not valid; it must be a positive integer")
     if any(ln < 1 for ln in eval_lengths):
@@ -113,6 +139,11 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
     train = {size: time_training(cells, size, T, batch[size], repeats, dev, seed, log) for size in sizes}
     plan = eval_plan(cells, list(eval_lengths), eval_all)
     evals = measure_eval(plan, eval_repeats, dev, seed, log)
+    op_shape = {**OP_SHAPE, "T": op_T}
+    op_train = time_op_training(cells, op_shape, repeats, dev, seed, log)
+    op_eval_cells = op_cells(cells)
+    op_eval = measure_eval({op_eval_length: op_eval_cells}, eval_repeats, dev, seed, log, target="op",
+                           shape=op_shape)[op_eval_length]
     rows = []
     for cell in cells:
         row: dict[str, Any] = {
@@ -123,10 +154,17 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
                              "ms_samples": res[cell.name]["samples"],
                              "ratio_samples": res[cell.name]["ratio_samples"]} for size, res in train.items()},
             "eval": {str(ln): res[cell.name] for ln, res in evals.items() if cell.name in res},
+            "op": {"train": {"ms": op_train[cell.name]["median"], "ratio": op_train[cell.name]["ratio"],
+                             "ratio_of_min": op_train[cell.name]["ratio_of_min"],
+                             "ms_samples": op_train[cell.name]["samples"],
+                             "ratio_samples": op_train[cell.name]["ratio_samples"]},
+                   "eval": {"T": op_eval_length, **op_eval[cell.name]} if cell.name in op_eval else None},
         }
-        row["targets"] = targets(cell, row)
-        row["ok"] = all(c["ok"] for c in row["targets"]) if row["targets"] else None
         rows.append(row)
+    by_name = {row["variant"]: row for row in rows}
+    for cell, row in zip(cells, rows):
+        row["targets"] = targets(cell, row, by_name)
+        row["ok"] = all(c["ok"] for c in row["targets"]) if row["targets"] else None
     return {
         "schema": SCHEMA, "bench": "schemes", "device": str(dev), "torch": torch.__version__,
         "python": platform.python_version(), "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
@@ -135,6 +173,8 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
         "settings": {"sizes": {s: {**size_shape(s), "batch": batch[s]} for s in sizes}, "T": T,
                      "eval_lengths": list(eval_lengths), "eval_model": "tiny", "eval_batch": 1, "repeats": repeats,
                      "eval_repeats": eval_repeats, "eval_all": eval_all, "seed": seed,
+                     "op": {**op_shape, "eval_length": op_eval_length, "eval_batch": 1,
+                            "eval_cells": [c.name for c in op_eval_cells]},
                      "eval_skipped": {str(ln): [c.name for c in cells if c not in plan[ln]] for ln in plan},
                      "memory_method": "cuda max_memory_allocated" if dev.type == "cuda"
                      else "forked child: ru_maxrss after − /proc/self/statm RSS before"},
@@ -191,5 +231,32 @@ def schemes_table(doc: dict[str, Any]):
             res = row["eval"].get(str(ln))
             cells += ["n/m", "n/m"] if res is None else [_fmt_ratio(res["ratio"]), _fmt_ratio(res["mem_ratio"])]
         cells.append(_mark(row))
+        table.add_row(*cells)
+    return table
+
+
+def ops_table(doc: dict[str, Any]):
+    """The attention-op table: each cell's op forward + backward and its evaluation forward, as ratios to NoPE's."""
+    from rich.table import Table
+
+    op = doc["settings"]["op"]
+    nope = doc["rows"][0]["op"]
+    ev = nope["eval"]
+    table = Table(title=f"attention op vs NoPE's (one layer's scheme; train: B {op['B']} × H {op['H']} × T {op['T']} "
+                        f"× D {op['D']}, forward + backward; eval: batch 1, T {op['eval_length']}, no grad)",
+                  caption=f"NoPE's op: train {nope['train']['ms']:.1f} ms, eval {ev['ms']:.0f} ms / "
+                          f"{ev['peak_mib']:.0f} MiB. Evaluated: one cell per kernel and increment kind; the "
+                          "targets are judged in the schemes table above.")
+    table.add_column("variant")
+    for col in ("train ms", "train ×", "train ×min", "eval ms", "eval ×t", "eval ×min", "eval MiB", "eval ×mem"):
+        table.add_column(col, justify="right")
+    for row in doc["rows"]:
+        train, evals = row["op"]["train"], row["op"]["eval"]
+        cells = [row["variant"], f"{train['ms']:.1f}", _fmt_ratio(train["ratio"]), _fmt_ratio(train["ratio_of_min"])]
+        if evals is None:
+            cells += ["n/m"] * 5
+        else:
+            cells += [f"{evals['ms']:.0f}", _fmt_ratio(evals["ratio"]), _fmt_ratio(evals["ratio_of_min"]),
+                      f"{evals['peak_mib']:.0f}", _fmt_ratio(evals["mem_ratio"])]
         table.add_row(*cells)
     return table
