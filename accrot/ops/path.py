@@ -158,23 +158,19 @@ def _path_chunked(
     return _unblock(torch.cat(outs, 0), B, H, T).to(q.dtype)
 
 
-def _chunk_prologue(
+def _chunk_core(
     qb: torch.Tensor,
     kb: torch.Tensor,
     vb: torch.Tensor,
     wb: torch.Tensor,
     bb: torch.Tensor,
     a: torch.Tensor | None,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Everything that stays inside a chunk, for all chunks at once (PATH.md §1–2).
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The UT transform and the diagonal blocks of all chunks at once (PATH.md §1–2).
 
-    Args:
-        qb, kb, wb: ``[N, BH, c, D]`` (qb scaled); vb: ``[N, BH, c, Dv + 1]``; bb: ``[N, BH, c]``;
-        a: ``[N, BH, c]`` within-chunk cumulative log2-decay or None.
-    Returns:
-        ``state`` (row max ``[N, BH, c]``, unnormalised ``[N, BH, c, Dv + 1]``) after the diagonal blocks;
-        ``r`` the queries carried to their chunk start ``[N, BH, c, D(+1)]``; ``KX = [k̃ᵀ | X]`` the walk's right
-        operand ``[N, BH, D(+1), c + D(+1)|2c]``; ``U_walk`` for the rank-c transport, None when X = P is explicit.
+    Args: as :func:`_chunk_prologue`. Returns ``state`` after the diagonal blocks (row max ``[N, BH, c]``,
+    unnormalised ``[N, BH, c, Dv + 1]``), the queries carried to their chunk start and the keys to their chunk
+    end (``[N, BH, c, D]`` each), and U (``[N, BH, c, D]``, the chunk product P = I − Wᵀ U).
     """
     N, BH, c, D = qb.shape
     dt, dev = qb.dtype, qb.device
@@ -201,6 +197,30 @@ def _chunk_prologue(
     m = s.amax(-1).detach()  # [N, BH, c]
     state = (m, (s - m[..., None]).exp2() @ vb)  # [N, BH, c], [N, BH, c, Dv + 1]
 
+    return state, q_start, k_end, U
+
+
+def _chunk_prologue(
+    qb: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    wb: torch.Tensor,
+    bb: torch.Tensor,
+    a: torch.Tensor | None,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Everything that stays inside a chunk, for all chunks at once (PATH.md §1–2), and the block walk's operands.
+
+    Args:
+        qb, kb, wb: ``[N, BH, c, D]`` (qb scaled); vb: ``[N, BH, c, Dv + 1]``; bb: ``[N, BH, c]``;
+        a: ``[N, BH, c]`` within-chunk cumulative log2-decay or None.
+    Returns:
+        ``state`` (row max ``[N, BH, c]``, unnormalised ``[N, BH, c, Dv + 1]``) after the diagonal blocks;
+        ``r`` the queries carried to their chunk start ``[N, BH, c, D(+1)]``; ``KX = [k̃ᵀ | X]`` the walk's right
+        operand ``[N, BH, D(+1), c + D(+1)|2c]``; ``U_walk`` for the rank-c transport, None when X = P is explicit.
+    """
+    N, BH, c, D = qb.shape
+    dt, dev = qb.dtype, qb.device
+    state, q_start, k_end, U = _chunk_core(qb, kb, vb, wb, bb, a)
     # One matmul per walk step scores a key block and carries the queries across its chunk: r @ [k̃ᵀ | X], with
     # X = P (D×D, when D ≤ 2c) or Wᵀ (rank-c form r − (r Wᵀ) U). With a bias, queries carry a constant 1 and keys
     # −a_s; the per-row part a_t + R_n − R_m only shifts the row maximum (never touches the tiles).
@@ -215,6 +235,87 @@ def _chunk_prologue(
             X[..., D, D] = 1.0
         U_walk = F.pad(U, (0, 1))  # [N, BH, c, D + 1]
     return state, r, torch.cat((K_walk, X), -1), None if explicit else U_walk
+
+
+# ATen's fused CPU flash attention returning (out, logsumexp) (a private op, present since torch 2.3)
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+LN2 = math.log(2.0)
+
+
+def _eval_walk_applies(*tensors: torch.Tensor | None) -> bool:
+    """The evaluation walk runs when nothing needs a gradient, on CPU tensors, where ATen's flash op exists."""
+    present = [t for t in tensors if t is not None]
+    return (_CPU_FLASH is not None and all(t.device.type == "cpu" for t in present)
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in present)))
+
+
+def _path_eval_walk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    log_decay: torch.Tensor | None,
+    chunk_size: int,
+    scale: float,
+) -> torch.Tensor:
+    """The chunked kernel's forward without autograd (evaluation), walking keys forward instead of queries back.
+
+    Query chunk n sees every earlier key carried to its own start, K_n = [P_{n−1} ⋯ P_{m+1} k̂_s]_{s < start(n)},
+    and K_{n+1} = [K_n P_nᵀ ; K̂_n] (PATH.md §5). So each query chunk is one fused flash-attention call over all its
+    earlier keys (ATen's CPU kernel: scores, softmax and values in cache, no tile pass in Python), merged with
+    the exact diagonal block by the two log-sum-exps. The transport is one ``[B·H, n·c, D] @ [D, D]`` matmul per
+    chunk; memory stays O(T·D). The far-mass bias rides as one more key coordinate, R_n − G_s, against a constant
+    1 on the queries; the row part a_t is added to the off-diagonal log-sum-exp before the merge.
+    """
+    B, H, T, D = q.shape
+    Dv = v.shape[-1]
+    dt = _work_dtype(q, k, v, w, beta)
+    c = min(chunk_size, T)
+    N = -(-T // c)
+    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D] log2 units
+    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))
+    a = R = G = None
+    if log_decay is not None:
+        G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [BH, N·c] float64
+        R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] G just before each chunk
+        a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
+    (m, acc), q_start, k_end, U = _chunk_core(qb, kb, torch.cat((vb, torch.ones_like(vb[..., :1])), -1), wb, bb, a)
+    del qb, kb
+    out_diag = acc[..., :Dv] / acc[..., Dv:]  # [N, BH, c, Dv]
+    if N == 1:
+        return _unblock(out_diag, B, H, T).to(q.dtype)
+    lse_diag = m * LN2 + acc[..., Dv].log()  # [N, BH, c] natural units
+    P_T = (torch.eye(D, dtype=dt, device=q.device) - wb.mT @ U).mT  # [N, BH, D, D] Pᵀ per chunk
+    del U, wb
+
+    BH = B * H
+    bias = int(a is not None)
+    width = max(D + bias, Dv)  # the fused op wants one head size: zero coordinates pad the narrower side
+    keys = q.new_zeros(BH, N * c, width, dtype=dt)  # row s: key s carried to the current chunk's start
+    values = torch.zeros(BH, N * c, width, dtype=dt, device=q.device)
+    values[..., :Dv] = vb.transpose(0, 1).reshape(BH, N * c, Dv)
+    queries = q.new_zeros(N, BH, c, width, dtype=dt)
+    queries[..., :D] = q_start
+    if bias:
+        queries[..., D] = 1.0
+    del q_start, vb
+    outs = [out_diag[0]]
+    for n in range(1, N):
+        done = (n - 1) * c  # keys already in the buffer (chunks 0..n−2), carried to chunk n−1's start
+        if done:
+            keys[:, :done, :D] = keys[:, :done, :D] @ P_T[n - 1]  # ... and across chunk n−1
+        keys[:, done : n * c, :D] = k_end[n - 1]
+        if bias:  # b_ts = a_t + (R_n − G_s): the key part here, a_t after the call
+            keys[:, : n * c, D] = (R[n][:, None] - G[:, : n * c]).to(dt)
+        o, lse = _CPU_FLASH(queries[n][None], keys[None, :, : n * c], values[None, :, : n * c], 0.0, False,
+                            scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
+        o, lse = o[0, ..., :Dv], lse[0]
+        if bias:
+            lse = lse + a[n] * LN2
+        both = torch.logaddexp(lse_diag[n], lse)  # [BH, c]
+        outs.append(out_diag[n] * (lse_diag[n] - both).exp()[..., None] + o * (lse - both).exp()[..., None])
+    return _unblock(torch.stack(outs), B, H, T).to(q.dtype)
 
 
 def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype) -> torch.Tensor:
@@ -460,4 +561,6 @@ def path_attention(
             return _path_fla(q, k, v, w, beta, log_decay, scale)
         if kernel == "recurrent":
             return naive_path_attention_recurrence(q, k, v, w, beta, log_decay, scale=scale)
+        if _eval_walk_applies(q, k, v, w, beta, log_decay):
+            return _path_eval_walk(q, k, v, w, beta, log_decay, chunk_size, scale)
         return _path_chunked(q, k, v, w, beta, log_decay, chunk_size, scale)

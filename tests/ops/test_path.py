@@ -132,6 +132,49 @@ def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
     assert_match(ref, fast, TOL[dtype])
 
 
+# -- the evaluation walk (no gradient needed: keys carried forward, one fused flash call per query chunk) --------
+@pytest.mark.parametrize(
+    "B, T, H, D, c, beta, fox, dtype",
+    [
+        pytest.param(*case, dtype, id=case_id(*case, dtype))
+        for dtype in (torch.float64, torch.float32)
+        for case in CASES
+    ],
+)
+def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
+    """Under no_grad the CPU kernel takes the evaluation walk: the same outputs as the recurrence twin, and it is the
+    walk that ran (ATen's flash op, once per query chunk after the first)."""
+    inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
+    ref = naive_path_attention_recurrence(**inputs)
+    with torch.no_grad(), torch.autograd.profiler.profile() as prof:
+        fast = path_attention(**inputs, chunk_size=c)
+    calls = sum(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu" for e in prof.function_events)
+    assert calls == -(-T // min(c, T)) - 1
+    assert fast.dtype == dtype and fast.shape == (B, H, T, D)
+    assert_close(ref, fast, TOL[dtype], "out")
+
+
+@pytest.mark.parametrize("Dv", [3, 8, 13])
+@pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
+def test_evaluation_walk_with_another_value_width(Dv, fox):
+    """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side)."""
+    inputs = make_inputs(2, 2, 70, 8, beta="mixed", fox=fox, seed=3)
+    inputs["v"] = torch.randn(2, 2, 70, Dv, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    with torch.no_grad():
+        fast = path_attention(**inputs, chunk_size=16)
+    assert fast.shape == (2, 2, 70, Dv)
+    assert_close(naive_path_attention_recurrence(**inputs), fast, 1e-10, "out")
+
+
+def test_evaluation_walk_and_training_kernel_agree():
+    """The same inputs with and without a gradient: the two CPU paths give one answer (float32 rounding apart)."""
+    inputs = {k: v.float() for k, v in make_inputs(1, 2, 300, 16, beta="uniform", fox=True, seed=5).items()}
+    with torch.no_grad():
+        walk = path_attention(**inputs, chunk_size=32)
+    trained = path_attention(**{k: v.clone().requires_grad_() for k, v in inputs.items()}, chunk_size=32)
+    assert_close(walk, trained.detach(), 1e-5, "out")
+
+
 # -- both fast forms vs the explicit products twin (tiny T) -------------------------------------------
 @pytest.mark.parametrize(
     "T, c, fox",
