@@ -34,8 +34,8 @@ separate rows, rotate_values for rope/accum only, path cells when ``path`` is re
   ``--eval_lengths``: time ratios from the same interleaved rounds (``--eval_repeats``), one forked child per
   measurement, and the peak-memory ratio from one more child per variant (memory is deterministic; see
   :func:`eval_probe`). Beyond :data:`LONG_EVAL` tokens the default measures one cell per attention kernel and
-  the rotation kinds on the plain kernel (:func:`eval_plan`: NoPE, ALiBi, FoX, rope, accum); ``--eval_all``
-  measures every cell (combined cells and PaTH: several minutes more).
+  the rotation kinds on the plain kernel (:func:`eval_plan`: NoPE, ALiBi, FoX, PaTH and PaTH-FoX, rope, accum);
+  ``--eval_all`` measures every cell (the combined cells: a few minutes more).
 
 * **the attention op** (:mod:`accrot.bench.ops`): one layer's position scheme alone, forward + backward at
   ``B 4 × H 4 × T --op_T (1024) × D 32``, and its evaluation forward (batch 1, ``--op_eval_length`` = 16384) with

@@ -184,17 +184,16 @@ def _eval_cuda(run, device: torch.device) -> dict[str, float]:
 
 def eval_plan(cells: Sequence[Cell], lengths: Sequence[int], eval_all: bool) -> dict[int, list[Cell]]:
     """Cells evaluated at each length. Up to :data:`LONG_EVAL` tokens: all of them. Beyond it (unless
-    ``eval_all``) one cell per attention kernel and the rotation kinds on the plain kernel: NoPE, ALiBi, FoX and
-    rope/accum without far mass or value rotation. The combined cells run their far-mass anchor's kernel plus
-    O(T·D) rotations, and PaTH's O(T²·D) chunk walk takes most of a minute per forward at 16k on 2 cores
-    (``accrot bench path`` times that kernel)."""
+    ``eval_all``) one cell per attention kernel and the rotation kinds on the plain kernel: NoPE, ALiBi, FoX, PaTH
+    (with each far mass) and rope/accum without far mass or value rotation. The combined cells run their far-mass
+    anchor's kernel plus O(T·D) rotations."""
     plan = {}
     for T in lengths:
         if T <= LONG_EVAL or eval_all:
             plan[T] = list(cells)
         else:
-            plan[T] = [c for c in cells if c.rotation == "none"
-                       or (c.rotation != "path" and c.far_mass == "none" and not c.rotate_values)]
+            plan[T] = [c for c in cells if c.rotation in ("none", "path")
+                       or (c.far_mass == "none" and not c.rotate_values)]
     return plan
 
 
