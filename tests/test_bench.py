@@ -129,8 +129,37 @@ def test_path_bench_on_the_cpu_reports_its_device_and_memory_lengths(monkeypatch
         return []
 
     monkeypatch.setattr(bench_path, "eval_memory", memory)
-    doc = bench_path.run_path([48], 1, 1, 8, 16, log=lambda m: None, memory_lengths=[64, 128])
+    doc = bench_path.run_path([48], 1, 1, 8, 16, log=lambda m: None, memory_lengths=[64, 128], peer="none")
     assert doc["device"] == "cpu" and doc["kernels"] == [{"T": 48, "mode": "fwd"}] and seen["lengths"] == (64, 128)
+    assert doc["peer"] == {"peer": "peer skipped: --peer none", "rows": []}
+
+
+def test_a_peer_that_cannot_be_installed_is_skipped_in_one_line(monkeypatch, tmp_path):
+    """No package index (offline): the peer comparison is one line saying why, and nothing half-installed stays."""
+    from accrot.bench.peer import bench_peer
+
+    monkeypatch.setenv("ACCROT_PEER_DIR", str(tmp_path / "peers" / "fla"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip may not reach an index: the install fails as it would offline
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    logged = []
+    doc = bench_peer([64], [], 1, 1, 8, 16, log=logged.append)
+    assert doc["rows"] == [] and doc["peer"].startswith("peer skipped: flash-linear-attention==0.6.0")
+    assert "could not be installed" in doc["peer"] and "\n" not in doc["peer"]
+    assert logged[-1] == f"path: {doc['peer']}"
+    assert list((tmp_path / "peers").iterdir()) == []  # the staging folder is gone, no 'fla' folder was made
+
+
+def test_the_installed_peer_computes_what_accrot_computes():
+    """Where fla's naive_path_attn is installed (after a `make bench`), it agrees with accrot's PaTH: the two are
+    one function, so the bench compares like with like."""
+    from accrot.bench.peer import PEER_FILE, _calls, _inputs, load_peer, peer_directory
+
+    if not (peer_directory() / PEER_FILE).exists():
+        pytest.skip(f"the peer is not installed in {peer_directory()} (make bench installs it)")
+    peer, _ = load_peer(log=lambda m: None)
+    calls = _calls(peer, _inputs(2, 2, 100, 8, seed=0, grad=False), chunk=16)
+    with torch.no_grad():
+        torch.testing.assert_close(calls["fla"](), calls["accrot"](), rtol=0, atol=1e-5)
 
 
 def test_pipeline_bench_times_both_loops_on_the_same_model(tmp_path):

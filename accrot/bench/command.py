@@ -122,6 +122,13 @@ def _path_args(parser) -> None:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--memory_lengths", nargs="+", type=int, default=[4096, 16384],
                         help="evaluation peak-memory lengths (CUDA: also fla's)")
+    parser.add_argument("--peer", type=Literal["fla", "none"], default="fla",
+                        help="CPU: time accrot's PaTH against fla's naive_path_attn (installed on first use)")
+    parser.add_argument("--peer_lengths", nargs="+", type=int, default=[512, 2048, 8192],
+                        help="lengths of the peer comparison, forward (no grad)")
+    parser.add_argument("--peer_backward_lengths", nargs="*", type=int, default=[512, 2048],
+                        help="lengths of the peer comparison, forward + backward (the peer's dense [T, T] "
+                             "autograd graph: ~16x the 2048 run's time and memory at 8192)")
 
 
 def _schemes_settings(args) -> dict[str, Any]:
@@ -157,10 +164,11 @@ def _parser(command: str) -> ArgumentParser:
 
 
 # --quick: what each bench measures then (the flags given explicitly still win)
-QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048]}
+QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": [512, 2048],
+              "peer_backward_lengths": [512]}
 QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
-              "path": "path: lengths 512 2048, memory at 2048", "pipeline": "pipeline: 10 steps, one round"}
+              "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: 10 steps, one round"}
 
 
 def _quick(args, argv: Sequence[str]) -> None:
@@ -202,10 +210,17 @@ def main(argv: list[str]) -> int:
         console.print(ops_table(report["schemes"]))
     if command in ("path", "all"):
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
-                                  memory_lengths=args.memory_lengths)
+                                  memory_lengths=args.memory_lengths, peer=args.peer, peer_lengths=args.peer_lengths,
+                                  peer_backward_lengths=args.peer_backward_lengths)
         versus = "fla" if report["path"]["device"].startswith("cuda") else "recurrence"
         console.print(rows_table(report["path"]["kernels"], f"PaTH kernels: chunked vs {versus}"))
         console.print(rows_table(report["path"]["memory"], "PaTH evaluation peak memory"))
+        peer = report["path"].get("peer")
+        if peer and peer["rows"]:
+            console.print(rows_table(peer["rows"], f"PaTH vs its public peer, {peer['peer']}: seconds (median), "
+                                                   "speed-up = fla/accrot, peak live-tensor MiB; nope_s: the floor"))
+        elif peer:
+            console.print(peer["peer"], highlight=False)
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
                                           with_logger=args.with_logger, log=log)

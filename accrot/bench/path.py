@@ -23,8 +23,10 @@ model hands them (q, k, v in bf16; w, β float32), timed with CUDA events after 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -146,12 +148,26 @@ def _status_kib(field: str) -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null: the profiler's C++ side prints two trace lines per session there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _live_tensor_peak(fn: Callable[[], object]) -> int | None:
     """Peak bytes of live tensors during ``fn()``, from the profiler's allocation events (allocator-independent);
     None if this torch's profiler does not expose them."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     try:
         events = prof.profiler.kineto_results.events()
@@ -343,9 +359,12 @@ def eval_memory_cuda(lengths: Sequence[int] = (4096, 16384, 65536), B: int = 1, 
 
 
 def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=print, device: str = "cpu",
-             memory_lengths: Sequence[int] | None = None) -> dict[str, Any]:
+             memory_lengths: Sequence[int] | None = None, peer: str = "fla",
+             peer_lengths: Sequence[int] = (512, 2048, 8192),
+             peer_backward_lengths: Sequence[int] = (512, 2048)) -> dict[str, Any]:
     """The PaTH kernels' report: the kernels timed at each length and the evaluation's peak memory (CPU: chunked vs
-    the recurrence, memory in fresh subprocesses; CUDA: chunked vs fla, memory in-process)."""
+    the recurrence, memory in fresh subprocesses, and against fla's CPU reference, :mod:`accrot.bench.peer`, unless
+    ``peer="none"``; CUDA: chunked vs fla's Triton kernel, memory in-process)."""
     dev = parse_device(device)
     started = time.perf_counter()
     log(f"path: kernels at T = {', '.join(map(str, lengths))} (B {B}, H {H}, D {D}, chunk {chunk}) on {dev}")
@@ -362,6 +381,12 @@ def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=pri
         doc["kernels"] = bench_kernels(lengths=tuple(lengths), B=B, H=H, D=D, chunk=chunk)
         log("path: evaluation peak memory")
         doc["memory"] = eval_memory(tuple(memory_lengths or (4096, 16384)), B=B, H=H, D=D, chunk=chunk)
+        if peer == "fla":
+            from accrot.bench.peer import bench_peer
+
+            doc["peer"] = bench_peer(peer_lengths, peer_backward_lengths, B, H, D, chunk, log=log)
+        else:
+            doc["peer"] = {"peer": "peer skipped: --peer none", "rows": []}
     doc["wall_s"] = time.perf_counter() - started
     return doc
 
