@@ -54,6 +54,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._preloaded[os.path.abspath(path)] = checkpoint
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        from accrot.run import phases
+
+        with phases.timed("checkpoint"):
+            self._save(checkpoint, path, storage_options)
+
+    def _save(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)

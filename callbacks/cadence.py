@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import lightning as L
 
+from accrot.run import phases
+
 
 class Periodic(L.Callback):
     """Base of :class:`~callbacks.extrapolation.ExtrapolationCallback` and
@@ -14,6 +16,7 @@ class Periodic(L.Callback):
     ``setup_stages``: the stages whose ``setup`` cuts the blocks (None: every stage)."""
 
     setup_stages: tuple[str, ...] | None = None
+    phase = "evaluation"  # the run's wall-time phase a run of this callback is charged to (accrot.run.phases)
 
     def __init__(self, every_n_steps: int = 0) -> None:
         super().__init__()
@@ -49,9 +52,11 @@ class Periodic(L.Callback):
         step = trainer.global_step
         if self.every_n_steps and step % self.every_n_steps == 0 and step != self._last_step:
             self._last_step = step
-            self.run(trainer, pl_module)
+            with phases.timed(self.phase):
+                self.run(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.global_step != self._last_step:
             self._last_step = trainer.global_step
-            self.run(trainer, pl_module)
+            with phases.timed(self.phase):
+                self.run(trainer, pl_module)

@@ -35,6 +35,7 @@ class DiagnosticsCallback(Periodic):
     """
 
     setup_stages = ("fit",)  # the blocks are cut for training only (the extrapolation callback's for any stage)
+    phase = "diagnostics"
 
     def __init__(
         self,

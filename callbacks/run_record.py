@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from accrot.io import atomic_write_text, git_revision
 from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
+from accrot.run import phases
 from callbacks.preemption import Preemption
 
 PACKAGES = ("torch", "lightning", "torchmetrics", "jsonargparse", "optuna", "wandb", "datasets", "numpy")
@@ -100,13 +101,26 @@ class RunRecord(L.Callback):
 
     def _finish(self, trainer: L.Trainer, **fields: Any) -> None:
         if trainer.is_global_zero and self._path is not None:
-            self._record.update(fields)
+            self._record.update(fields, timing=phases.clock().snapshot())  # seconds per phase, so far
             self._write()
+
+    # the run's wall-time phases (accrot.run.phases): setup ends where fit starts; validation inside training
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        phases.clock().exit("setup")
+        phases.clock().enter("training")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        phases.clock().enter("validation")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        phases.clock().exit("validation")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         release_startup_logs()  # the input was good: Lightning's start-up lines (seed, devices) may print now
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        phases.clock().exit("training")
+        phases.clock().enter("after")
         self._finish(trainer, status="finished", step=trainer.global_step)
 
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:

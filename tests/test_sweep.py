@@ -434,10 +434,15 @@ def test_an_artifact_store_that_fails_leaves_the_trial_complete_with_the_failure
     spec = write_spec(tmp_path, "blocked", trials=1, artifacts={"path": str(blocked / "artifacts")})
     assert sweep(spec, tmp_path / "root", "--workers=1") == 0
     # stderr is no terminal here: one line per finished run, not the live display
-    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[1/1] ")]
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("[1/1] ")]
     assert line.startswith("[1/1] blocked #0 ") and " seed 0: NLL " in line and " at 1×, " in line and " at 2× (" in line
     (trial,) = load(f"sqlite:///{tmp_path}/root/blocked/study.db", "blocked").get_trials()
     assert trial.state == TrialState.COMPLETE
+    # where the time went: the trial's split and the worker's start-up, summed at the end with the load
+    assert trial.user_attrs["timing"]["training"] > 0 and trial.user_attrs["timing"]["evaluation"] > 0
+    assert trial.user_attrs["worker_start_s"] > 0
+    assert "where the time went: 1 trial(s) finished by this run" in err and "% busy" in err
     assert "artifact_error" in trial.user_attrs and "extrapolation.png" in trial.user_attrs["artifact_error"]
 
 

@@ -37,6 +37,7 @@ from accrot.resume import (
     remove_partials,
     settings_differences,
 )
+from accrot.run import phases
 from accrot.run.args import resolve_config_args, resume_args
 from accrot.run.launch import check_launch
 from accrot.run.rundir import RunDirs
@@ -306,6 +307,7 @@ def wandb_mode(requested: str) -> str:
 
 def run_lightning(args: list[str]):
     """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``)."""
+    phases.start_run().enter("setup")  # where this run's wall time goes (run.json's "timing")
     dirs = RunDirs()
     launch_argv = [sys.argv[0], *args]
     args, resume_dir = resume_args(list(args))

@@ -3,6 +3,7 @@ recovers dead ones, and prints the finished trials and a summary."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from optuna.trial import TrialState
 from accrot.display import Finished, RunDisplay, Running
 from accrot.errors import UsageError
 from accrot.metrics import metric_key
+from accrot.run.phases import WORKER_SPAWNED_AT
 from accrot.sweep.recovery import (
     FINISHED,
     RetryTrial,
@@ -37,6 +39,7 @@ from accrot.sweep.storage import (
     redact,
     retry_storage,
 )
+from accrot.sweep.timing import LoadMeter, timing_table
 from accrot.sweep.trials import StratumInfo, check_stratum
 
 # ---------------------------------------------------------------------------------------------------
@@ -180,6 +183,7 @@ class Parent:
         self.env = dict(os.environ, PYTHONUNBUFFERED="1", ACCROT_SWEEP_STORAGE=self.ref.url,
                         ACCROT_SWEEP_DEADLINE="" if self.deadline is None else repr(self.deadline))
         self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+        self.load, self.started_at = LoadMeter.start(), datetime.datetime.now()  # for the time split at the end
         live = [self.spawn() for _ in range(workers)]
         folder = self.spec.artifacts.directory(self.root, self.spec.name)
         artifacts = f" ARTIFACTS='{folder}'" if folder is not None else ""
@@ -232,6 +236,7 @@ class Parent:
         if len(self.gpus) > 1:  # one GPU per worker, round robin
             wenv["CUDA_VISIBLE_DEVICES"] = self.gpus[i % len(self.gpus)]
         log = self.logs / f"worker-{i}.log"
+        wenv[WORKER_SPAWNED_AT] = repr(time.time())  # the worker's first trial records its start-up time
         cmd = [sys.executable, "-c", _WORKER_BOOT, "sweep", str(self.spec.path), "--worker",
                f"--root={self.root}", f"--worker_index={i}"]
         with open(log, "ab") as fh:
@@ -337,6 +342,7 @@ class Parent:
         left = retry_storage(lambda: [s.study_name for s in studies if can_start(s, spec.budget_of(s.study_name))], "the budget",
                              console)
         retry_storage(lambda: _print_summary(console, spec, studies, self.ref, self.root), "the summary", console)
+        self._print_timing()
         if left and (self.deadline is None or time.time() < self.deadline):
             console.print(f"[red]unfinished: {', '.join(left)} ({self.failed_workers} worker(s) died)[/]")
             return 1
@@ -347,6 +353,19 @@ class Parent:
                           + "; ".join(f"{name} ({n} failed; first: {why})" for name, n, why in dead[:3]) + "[/]")
             return 1
         return 0
+
+
+    def _print_timing(self) -> None:
+        """Where this run's time went, over the trials it finished, and how busy the workers kept the cores."""
+        since = getattr(self, "started_at", None)
+        if since is None:
+            return
+        ours = retry_storage(lambda: [t for s in self.studies for t in s.get_trials(deepcopy=False, states=FINISHED)
+                                      if t.datetime_complete is not None and t.datetime_complete >= since],
+                             "reading the trials", self.console)
+        table = timing_table(ours, self.load.read())
+        if table is not None:
+            self.console.print(table)
 
 
 def _all_failed(studies) -> list[tuple[str, int, str]]:

@@ -21,6 +21,7 @@ from optuna_dashboard import save_note
 
 from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
+from accrot.run import phases
 from accrot.run.lightning import run_lightning
 from accrot.sweep.recovery import (
     JournalHeartbeat,
@@ -118,6 +119,8 @@ class Worker:
         self.lock = BudgetLock(ref, spec.name)
         self.artifacts = spec.artifacts.build(root, spec.name)
         self.me = worker_id()
+        spawned = os.environ.get(phases.WORKER_SPAWNED_AT)  # set by the sweep parent (accrot.sweep.parent.Parent.spawn)
+        self.spawned_at = float(spawned) if spawned else None
         print(f"worker {self.me}: {spec.name} on {redact(ref.url)}", flush=True)
 
     def loop(self, deadline: float | None) -> int:
@@ -175,6 +178,9 @@ class Worker:
     def objective(self, entry: _Study, trial):
         """Sample, train one ``accrot fit`` run in-process, record what it produced, return its objective(s)."""
         attr(trial, "worker", self.me)
+        if self.spawned_at is not None:  # this worker's first trial: its process start, imports and storage
+            attr(trial, "worker_start_s", round(time.time() - self.spawned_at, 3))
+            self.spawned_at = None
         stratum = entry.stratum_of(trial)
         values = self._sample(entry, stratum, trial)
         seed = self._seed(entry, trial)
@@ -244,6 +250,8 @@ class Worker:
             attr(trial, "fail_reason", reason)
             raise TrialFailed(reason) from err
         finally:
+            with contextlib.suppress(Exception):  # where the trial's time went, whatever its end (accrot.run.phases)
+                attr(trial, "timing", phases.clock().snapshot())
             end_run()
 
     def _record(self, entry: _Study, stratum: Stratum, trial, cli):
