@@ -7,14 +7,15 @@ Subcommands::
                          [--eval_all] [--device cpu] [--quick] [--out bench_schemes.json]
     accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--device cpu]
                          [--memory_lengths 4096 16384] [--out bench_path.json]
-    accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--with_logger] [--out bench_pipeline.json]
+    accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--pipeline_sizes tiny small] [--with_logger]
+                          [--out bench_pipeline.json]
     accrot bench all     (all three; one table each, one JSON report, default bench.json)
 
 ``path --device cuda`` times the chunked kernel against fla's Triton PaTH (and the recurrence at short lengths)
 and measures their peak memory, e.g. ``--lengths 4096 16384 65536 --memory_lengths 4096 16384 65536``.
 
-``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches
-(:mod:`accrot.bench.pipeline`).
+``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches, step by
+step in pairs, at the tiny and the small shape (:mod:`accrot.bench.pipeline`).
 
 ``schemes`` builds the full :class:`~accrot.model.Transformer` once per built cell of the grid
 rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
@@ -154,7 +155,9 @@ def _parser(command: str) -> ArgumentParser:
         _path_args(parser)
     if command in ("pipeline", "all"):
         parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
-        parser.add_argument("--pipeline_rounds", type=int, default=3, help="alternating rounds of the two loops")
+        parser.add_argument("--pipeline_rounds", type=int, default=3, help="fits of paired steps per size")
+        parser.add_argument("--pipeline_sizes", nargs="+", type=Literal["tiny", "small"], default=["tiny", "small"],
+                            help="model shapes of the loop comparison")
         parser.add_argument("--with_logger", action="store_true", help="the Lightning loop also writes metrics.csv")
     parser.add_argument("--quick", action="store_true",
                         help="a first look in about a minute per bench: " + "; ".join(QUICK_HELP[c] for c in QUICK_HELP
@@ -166,9 +169,9 @@ def _parser(command: str) -> ArgumentParser:
 # --quick: what each bench measures then (the flags given explicitly still win)
 QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": [512, 2048],
               "peer_backward_lengths": [512]}
-QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1}
+QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1, "pipeline_sizes": ["tiny"]}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
-              "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: 10 steps, one round"}
+              "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round"}
 
 
 def _quick(args, argv: Sequence[str]) -> None:
@@ -223,7 +226,7 @@ def main(argv: list[str]) -> int:
             console.print(peer["peer"], highlight=False)
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
-                                          with_logger=args.with_logger, log=log)
+                                          sizes=args.pipeline_sizes, with_logger=args.with_logger, log=log)
         console.print(pipeline_table(report["pipeline"]))
     info = info or machine(device)
     for part in report.values():
