@@ -138,7 +138,7 @@ def measure_size(size: str, steps: int, warmup: int, rounds: int, with_logger: b
         steps, warmup = max(10, steps // 2), min(warmup, 3)
     L.seed_everything(seed, verbose=False)
     base = LitLM(d_model=shape["d_model"], n_layers=shape["n_layers"], n_heads=shape["n_heads"], vocab_size=256,
-                 lr=3e-3, warmup_steps=min(30, steps))
+                 lr=3e-3, warmup_steps=max(1, min(30, steps // 3)))  # the schedule leaves its warm-up
     batches = fixed_batches(256, shape["batch"], shape["seq_len"], steps, seed)
     log(f"pipeline {size}: d_model {shape['d_model']}, {shape['n_layers']} layers, B {shape['batch']}, "
         f"T {shape['seq_len']}: {rounds} round(s) × {steps} paired steps, {warmup} warm-up pairs dropped")
