@@ -135,16 +135,45 @@ class LitLM(L.LightningModule):
         return bool(trainer.fast_dev_run) or last or (every > 0 and step % every == 0)
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Stop on the first non-finite gradient (before clipping), naming its parameter."""
+        """Stop on the first non-finite gradient (before clipping), naming its parameter. Where the trainer clips by
+        norm, :meth:`configure_gradient_clipping` checks instead, with the norm it clips by (one pass, not two)."""
         if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
             return  # a GradScaler skips inf steps and lowers its scale: expected, not a divergence
-        named = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
-        if not named:
+        if self._clips_by_norm_here(self.trainer.gradient_clip_val, self.trainer.gradient_clip_algorithm):
             return
-        # fast path: one fused norm over every gradient (what clipping computes anyway) and one sync; a NaN or
-        # Inf anywhere makes it non-finite. Only then look for the parameter (a huge finite norm can overflow
-        # to inf in float32: the search then finds nothing and training goes on)
-        if bool(torch.isfinite(torch.nn.utils.get_total_norm([g for _, g in named]))):
+        named = [(n, p.grad) for n, p in self.named_parameters() if p.grad is not None]
+        if named:
+            self._check_gradients(named, torch.nn.utils.get_total_norm([g for _, g in named]))
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping; when it clips by norm on a plain precision plugin, the total norm is computed once,
+        checked for NaN/Inf (naming the parameter, before any gradient is scaled) and then used to clip."""
+        if not self._clips_by_norm_here(gradient_clip_val, gradient_clip_algorithm):
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                                gradient_clip_algorithm=gradient_clip_algorithm)
+            return
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        by_id = {id(p): n for n, p in self.named_parameters()}
+        self._check_gradients([(by_id.get(id(p), "?"), p.grad) for p in params], norm)
+        torch.nn.utils.clip_grads_with_norm_(params, float(gradient_clip_val), norm)
+
+    def _clips_by_norm_here(self, clip_val, algorithm) -> bool:
+        """True when the trainer clips by norm through the plain precision plugin (no GradScaler, no strategy of its
+        own clipping, e.g. FSDP or DeepSpeed): then :meth:`configure_gradient_clipping` does the check and the clip."""
+        from lightning.pytorch.plugins.precision import Precision
+
+        plugin = self.trainer.precision_plugin
+        return (bool(clip_val) and algorithm in (None, "norm") and getattr(plugin, "scaler", None) is None
+                and getattr(type(plugin), "clip_grad_by_norm", None) is Precision.clip_grad_by_norm)
+
+    def _check_gradients(self, named: list[tuple[str, torch.Tensor]], norm: torch.Tensor) -> None:
+        """FloatingPointError naming the first parameter whose gradient is NaN or Inf, when ``norm`` (their total
+        norm) is not finite. A huge finite norm can overflow to inf in float32: the search then finds nothing and
+        training goes on."""
+        if bool(torch.isfinite(norm)):  # one sync: a NaN or Inf anywhere makes the norm non-finite
             return
         finite = torch.stack([torch.isfinite(g).all() for _, g in named])  # [n_params] bool
         if bool(finite.all()):

@@ -302,8 +302,11 @@ def test_divergence_stops_the_run_with_its_step_and_keeps_the_run_directory(tmp_
     assert record["status"] == "failed" and record["error"].startswith("FloatingPointError: the ")
 
 
-def _attached(model: L.LightningModule, **precision) -> L.LightningModule:
-    model._trainer = SimpleNamespace(precision_plugin=SimpleNamespace(**precision), global_step=7, current_epoch=0)
+def _attached(model: L.LightningModule, plugin=None, clip=None, **precision) -> L.LightningModule:
+    plugin = SimpleNamespace(**precision) if plugin is None else plugin
+    model._trainer = SimpleNamespace(precision_plugin=plugin, global_step=7, current_epoch=0,
+                                     gradient_clip_val=clip, gradient_clip_algorithm=None, log_every_n_steps=50,
+                                     fast_dev_run=False, max_steps=100)
     return model
 
 
@@ -321,6 +324,38 @@ def test_a_non_finite_gradient_names_its_parameter():
     with pytest.raises(FloatingPointError, match="has NaN values"):
         model.on_before_optimizer_step(None)
     _attached(model, scaler=object()).on_before_optimizer_step(None)  # 16-mixed: the GradScaler's business
+
+
+def test_clipping_by_norm_checks_with_the_norm_it_clips_by():
+    """With trainer.gradient_clip_val (the shipped configs), the check moves into the clipping, which computes the
+    total norm once: a NaN or Inf is named before any gradient is scaled, and finite gradients are clipped exactly
+    as torch's clip_grad_norm_ clips them."""
+    from lightning.pytorch.plugins.precision import Precision
+
+    from accrot.lit import LitLM
+
+    model = _attached(LitLM(d_model=16, n_layers=1, n_heads=2, vocab_size=32), plugin=Precision(), clip=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    expect = [p.grad.clone() for p in model.parameters()]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+    for r, g in zip(reference, expect):
+        r.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(reference, 0.5)
+    model.on_before_optimizer_step(optimizer)  # leaves the check to the clipping
+    model.configure_gradient_clipping(optimizer, 0.5, None)
+    for p, r in zip(model.parameters(), reference):
+        torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0)
+    name, param = list(model.named_parameters())[2]
+    param.grad[0] = float("nan")
+    model.on_before_optimizer_step(optimizer)  # not here ...
+    before = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(FloatingPointError, match=rf"the gradient of {name} has NaN values at step 7"):
+        model.configure_gradient_clipping(optimizer, 0.5, None)  # ... but here, before anything is scaled
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p.grad, b, rtol=0, atol=0, equal_nan=True)
 
 
 def test_a_non_finite_loss_names_the_step():
