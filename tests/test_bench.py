@@ -4,6 +4,7 @@ bad input is one line and exit status 2. No timing assertions."""
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -140,6 +141,7 @@ def test_a_peer_that_cannot_be_installed_is_skipped_in_one_line(monkeypatch, tmp
 
     monkeypatch.setenv("ACCROT_PEER_DIR", str(tmp_path / "peers" / "fla"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip may not reach an index: the install fails as it would offline
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # nor a machine's own wheel folders (pip.conf find-links)
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     logged = []
     doc = bench_peer([64], [], 1, 1, 8, 16, log=logged.append)
