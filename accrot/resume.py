@@ -54,7 +54,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self._preloaded[os.path.abspath(path)] = checkpoint
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        from accrot.run import phases
+        from accrot import phases
 
         with phases.timed("checkpoint"):
             self._save(checkpoint, path, storage_options)

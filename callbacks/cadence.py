@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import lightning as L
 
-from accrot.run import phases
+from accrot import phases
 
 
 class Periodic(L.Callback):
@@ -16,7 +16,7 @@ class Periodic(L.Callback):
     ``setup_stages``: the stages whose ``setup`` cuts the blocks (None: every stage)."""
 
     setup_stages: tuple[str, ...] | None = None
-    phase = "evaluation"  # the run's wall-time phase a run of this callback is charged to (accrot.run.phases)
+    phase = "evaluation"  # the run's wall-time phase a run of this callback is charged to (accrot.phases)
 
     def __init__(self, every_n_steps: int = 0) -> None:
         super().__init__()

@@ -22,10 +22,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
+from accrot import phases
 from accrot.io import atomic_write_text, git_revision
 from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
-from accrot.run import phases
 from callbacks.preemption import Preemption
 
 PACKAGES = ("torch", "lightning", "torchmetrics", "jsonargparse", "optuna", "wandb", "datasets", "numpy")
@@ -104,7 +104,7 @@ class RunRecord(L.Callback):
             self._record.update(fields, timing=phases.clock().snapshot())  # seconds per phase, so far
             self._write()
 
-    # the run's wall-time phases (accrot.run.phases): setup ends where fit starts; validation inside training
+    # the run's wall-time phases (accrot.phases): setup ends where fit starts; validation inside training
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         phases.clock().exit("setup")
         phases.clock().enter("training")

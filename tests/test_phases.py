@@ -1,4 +1,4 @@
-"""Where a run's time goes (accrot.run.phases, accrot.sweep.timing): the accounting on a fake clock whose answer is
+"""Where a run's time goes (accrot.phases, accrot.sweep.timing): the accounting on a fake clock whose answer is
 known, and a real run's run.json and a real sweep's trials and summary."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from accrot.cli import main
-from accrot.run.phases import PHASES, PhaseClock
+from accrot.phases import PHASES, PhaseClock
 from accrot.sweep.timing import split, timing_table
 
 

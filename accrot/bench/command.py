@@ -215,15 +215,7 @@ def main(argv: list[str]) -> int:
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
                                   memory_lengths=args.memory_lengths, peer=args.peer, peer_lengths=args.peer_lengths,
                                   peer_backward_lengths=args.peer_backward_lengths)
-        versus = "fla" if report["path"]["device"].startswith("cuda") else "recurrence"
-        console.print(rows_table(report["path"]["kernels"], f"PaTH kernels: chunked vs {versus}"))
-        console.print(rows_table(report["path"]["memory"], "PaTH evaluation peak memory"))
-        peer = report["path"].get("peer")
-        if peer and peer["rows"]:
-            console.print(rows_table(peer["rows"], f"PaTH vs its public peer, {peer['peer']}: seconds (median), "
-                                                   "speed-up = fla/accrot, peak live-tensor MiB; nope_s: the floor"))
-        elif peer:
-            console.print(peer["peer"], highlight=False)
+        _print_path(console, report["path"])
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
                                           sizes=args.pipeline_sizes, with_logger=args.with_logger, log=log)
@@ -236,6 +228,19 @@ def main(argv: list[str]) -> int:
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
     return 0
+
+
+def _print_path(console, doc: dict[str, Any]) -> None:
+    """The PaTH report's tables: the kernels, the evaluation memory and, on the CPU, the peer (or why it is skipped)."""
+    versus = "fla" if doc["device"].startswith("cuda") else "recurrence"
+    console.print(rows_table(doc["kernels"], f"PaTH kernels: chunked vs {versus}"))
+    console.print(rows_table(doc["memory"], "PaTH evaluation peak memory"))
+    peer = doc.get("peer")
+    if peer and peer["rows"]:
+        console.print(rows_table(peer["rows"], f"PaTH vs its public peer, {peer['peer']}: seconds (median), "
+                                               "speed-up = fla/accrot, peak live-tensor MiB; nope_s: the floor"))
+    elif peer:
+        console.print(peer["peer"], highlight=False)
 
 
 def _checked_args(command: str, rest: list[str]):

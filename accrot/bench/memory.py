@@ -3,6 +3,7 @@ per probe) so one measurement's allocations never inflate the next one's peak.""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -12,7 +13,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,6 +49,39 @@ def _pin_allocator() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: the baseline then includes free heap pages
         pass
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null: the profiler's C++ side prints two trace lines per session there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _live_tensor_peak(fn: Callable[[], object]) -> int | None:
+    """Peak bytes of live tensors during ``fn()``, from the profiler's allocation events (allocator-independent);
+    None if this torch's profiler does not expose them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    try:
+        events = prof.profiler.kineto_results.events()
+        allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    except AttributeError:  # pragma: no cover - profiler internals moved
+        return None
+    live = peak = 0
+    for _, nbytes in allocations:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def _eval_tokens(vocab_size: int, T: int, seed: int, device: torch.device) -> torch.Tensor:

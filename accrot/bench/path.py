@@ -23,10 +23,8 @@ model hands them (q, k, v in bf16; w, β float32), timed with CUDA events after 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from accrot.bench.grid import SCHEMA, parse_device
+from accrot.bench.memory import _live_tensor_peak
 from accrot.ops.path import fla_problem, path_attention
 
 
@@ -146,39 +145,6 @@ def _status_kib(field: str) -> int | None:
     except OSError:
         return None
     return None
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """File descriptor 2 to /dev/null: the profiler's C++ side prints two trace lines per session there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _live_tensor_peak(fn: Callable[[], object]) -> int | None:
-    """Peak bytes of live tensors during ``fn()``, from the profiler's allocation events (allocator-independent);
-    None if this torch's profiler does not expose them."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    try:
-        events = prof.profiler.kineto_results.events()
-        allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    except AttributeError:  # pragma: no cover - profiler internals moved
-        return None
-    live = peak = 0
-    for _, nbytes in allocations:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
 
 
 def memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: int) -> None:

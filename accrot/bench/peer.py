@@ -9,7 +9,7 @@ folder. Where it cannot be installed (no package index) the peer is skipped with
 
 Both kernels see the same inputs (fla's ``[B, T, H, D]`` layout is a transpose of ours; no forget gate: fla's
 ``g`` is zeros), are checked to agree at the shortest length, and are timed alternately; the peak of live tensors
-per call comes from the profiler's allocation events (:func:`accrot.bench.path._live_tensor_peak`). NoPE's fused
+per call comes from the profiler's allocation events (:func:`accrot.bench.memory._live_tensor_peak`). NoPE's fused
 attention on the same shapes is timed beside them: it is the floor no PaTH kernel can go under, so it bounds
 the speed-up any kernel can show against the peer (``peer_over_nope``).
 """
@@ -116,19 +116,55 @@ def _run(call: Callable[[], torch.Tensor], ins: list[torch.Tensor], backward: bo
     return time.perf_counter() - t0
 
 
+def _measure(calls: dict[str, Callable[[], torch.Tensor]], ins: list[torch.Tensor], backward: bool, repeats: int,
+             n_peer: int) -> dict[str, Any]:
+    """Median seconds per kernel (after one warm-up call each, alternating) and peak live-tensor MiB of each PaTH."""
+    from accrot.bench.memory import _live_tensor_peak
+
+    for name in calls:  # warm-up
+        _run(calls[name], ins, backward)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for i in range(repeats):  # alternate, so a slow phase of the machine hits every kernel alike
+        for name in calls:
+            if name != "fla" or i < n_peer:
+                times[name].append(_run(calls[name], ins, backward))
+    row: dict[str, Any] = {f"{name}_s": statistics.median(times[name]) for name in calls}
+    row["speedup"] = row["fla_s"] / row["accrot_s"]
+    row["peer_over_nope"] = row["fla_s"] / row["nope_s"]  # the most any kernel could show
+
+    def once(call: Callable[[], torch.Tensor]) -> None:
+        with torch.set_grad_enabled(backward):
+            out = call()
+            if backward:
+                out.sum().backward()
+
+    for name in ("accrot", "fla"):
+        peak = _live_tensor_peak(lambda call=calls[name]: once(call))
+        row[f"{name}_peak_mib"] = None if peak is None else peak / 2**20
+    return row
+
+
+def _growth(rows: list[dict[str, Any]]) -> None:
+    """Each row's memory growth against the shortest length of its mode."""
+    for mode in ("fwd", "fwd+bwd"):
+        mine = [r for r in rows if r["mode"] == mode]
+        for r in mine:
+            r["length_ratio"] = r["T"] / mine[0]["T"]
+            for name in ("accrot", "fla"):
+                base, value = mine[0][f"{name}_peak_mib"], r[f"{name}_peak_mib"]
+                r[f"{name}_mem_growth"] = None if not base or value is None else value / base
+
+
 def bench_peer(lengths: Sequence[int], backward_lengths: Sequence[int], B: int, H: int, D: int, chunk: int,
                log=print, seed: int = 0, repeats: int = 3, peer_repeats_from: int = 4096) -> dict[str, Any]:
     """accrot's chunked PaTH against fla's ``naive_path_attn``: time and peak live-tensor memory per (T, mode),
     and NoPE's time beside them. Returns ``{"peer", "rows"}`` (``rows`` empty when the peer is skipped)."""
-    from accrot.bench.path import _live_tensor_peak
-
     peer, what = load_peer(log)
     if peer is None:
         log(f"path: {what}")
         return {"peer": what, "rows": []}
     rows = []
-    jobs = [(T, "fwd") for T in lengths] + [(T, "fwd+bwd") for T in backward_lengths]
-    for T, mode in jobs:
+    for T, mode in [(T, "fwd") for T in lengths] + [(T, "fwd+bwd") for T in backward_lengths]:
         backward = mode == "fwd+bwd"
         ins = _inputs(B, H, T, D, seed, backward)
         calls = _calls(peer, ins, chunk)
@@ -137,32 +173,8 @@ def bench_peer(lengths: Sequence[int], backward_lengths: Sequence[int], B: int, 
         if T == min(lengths) and not backward:  # the two compute one function
             with torch.no_grad():
                 row["max_abs_diff"] = float((calls["accrot"]() - calls["fla"]()).abs().max())
-        for name in calls:  # warm-up
-            _run(calls[name], ins, backward)
         n_peer = 1 if T >= peer_repeats_from or backward else repeats
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for i in range(repeats):  # alternate, so a slow phase of the machine hits every kernel alike
-            for name in calls:
-                if name != "fla" or i < n_peer:
-                    times[name].append(_run(calls[name], ins, backward))
-        for name in calls:
-            row[f"{name}_s"] = statistics.median(times[name])
-        row["speedup"] = row["fla_s"] / row["accrot_s"]
-        row["peer_over_nope"] = row["fla_s"] / row["nope_s"]  # the most any kernel could show
-        for name in ("accrot", "fla"):
-            def once(call=calls[name]):
-                with torch.set_grad_enabled(backward):
-                    out = call()
-                    if backward:
-                        out.sum().backward()
-            peak = _live_tensor_peak(once)
-            row[f"{name}_peak_mib"] = None if peak is None else peak / 2**20
+        row.update(_measure(calls, ins, backward, repeats, n_peer))
         rows.append(row)
-    for mode in ("fwd", "fwd+bwd"):  # memory growth against the mode's shortest length
-        mine = [r for r in rows if r["mode"] == mode]
-        for r in mine:
-            r["length_ratio"] = r["T"] / mine[0]["T"]
-            for name in ("accrot", "fla"):
-                base, value = mine[0][f"{name}_peak_mib"], r[f"{name}_peak_mib"]
-                r[f"{name}_mem_growth"] = None if not base or value is None else value / base
+    _growth(rows)
     return {"peer": what, "rows": rows}

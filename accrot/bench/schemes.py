@@ -82,6 +82,15 @@ def _check(what: str, value: float, value_of_min: float, limit: float) -> dict[s
 def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The issue's targets that apply to ``cell``, each ``{what, value, limit, ok}`` (``rows``: every row by
     variant, for PaTH-FoX's ratio to PaTH)."""
+    checks = _step_targets(cell, row) + _op_targets(cell, row, rows)
+    for check in checks:  # judged on the median ratio; ok_of_min says whether the minima agree
+        check["ok"] = bool(check["value"] <= check["limit"])
+        check["ok_of_min"] = bool(check["value_of_min"] <= check["limit"])
+    return checks
+
+
+def _step_targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The whole model's: training step per size, the far-mass anchors' evaluation time and memory."""
     checks = []
     if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
         if cell.increments == "learned":
@@ -99,6 +108,12 @@ def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | N
         res = row["eval"][str(T)]
         checks.append(_check(f"eval {T} time", res["ratio"], res["ratio_of_min"], FAR_MASS_TIME_LIMIT))
         checks.append(_check(f"eval {T} memory", res["mem_ratio"], res["mem_ratio"], FAR_MASS_MEMORY_LIMIT))
+    return checks
+
+
+def _op_targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The attention op's: the far-mass op, PaTH-FoX's op against PaTH's, PaTH's op evaluation."""
+    checks = []
     op = row.get("op") or {}
     if cell.rotation == "none" and cell.far_mass != "none" and op.get("train"):
         checks.append(_check("op", op["train"]["ratio"], op["train"]["ratio_of_min"], OP_FAR_MASS_LIMIT))
@@ -109,9 +124,6 @@ def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | N
     if cell.rotation == "path" and cell.far_mass in ("none", "forget") and op.get("eval"):
         checks.append(_check(f"op eval {op['eval']['T']}", op["eval"]["ratio"], op["eval"]["ratio_of_min"],
                              PATH_EVAL_LIMIT))
-    for check in checks:  # judged on the median ratio; ok_of_min says whether the minima agree
-        check["ok"] = bool(check["value"] <= check["limit"])
-        check["ok_of_min"] = bool(check["value_of_min"] <= check["limit"])
     return checks
 
 

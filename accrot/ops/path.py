@@ -133,7 +133,7 @@ def _path_chunked(
         a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
 
     vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)  # [N, BH, c, Dv + 1]: the value matmul also sums p
-    state, r, KX, U_walk = _chunk_prologue(qb, kb, vb, wb, bb, a)
+    state, r, K_walk, X, U_walk = _chunk_prologue(qb, kb, vb, wb, bb, a)
     del qb, kb, wb, bb
     explicit = U_walk is None
 
@@ -145,16 +145,18 @@ def _path_chunked(
     r = r[1:]  # [N−1, BH, c, D(+1)] blocks 1..N−1: nothing lies between chunk n−1's end and chunk n's start
     for d in range(1, N):
         n_act = N - d  # active query blocks d..N−1, key blocks 0..N−1−d
-        out = r @ KX[:n_act]  # [N−d, BH, c, c + D(+1)|c] scores and transport in one matmul
+        scores = r @ K_walk[:n_act]  # [N−d, BH, c, c]
         shift = None  # [N−d, BH, c] a_t + R_n − R_m, constant along each row
         if a is not None:
             shift = a[d:] + (R[d:] - R[:n_act]).to(dt)[..., None]
-        state = _online_update(state, out[..., :c], vb[:n_act], shift)
+        state = _online_update(state, scores, vb[:n_act], shift)
         outs.append(_normalise(state[1][:1]))  # block d has met key block 0
         if d < N - 1:
+            # blocks d+1..N−1 cross chunks 1..N−1−d (block d is done: its queries are not carried further)
             state = tuple(x[1:] for x in state)
-            x = out[1:, ..., c:]  # [N−d−1, BH, c, D(+1)|c] blocks d+1..N−1 cross chunks 1..N−1−d
-            r = x if explicit else r[1:] - x @ U_walk[1:n_act]
+            r = r[1:]
+            x = r @ X[1:n_act]  # [N−d−1, BH, c, D(+1)|c]
+            r = x if explicit else r - x @ U_walk[1:n_act]
     return _unblock(torch.cat(outs, 0), B, H, T).to(q.dtype)
 
 
@@ -207,7 +209,7 @@ def _chunk_prologue(
     wb: torch.Tensor,
     bb: torch.Tensor,
     a: torch.Tensor | None,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Everything that stays inside a chunk, for all chunks at once (PATH.md §1–2), and the block walk's operands.
 
     Args:
@@ -215,14 +217,16 @@ def _chunk_prologue(
         a: ``[N, BH, c]`` within-chunk cumulative log2-decay or None.
     Returns:
         ``state`` (row max ``[N, BH, c]``, unnormalised ``[N, BH, c, Dv + 1]``) after the diagonal blocks;
-        ``r`` the queries carried to their chunk start ``[N, BH, c, D(+1)]``; ``KX = [k̃ᵀ | X]`` the walk's right
-        operand ``[N, BH, D(+1), c + D(+1)|2c]``; ``U_walk`` for the rank-c transport, None when X = P is explicit.
+        ``r`` the queries carried to their chunk start ``[N, BH, c, D(+1)]``; the walk's right operands, the keys
+        carried to their chunk end ``k̃ᵀ`` ``[N, BH, D(+1), c]`` and the transport ``X`` ``[N, BH, D(+1), D(+1)|c]``;
+        ``U_walk`` for the rank-c transport, None when X = P is explicit.
     """
     N, BH, c, D = qb.shape
     dt, dev = qb.dtype, qb.device
     state, q_start, k_end, U = _chunk_core(qb, kb, vb, wb, bb, a)
-    # One matmul per walk step scores a key block and carries the queries across its chunk: r @ [k̃ᵀ | X], with
-    # X = P (D×D, when D ≤ 2c) or Wᵀ (rank-c form r − (r Wᵀ) U). With a bias, queries carry a constant 1 and keys
+    # Per walk step, r @ k̃ᵀ scores a key block and r @ X carries the still-active queries across its chunk, with
+    # X = P (D×D, when D ≤ 2c) or Wᵀ (rank-c form r − (r Wᵀ) U). Two matmuls rather than one on [k̃ᵀ | X]: the
+    # finished block is not carried, and the backward pass does not split one product's gradient in two. With a bias, queries carry a constant 1 and keys
     # −a_s; the per-row part a_t + R_n − R_m only shifts the row maximum (never touches the tiles).
     explicit = D <= 2 * c
     X = torch.eye(D, dtype=dt, device=dev) - wb.mT @ U if explicit else wb.mT  # [N, BH, D, D|c]
@@ -234,7 +238,7 @@ def _chunk_prologue(
         if explicit:  # blockdiag(P, 1) keeps the constant column (a fill on the device, no host tensor)
             X[..., D, D] = 1.0
         U_walk = F.pad(U, (0, 1))  # [N, BH, c, D + 1]
-    return state, r, torch.cat((K_walk, X), -1), None if explicit else U_walk
+    return state, r, K_walk, X, None if explicit else U_walk
 
 
 # ATen's fused CPU flash attention returning (out, logsumexp) (a private op, present since torch 2.3)

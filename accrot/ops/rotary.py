@@ -180,22 +180,8 @@ class _Rotate(torch.autograd.Function):
             dtheta = dtheta if ys is not None else None
         else:
             for i, grad in enumerate(grads):
-                y = ys[i] if ys is not None else None
-                if kernels is not None and (want_dx[i] or y is not None):
-                    dx, dth = kernels.rotate_backward(_last_contiguous(grad), y, _last_contiguous(cos),
-                                                      _last_contiguous(sin), ctx.sign, want_dx[i])
-                    dxs[i] = dx if want_dx[i] else None
-                    dth = dth if y is not None else None
-                else:
-                    ga, gb = grad.chunk(2, dim=-1)
-                    if want_dx[i]:
-                        dxs[i] = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-                        _rotate_into(dxs[i], ga, gb, cos, sin, -ctx.sign)  # R(−sθ) dy
-                    dth = None
-                    if y is not None:
-                        ya, yb = y.chunk(2, dim=-1)
-                        dth = torch.addcmul(ya * gb, yb, ga, value=-1.0)
-                        dth = dth if ctx.sign > 0 else -dth
+                dxs[i], dth = _rotate_backward_one(kernels, grad, ys[i] if ys is not None else None, cos, sin,
+                                                   ctx.sign, want_dx[i])
                 if dth is not None:
                     dtheta = dth if dtheta is None else dtheta + dth
         if xs is not None:
@@ -213,6 +199,26 @@ class _Rotate(torch.autograd.Function):
             shape, dtype = ctx.theta_shape
             dtheta = dtheta.sum_to_size(shape).to(dtype)
         return dcos, dsin, None, dtheta, *dxs
+
+
+def _rotate_backward_one(kernels, grad: torch.Tensor, y: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+                         sign: float, want_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(dx, dθ)`` of one rotated tensor: the one-tensor kernels (CUDA) or the eager formulas; None where not asked
+    for (dθ is asked for by passing the output ``y``)."""
+    if kernels is not None and (want_dx or y is not None):
+        dx, dth = kernels.rotate_backward(_last_contiguous(grad), y, _last_contiguous(cos), _last_contiguous(sin),
+                                          sign, want_dx)
+        return (dx if want_dx else None), (dth if y is not None else None)
+    dx = dth = None
+    ga, gb = grad.chunk(2, dim=-1)
+    if want_dx:
+        dx = torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+        _rotate_into(dx, ga, gb, cos, sin, -sign)  # R(−sθ) dy
+    if y is not None:
+        ya, yb = y.chunk(2, dim=-1)
+        dth = torch.addcmul(ya * gb, yb, ga, value=-1.0)
+        dth = dth if sign > 0 else -dth
+    return dx, dth
 
 
 def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:

@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 
+from accrot import phases
 from accrot.errors import BadInput, ConfigError, UsageError, one_line
 from accrot.lit import LitLM
 from accrot.logs import hold_startup_logs
@@ -37,7 +38,6 @@ from accrot.resume import (
     remove_partials,
     settings_differences,
 )
-from accrot.run import phases
 from accrot.run.args import resolve_config_args, resume_args
 from accrot.run.launch import check_launch
 from accrot.run.rundir import RunDirs

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from accrot.display import Finished, RunDisplay, Running
 from accrot.errors import UsageError
 from accrot.metrics import metric_key
-from accrot.run.phases import WORKER_SPAWNED_AT
+from accrot.phases import WORKER_SPAWNED_AT
 from accrot.sweep.recovery import (
     FINISHED,
     RetryTrial,

@@ -1,6 +1,6 @@
 """Where a sweep's wall time went (printed at the end of ``accrot sweep`` and ``accrot ablation``).
 
-Every trial carries its run's phase split (``timing``, :mod:`accrot.run.phases`) and each worker's first trial its
+Every trial carries its run's phase split (``timing``, :mod:`accrot.phases`) and each worker's first trial its
 start-up (``worker_start_s``: interpreter, imports, the spec, the storage). The summary adds them over the trials
 this invocation finished, and sets the workers' CPU time (``getrusage(RUSAGE_CHILDREN)``, reaped workers only)
 against the wall time and the cores: how busy the machine was kept.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from accrot.run.phases import PHASES
+from accrot.phases import PHASES
 
 LABELS = {"worker_start": "worker start (process, imports, storage)", "setup": "setup (config, model, data)",
           "training": "training", "validation": "validation", "evaluation": "evaluation (every length)",

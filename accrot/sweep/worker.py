@@ -19,9 +19,9 @@ from optuna.artifacts import upload_artifact
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
+from accrot import phases
 from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
-from accrot.run import phases
 from accrot.run.lightning import run_lightning
 from accrot.sweep.recovery import (
     JournalHeartbeat,
@@ -250,7 +250,7 @@ class Worker:
             attr(trial, "fail_reason", reason)
             raise TrialFailed(reason) from err
         finally:
-            with contextlib.suppress(Exception):  # where the trial's time went, whatever its end (accrot.run.phases)
+            with contextlib.suppress(Exception):  # where the trial's time went, whatever its end (accrot.phases)
                 attr(trial, "timing", phases.clock().snapshot())
             end_run()
 
