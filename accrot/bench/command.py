@@ -66,10 +66,11 @@ PaTH-FoX's op ≤ 1.2× PaTH's; PaTH's and PaTH-FoX's op evaluation ≤ 4× NoPE
 accum/forget) are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
-thread count is left as it is. The default run takes about 6 minutes on 2 idle cores and several times that
-while the cores are shared. ``--quick`` (every bench) is a first look in about a minute each: schemes at tiny
-only, batch 4, T = 256, every cell evaluated at 1024, one round; path at 512 and 2048 (memory at 2048); the
-pipeline for 10 steps, one round. Every report starts with the machine it measured (CPU, cores, threads, torch,
+thread count is left as it is. The default schemes run takes about 13 minutes on 2 cores (``all``: about 20, the
+peer's and the small pipeline's included) and longer while the cores are shared. ``--quick`` (every bench) is a
+first look in a minute or two each: schemes at tiny only, batch 4, T = 256, every cell evaluated at 1024, the op
+at T = 256 and evaluated at 1024, one round; path at 512 and 2048 (memory at 2048, the peer at 512 and 2048); the
+pipeline at tiny for 10 paired steps, one round. Every report starts with the machine it measured (CPU, cores, threads, torch,
 kernel path; the GPU on CUDA): ratios from two machines are not comparable.
 """
 
