@@ -339,10 +339,9 @@ def test_clipping_by_norm_checks_with_the_norm_it_clips_by():
     gen = torch.Generator().manual_seed(0)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen)
-    expect = [p.grad.clone() for p in model.parameters()]
     reference = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
-    for r, g in zip(reference, expect):
-        r.grad = g.clone()
+    for r, p in zip(reference, model.parameters()):
+        r.grad = p.grad.clone()
     torch.nn.utils.clip_grad_norm_(reference, 0.5)
     model.on_before_optimizer_step(optimizer)  # leaves the check to the clipping
     model.configure_gradient_clipping(optimizer, 0.5, None)

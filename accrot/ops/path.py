@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from accrot.errors import ConfigError
+from accrot.ops.attention import _CPU_FWD  # ATen's fused CPU flash attention: (out, logsumexp)
 
 Kernel = Literal["chunked", "recurrent", "fla"]
 KERNELS: tuple[str, ...] = ("chunked", "recurrent", "fla")
@@ -103,6 +104,30 @@ def _online_update(
     return m_new, acc
 
 
+def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float):
+    """What both chunked walks start from: the work dtype, chunk length c, chunk count N, the chunk-major blocks
+    ``(qb, kb, vb, wb, bb)`` and the far-mass split ``(G, R, a)`` (all None without a bias).
+
+    N = ⌈T/c⌉; a ragged tail is padded with H = I and zero keys, which causality hides. Logits are kept in log2
+    units (scale·log2 e folded into q and the bias) so the softmax runs on exp2, several times cheaper than exp on
+    CPU. The bias b_ts = G_t − G_s is split as (a_t − a_s) + (R_n − R_m): G ``[B·H, N·c]`` the cumulative log2-decay
+    and R_n ``[N, B·H]`` G just before chunk n (float64, may be huge), a = G − R within the chunk ``[N, B·H, c]``
+    (small, work dtype), so nothing large cancels in the work dtype.
+    """
+    B, H, T, D = q.shape
+    dt = _work_dtype(q, k, v, w, beta)
+    c = min(chunk_size, T)
+    N = -(-T // c)
+    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D]
+    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
+    G = R = a = None
+    if log_decay is not None:
+        G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [B·H, N·c] float64
+        R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] float64
+        a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
+    return dt, c, N, (qb, kb, vb, wb, bb), (G, R, a)
+
+
 # -- the chunked UT/WY kernel -----------------------------------------------------------------------
 def _path_chunked(
     q: torch.Tensor,
@@ -115,23 +140,7 @@ def _path_chunked(
     scale: float,
 ) -> torch.Tensor:
     B, H, T, D = q.shape
-    dt = _work_dtype(q, k, v, w, beta)
-    c = min(chunk_size, T)
-    N = -(-T // c)  # chunks; a ragged tail is padded with H = I and zero keys, which causality hides
-
-    # Logits are kept in log2 units (scale·log2 e folded into q and the bias) so the softmax runs on exp2,
-    # several times cheaper than exp on CPU.
-    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D]
-    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
-
-    # Far-mass bias b_ts = G_t − G_s split as (a_t − a_s) + (R_n − R_m): R_n = G just before chunk n (float64,
-    # may be huge), a = G − R within the chunk (small), so nothing large cancels in the work dtype.
-    a = R = None
-    if log_decay is not None:
-        G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [B·H, N·c] float64
-        R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] float64
-        a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
-
+    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
     vb = torch.cat((vb, torch.ones_like(vb[..., :1])), -1)  # [N, BH, c, Dv + 1]: the value matmul also sums p
     state, r, K_walk, X, U_walk = _chunk_prologue(qb, kb, vb, wb, bb, a)
     del qb, kb, wb, bb
@@ -241,15 +250,13 @@ def _chunk_prologue(
     return state, r, K_walk, X, None if explicit else U_walk
 
 
-# ATen's fused CPU flash attention returning (out, logsumexp) (a private op, present since torch 2.3)
-_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 LN2 = math.log(2.0)
 
 
 def _eval_walk_applies(*tensors: torch.Tensor | None) -> bool:
     """The evaluation walk runs when nothing needs a gradient, on CPU tensors, where ATen's flash op exists."""
     present = [t for t in tensors if t is not None]
-    return (_CPU_FLASH is not None and all(t.device.type == "cpu" for t in present)
+    return (_CPU_FWD is not None and all(t.device.type == "cpu" for t in present)
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in present)))
 
 
@@ -274,16 +281,7 @@ def _path_eval_walk(
     """
     B, H, T, D = q.shape
     Dv = v.shape[-1]
-    dt = _work_dtype(q, k, v, w, beta)
-    c = min(chunk_size, T)
-    N = -(-T // c)
-    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D] log2 units
-    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))
-    a = R = G = None
-    if log_decay is not None:
-        G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [BH, N·c] float64
-        R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] G just before each chunk
-        a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
+    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
     (m, acc), q_start, k_end, U = _chunk_core(qb, kb, torch.cat((vb, torch.ones_like(vb[..., :1])), -1), wb, bb, a)
     del qb, kb
     out_diag = acc[..., :Dv] / acc[..., Dv:]  # [N, BH, c, Dv]
@@ -312,7 +310,7 @@ def _path_eval_walk(
         keys[:, done : n * c, :D] = k_end[n - 1]
         if bias:  # b_ts = a_t + (R_n − G_s): the key part here, a_t after the call
             keys[:, : n * c, D] = (R[n][:, None] - G[:, : n * c]).to(dt)
-        o, lse = _CPU_FLASH(queries[n][None], keys[None, :, : n * c], values[None, :, : n * c], 0.0, False,
+        o, lse = _CPU_FWD(queries[n][None], keys[None, :, : n * c], values[None, :, : n * c], 0.0, False,
                             scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
         o, lse = o[0, ..., :Dv], lse[0]
         if bias:
