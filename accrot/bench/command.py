@@ -5,7 +5,7 @@ Subcommands::
     accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
                          [--eval_repeats 3] [--batch '{small: 2}'] [--op_T 1024] [--op_eval_length 16384]
                          [--eval_all] [--device cpu] [--quick] [--out bench_schemes.json]
-    accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 64] [--device cpu]
+    accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 32] [--device cpu]
                          [--memory_lengths 4096 16384] [--out bench_path.json]
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--pipeline_sizes tiny small] [--with_logger]
                           [--out bench_pipeline.json]
@@ -121,7 +121,7 @@ def _path_args(parser) -> None:
     parser.add_argument("--B", type=int, default=1)
     parser.add_argument("--H", type=int, default=4)
     parser.add_argument("--D", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=64)
+    parser.add_argument("--chunk", type=int, default=32)
     parser.add_argument("--memory_lengths", nargs="+", type=int, default=[4096, 16384],
                         help="evaluation peak-memory lengths (CUDA: also fla's)")
     parser.add_argument("--peer", type=Literal["fla", "none"], default="fla",

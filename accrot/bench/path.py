@@ -70,7 +70,7 @@ def bench_kernels(
     B: int = 1,
     H: int = 4,
     D: int = 32,
-    chunk: int = 64,
+    chunk: int = 32,
     backward_lengths: Sequence[int] = (512, 2048),
     repeats: int = 3,
     long_repeats: int = 1,
@@ -189,7 +189,7 @@ def eval_memory(
     B: int = 1,
     H: int = 4,
     D: int = 32,
-    chunk: int = 64,
+    chunk: int = 32,
     kernel: str = "chunked",
     seed: int = 0,
 ) -> list[dict]:
@@ -251,7 +251,7 @@ def bench_kernels_cuda(
     B: int = 1,
     H: int = 4,
     D: int = 32,
-    chunk: int = 64,
+    chunk: int = 32,
     repeats: int = 3,
     recurrent_up_to: int = 2048,
     seed: int = 0,
@@ -292,7 +292,7 @@ def bench_kernels_cuda(
 
 
 def eval_memory_cuda(lengths: Sequence[int] = (4096, 16384, 65536), B: int = 1, H: int = 4, D: int = 32,
-                     chunk: int = 64, seed: int = 0) -> list[dict]:
+                     chunk: int = 32, seed: int = 0) -> list[dict]:
     """Peak CUDA memory of one evaluation forward (``torch.no_grad``) per length and kernel (chunked, and fla where
     it runs): ``{"T", "kernel", "peak_mib", "inputs_mib", "growth", "length_ratio"}``."""
     kernels = ["chunked"] + (["fla"] if fla_problem("cuda") is None else [])

@@ -87,8 +87,12 @@ def _inputs(B: int, H: int, T: int, D: int, seed: int, grad: bool) -> list[torch
     return [x.requires_grad_(grad) for x in (q, k, v, w, beta)]
 
 
+PEER_CHUNK = 64  # naive_path_attn's own default chunk_size: the peer as its authors ship it
+
+
 def _calls(peer: Callable, ins: list[torch.Tensor], chunk: int) -> dict[str, Callable[[], torch.Tensor]]:
-    """One zero-argument call per kernel, each returning ``[B, H, T, D]`` (the peer's output transposed back)."""
+    """One zero-argument call per kernel, each returning ``[B, H, T, D]`` (the peer's output transposed back).
+    ``chunk`` is accrot's chunk length; the peer runs at its own default, :data:`PEER_CHUNK`."""
     from accrot.ops.path import path_attention
 
     q, k, v, w, beta = ins
@@ -96,7 +100,7 @@ def _calls(peer: Callable, ins: list[torch.Tensor], chunk: int) -> dict[str, Cal
 
     def fla() -> torch.Tensor:
         bt = [x.transpose(1, 2) for x in (q, k, v, w)]  # [B, T, H, D]: fla's layout (views, as a caller would pass)
-        out = peer(*bt, beta.transpose(1, 2), q.new_zeros(B, T, H), D**-0.5, chunk_size=chunk)
+        out = peer(*bt, beta.transpose(1, 2), q.new_zeros(B, T, H), D**-0.5, chunk_size=PEER_CHUNK)
         return out.transpose(1, 2)
 
     return {"accrot": lambda: path_attention(q, k, v, w, beta, chunk_size=chunk),

@@ -8,9 +8,10 @@
 Implementations (compared on outputs and gradients in ``tests/ops/test_path.py``):
 
 * :func:`path_attention` with ``kernel="chunked"``: the UT/WY chunked algorithm. Per chunk of c tokens the UT
-  transform turns the chunk's product into a rank-c update; queries walk earlier key blocks right to left with
-  an online softmax, all query blocks at the same block distance in one batched step. O(T²·D) time, O(T·c)
-  extra memory (no ``[T, T]`` tensor), differentiable by autograd. Derivation: ``accrot/ops/PATH.md``.
+  transform turns the chunk's product into a rank-c update. On the CPU the keys walk forward (each query chunk is
+  one fused flash-attention call over all earlier keys carried to its start) with a hand-written backward that
+  keeps O(√N) key buffers; elsewhere queries walk earlier key blocks right to left with an online softmax under
+  autograd (O(T·c) extra memory). No ``[T, T]`` tensor either way. Derivation: ``accrot/ops/PATH.md``.
 * :func:`naive_path_attention_recurrence`: each query walks back one token per step, u ← H_j u, vector ops only
   (``kernel="recurrent"``, for debugging).
 * :func:`naive_path_attention_products`: explicit D×D path products and a plain softmax (tiny T only).
@@ -34,7 +35,10 @@ import torch
 import torch.nn.functional as F
 
 from accrot.errors import ConfigError
-from accrot.ops.attention import _CPU_FWD  # ATen's fused CPU flash attention: (out, logsumexp)
+from accrot.ops.attention import (  # ATen's fused CPU flash attention (out, logsumexp), backward
+    _CPU_BWD,
+    _CPU_FWD,
+)
 
 Kernel = Literal["chunked", "recurrent", "fla"]
 KERNELS: tuple[str, ...] = ("chunked", "recurrent", "fla")
@@ -172,16 +176,15 @@ def _path_chunked(
 def _chunk_core(
     qb: torch.Tensor,
     kb: torch.Tensor,
-    vb: torch.Tensor,
     wb: torch.Tensor,
     bb: torch.Tensor,
     a: torch.Tensor | None,
-) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The UT transform and the diagonal blocks of all chunks at once (PATH.md §1–2).
 
-    Args: as :func:`_chunk_prologue`. Returns ``state`` after the diagonal blocks (row max ``[N, BH, c]``,
-    unnormalised ``[N, BH, c, Dv + 1]``), the queries carried to their chunk start and the keys to their chunk
-    end (``[N, BH, c, D]`` each), and U (``[N, BH, c, D]``, the chunk product P = I − Wᵀ U).
+    Args: as :func:`_chunk_prologue`. Returns the diagonal blocks' logits in log2 units (``[N, BH, c, c]``, −inf
+    above the diagonal), the queries carried to their chunk start and the keys to their chunk end
+    (``[N, BH, c, D]`` each), and U (``[N, BH, c, D]``, the chunk product P = I − Wᵀ U).
     """
     N, BH, c, D = qb.shape
     dt, dev = qb.dtype, qb.device
@@ -204,11 +207,8 @@ def _chunk_core(
     s = s.view(N, BH, c, c)  # [N, BH, c, c]
     if a is not None:
         s = s + (a[..., :, None] - a[..., None, :])
-    s = s.masked_fill(~lower, float("-inf"))  # [N, BH, c, c]
-    m = s.amax(-1).detach()  # [N, BH, c]
-    state = (m, (s - m[..., None]).exp2() @ vb)  # [N, BH, c], [N, BH, c, Dv + 1]
-
-    return state, q_start, k_end, U
+    s = s.masked_fill(~lower, float("-inf"))  # [N, BH, c, c] log2-unit logits, −inf above the diagonal
+    return s, q_start, k_end, U
 
 
 def _chunk_prologue(
@@ -232,7 +232,9 @@ def _chunk_prologue(
     """
     N, BH, c, D = qb.shape
     dt, dev = qb.dtype, qb.device
-    state, q_start, k_end, U = _chunk_core(qb, kb, vb, wb, bb, a)
+    s_diag, q_start, k_end, U = _chunk_core(qb, kb, wb, bb, a)
+    m = s_diag.amax(-1).detach()  # [N, BH, c]
+    state = (m, (s_diag - m[..., None]).exp2() @ vb)  # [N, BH, c], [N, BH, c, Dv + 1]
     # Per walk step, r @ k̃ᵀ scores a key block and r @ X carries the still-active queries across its chunk, with
     # X = P (D×D, when D ≤ 2c) or Wᵀ (rank-c form r − (r Wᵀ) U). Two matmuls rather than one on [k̃ᵀ | X]: the
     # finished block is not carried, and the backward pass does not split one product's gradient in two. With a bias, queries carry a constant 1 and keys
@@ -253,71 +255,203 @@ def _chunk_prologue(
 LN2 = math.log(2.0)
 
 
-def _eval_walk_applies(*tensors: torch.Tensor | None) -> bool:
-    """The evaluation walk runs when nothing needs a gradient, on CPU tensors, where ATen's flash op exists."""
-    present = [t for t in tensors if t is not None]
-    return (_CPU_FWD is not None and all(t.device.type == "cpu" for t in present)
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in present)))
+def _flash_walk_applies(*tensors: torch.Tensor | None) -> bool:
+    """The key walk (forward and backward by ATen's fused CPU flash ops) serves CPU tensors where both ops exist."""
+    return (_CPU_FWD is not None and _CPU_BWD is not None
+            and all(t.device.type == "cpu" for t in tensors if t is not None))
 
 
-def _path_eval_walk(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w: torch.Tensor,
-    beta: torch.Tensor,
-    log_decay: torch.Tensor | None,
-    chunk_size: int,
-    scale: float,
-) -> torch.Tensor:
-    """The chunked kernel's forward without autograd (evaluation), walking keys forward instead of queries back.
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
-    Query chunk n sees every earlier key carried to its own start, K_n = [P_{n−1} ⋯ P_{m+1} k̂_s]_{s < start(n)},
-    and K_{n+1} = [K_n P_nᵀ ; K̂_n] (PATH.md §5). So each query chunk is one fused flash-attention call over all its
-    earlier keys (ATen's CPU kernel: scores, softmax and values in cache, no tile pass in Python), merged with
-    the exact diagonal block by the two log-sum-exps. The transport is one ``[B·H, n·c, D] @ [D, D]`` matmul per
-    chunk; memory stays O(T·D). The far-mass bias rides as one more key coordinate, R_n − G_s, against a constant
-    1 on the queries; the row part a_t is added to the off-diagonal log-sum-exp before the merge.
+
+def _diag_softmax(s_diag: torch.Tensor, vb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of every chunk's diagonal block alone: ``s_diag [N, BH, c, c]`` log2-unit logits (−inf above the
+    diagonal), ``vb [N, BH, c, Dv]`` -> normalised output ``[N, BH, c, Dv]`` and natural-unit log-sum-exp
+    ``[N, BH, c]``."""
+    m = s_diag.amax(-1)  # [N, BH, c] finite: the diagonal entry is always there
+    p = (s_diag - m[..., None]).exp2()  # [N, BH, c, c]
+    l = p.sum(-1)  # [N, BH, c]
+    return (p @ vb) / l[..., None], m * LN2 + l.log()
+
+
+class _KeyWalk:
+    """The keys of all earlier chunks carried to the start of query chunk n (PATH.md §6), in one buffer.
+
+    ``keys [BH, N·c, width]``: after :meth:`advance` to n, rows ``:n·c`` hold K_n(s) = P_{n−1} ⋯ P_{m+1} k̂_s for s in
+    chunk m < n; with a bias, coordinate D holds R_n − G_s (float64 difference, then cast: near keys keep small
+    values) against a constant 1 on the queries. ``queries [N, BH, c, width]`` are the chunk-start queries q̂ (and
+    the 1), ``values [BH, N·c, width]`` v zero-padded (the fused op wants one head size for q, k and v).
     """
-    B, H, T, D = q.shape
-    Dv = v.shape[-1]
-    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
-    (m, acc), q_start, k_end, U = _chunk_core(qb, kb, torch.cat((vb, torch.ones_like(vb[..., :1])), -1), wb, bb, a)
-    del qb, kb
-    out_diag = acc[..., :Dv] / acc[..., Dv:]  # [N, BH, c, Dv]
-    if N == 1:
-        return _unblock(out_diag, B, H, T).to(q.dtype)
-    lse_diag = m * LN2 + acc[..., Dv].log()  # [N, BH, c] natural units
-    P_T = (torch.eye(D, dtype=dt, device=q.device) - wb.mT @ U).mT  # [N, BH, D, D] Pᵀ per chunk
-    del U, wb
 
-    BH = B * H
-    bias = int(a is not None)
-    width = max(D + bias, Dv)  # the fused op wants one head size: zero coordinates pad the narrower side
-    keys = q.new_zeros(BH, N * c, width, dtype=dt)  # row s: key s carried to the current chunk's start
-    values = torch.zeros(BH, N * c, width, dtype=dt, device=q.device)
-    values[..., :Dv] = vb.transpose(0, 1).reshape(BH, N * c, Dv)
-    queries = q.new_zeros(N, BH, c, width, dtype=dt)
-    queries[..., :D] = q_start
-    if bias:
-        queries[..., D] = 1.0
-    del q_start, vb
-    outs = [out_diag[0]]
-    for n in range(1, N):
-        done = (n - 1) * c  # keys already in the buffer (chunks 0..n−2), carried to chunk n−1's start
+    def __init__(self, q_start, k_end, Pt, vb, G):
+        N, BH, c, D = q_start.shape
+        Dv = vb.shape[-1]
+        self.N, self.c, self.D, self.Dv, self.G = N, c, D, Dv, G
+        self.k_end, self.Pt = k_end, Pt
+        self.bias = G is not None
+        self.width = max(D + self.bias, Dv)
+        dt, dev = q_start.dtype, q_start.device
+        self.R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T if self.bias else None  # [N, BH] G before chunk n
+        self.keys = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
+        self.values = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
+        self.values[..., :Dv] = vb.transpose(0, 1).reshape(BH, N * c, Dv)
+        self.queries = torch.zeros(N, BH, c, self.width, dtype=dt, device=dev)
+        self.queries[..., :D] = q_start
+        if self.bias:
+            self.queries[..., D] = 1.0
+        self.n = 0
+
+    def row_shift(self) -> torch.Tensor:
+        """a_t = G_t − R_n ``[N, BH, c]`` (log2 units): the row part of the bias, added to the walk's log-sum-exp."""
+        N, c = self.N, self.c
+        return (self.G.view(-1, N, c).transpose(0, 1) - self.R[..., None]).to(self.keys.dtype)
+
+    def restore(self, n: int, keys: torch.Tensor | None) -> None:
+        """Set the walk to K_n from a kept copy (``[BH, n·c, width]``); n = 1 rebuilds K_1 = k̂_0 itself."""
+        if keys is None:
+            self.n = 0
+            self.advance()
+        else:
+            self.keys[:, : n * self.c] = keys
+            self.n = n
+
+    def advance(self) -> torch.Tensor:
+        """Move from K_n to K_{n+1} = [K_n P_nᵀ ; k̂_n] and return rows ``:(n+1)·c`` (a view of the buffer)."""
+        n, c, D = self.n + 1, self.c, self.D
+        done = (n - 1) * c  # rows already held (chunks 0..n−2, carried to chunk n−1's start)
         if done:
-            keys[:, :done, :D] = keys[:, :done, :D] @ P_T[n - 1]  # ... and across chunk n−1
-        keys[:, done : n * c, :D] = k_end[n - 1]
-        if bias:  # b_ts = a_t + (R_n − G_s): the key part here, a_t after the call
-            keys[:, : n * c, D] = (R[n][:, None] - G[:, : n * c]).to(dt)
-        o, lse = _CPU_FWD(queries[n][None], keys[None, :, : n * c], values[None, :, : n * c], 0.0, False,
-                            scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
-        o, lse = o[0, ..., :Dv], lse[0]
-        if bias:
-            lse = lse + a[n] * LN2
-        both = torch.logaddexp(lse_diag[n], lse)  # [BH, c]
-        outs.append(out_diag[n] * (lse_diag[n] - both).exp()[..., None] + o * (lse - both).exp()[..., None])
-    return _unblock(torch.stack(outs), B, H, T).to(q.dtype)
+            self.keys[:, :done, :D] = self.keys[:, :done, :D] @ self.Pt[n - 1]  # ... and across chunk n−1
+        self.keys[:, done : n * c, :D] = self.k_end[n - 1]
+        if self.bias:  # b_ts = a_t + (R_n − G_s): the key part here, a_t is added to the log-sum-exp
+            self.keys[:, : n * c, D] = (self.R[n][:, None] - self.G[:, : n * c]).to(self.keys.dtype)
+        self.n = n
+        return self.keys[:, : n * c]
+
+
+def _segment(N: int) -> int:
+    """Chunks per backward segment: ⌈√(N − 1)⌉, so the kept key buffers (one per segment boundary, and the
+    buffers of the segment being worked on) hold O(√N) copies of at most T keys, not N."""
+    return max(1, math.isqrt(max(N - 2, 0)) + 1)
+
+
+def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
+    """PaTH attention from the chunked operands: the diagonal blocks, then one fused flash call per query chunk
+    over its earlier keys (:class:`_KeyWalk`), merged by log-sum-exp. Returns the output ``[N, BH, c, Dv]``, the
+    natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, copies of K_n at n = 1 + keep, 1 + 2·keep, …
+    (the backward's checkpoints, ``{n: [BH, n·c, width]}``)."""
+    out, lse = _diag_softmax(s_diag, vb)
+    N, Dv = s_diag.shape[0], vb.shape[-1]
+    kept: dict[int, torch.Tensor] = {}
+    if N == 1:
+        return out, lse, kept
+    walk = _KeyWalk(q_start, k_end, Pt, vb, G)
+    shift = walk.row_shift() * LN2 if walk.bias else None  # [N, BH, c]
+    for n in range(1, N):
+        keys = walk.advance()  # [BH, n·c, width]
+        if keep and n > 1 and (n - 1) % keep == 0:
+            kept[n] = keys.clone()
+        o, l = _CPU_FWD(walk.queries[n][None], keys[None], walk.values[None, :, : keys.shape[1]], 0.0, False,
+                        scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
+        o, l = o[0, ..., :Dv], l[0]
+        if shift is not None:
+            l = l + shift[n]
+        both = torch.logaddexp(lse[n], l)  # [BH, c]
+        out[n] = out[n] * (lse[n] - both).exp()[..., None] + o * (l - both).exp()[..., None]
+        lse[n] = both
+    return out, lse, kept
+
+
+class _PathWalk(torch.autograd.Function):
+    """The chunked PaTH walk with a hand-written backward (CPU), from the operands of :func:`_chunk_core`.
+
+    forward(q_start, k_end ``[N, BH, c, D]``, Pt ``[N, BH, D, D]`` (Pᵀ per chunk), s_diag ``[N, BH, c, c]``,
+    vb ``[N, BH, c, Dv]``, G ``[BH, N·c]`` float64 or None) -> ``[N, BH, c, Dv]``. Saves only the operands, the
+    output and its log-sum-exp (O(T·(c + D)), no tile). The backward (PATH.md §7) recomputes the key walk, calls
+    ATen's fused flash backward per query chunk with the merged output and log-sum-exp, and carries the key
+    gradients back through K_{n+1} = [K_n P_nᵀ ; k̂_n], which also gives each chunk transport's gradient; the
+    upstream UT transform and diagonal blocks stay with autograd.
+    """
+
+    @staticmethod
+    def forward(ctx, q_start, k_end, Pt, s_diag, vb, G):
+        seg = _segment(s_diag.shape[0])
+        out, lse, kept = _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep=seg)
+        ctx.seg, ctx.kept_at = seg, sorted(kept)
+        ctx.save_for_backward(q_start, k_end, Pt, s_diag, vb, G, out, lse, *kept.values())
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dout):
+        q_start, k_end, Pt, s_diag, vb, G, out, lse, *kept = ctx.saved_tensors
+        kept = dict(zip(ctx.kept_at, kept))
+        N, BH, c, D = q_start.shape
+        Dv = vb.shape[-1]
+        dout = dout.contiguous()
+        delta = (dout * out).sum(-1)  # [N, BH, c] rowsum(dO ∘ O)
+        # diagonal blocks: P = exp(ℓ − lse), dℓ = P ∘ (dO vᵀ − Δ); the logits are in log2 units, so ds = ln 2 · dℓ
+        p = (s_diag - (lse * LOG2E)[..., None]).exp2()  # [N, BH, c, c]
+        ds_diag = p * (dout @ vb.mT - delta[..., None]) * LN2  # [N, BH, c, c]
+        dvb = p.mT @ dout  # [N, BH, c, Dv]
+        del p
+        dq, dk, dPt, dG = torch.zeros_like(q_start), torch.zeros_like(k_end), torch.zeros_like(Pt), None
+        if N > 1:
+            walk = _KeyWalk(q_start, k_end, Pt, vb, G)
+            snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
+            width = walk.width
+            pad = (0, width - Dv)
+            g_w, o_w = F.pad(dout, pad), F.pad(out, pad)  # [N, BH, c, width]
+            lse_walk = lse - walk.row_shift() * LN2 if walk.bias else lse  # the flash op's own logits lack a_t
+            dvals = torch.zeros(BH, N * c, Dv, dtype=vb.dtype, device=vb.device)
+            dcol = torch.zeros(BH, N * c, dtype=vb.dtype, device=vb.device) if walk.bias else None
+            A = None  # adjoint of K_{n+1}'s first D coordinates, [BH, (n+1)·c, D]
+            for n in range(N - 1, 0, -1):
+                if n not in snapshots:  # rebuild segment [first, n]: K_first from its checkpoint, then walk on
+                    first = 1 + (n - 1) // ctx.seg * ctx.seg
+                    walk.restore(first, kept.get(first))
+                    snapshots = {first: kept.pop(first) if first in kept else walk.keys[:, :c].clone()}
+                    snapshots.update((m, walk.advance().clone()) for m in range(first + 1, n + 1))
+                K = snapshots.pop(n)  # [BH, n·c, width]
+                rows = n * c
+                dq_, dK, dV = _CPU_BWD(g_w[n][None], walk.queries[n][None], K[None], walk.values[None, :, :rows],
+                                       o_w[n][None], lse_walk[n][None], 0.0, False, scale=LN2)
+                dq[n] = dq_[0, ..., :D]
+                dvals[:, :rows] += dV[0, ..., :Dv]
+                dK = dK[0]  # [BH, n·c, width]
+                if dcol is not None:
+                    dcol[:, :rows] += dK[..., D]  # Σ_t dℓ_ts: the key part R_n − G_s of the bias
+                if A is None:
+                    A = dK[..., :D]
+                else:  # K_{n+1} = [K_n Pt_n ; k̂_n]
+                    dk[n] = A[:, rows : rows + c]
+                    dPt[n] = K[..., :D].mT @ A[:, :rows]  # [BH, D, D]
+                    A = dK[..., :D] + A[:, :rows] @ Pt[n].mT
+            dk[0] = A[:, :c]  # K_1 = k̂_0
+            dvb += dvals.view(BH, N, c, Dv).transpose(0, 1)
+            if dcol is not None:
+                # b_ts = G_t − G_s off the diagonal blocks: −Σ_t dℓ_ts to G_s, and to G_t its row's off-diagonal
+                # sum, which is minus the diagonal block's (every row of dℓ sums to 0: softmax ignores a row shift)
+                row = -ds_diag.sum(-1)  # [N, BH, c]
+                row[0] = 0.0  # chunk 0 has no earlier keys
+                dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
+        return dq, dk, dPt, ds_diag, dvb, dG
+
+
+def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
+    """The chunked kernel on the CPU: the UT transform and diagonal blocks by autograd ops (:func:`_chunk_core`),
+    every block pair by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is
+    needed). Memory O(T·(c + D)) kept for the backward."""
+    B, H, T, D = q.shape
+    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
+    s_diag, q_start, k_end, U = _chunk_core(qb, kb, wb, bb, a)
+    del qb, kb
+    Pt = (torch.eye(D, dtype=dt, device=q.device) - wb.mT @ U).mT  # [N, BH, D, D] Pᵀ per chunk
+    if _needs_grad(q, k, v, w, beta, log_decay):
+        out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, G)
+    else:
+        out, _, _ = _walk_forward(q_start, k_end, Pt, s_diag, vb, G)
+    return _unblock(out, B, H, T).to(q.dtype)
 
 
 def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype) -> torch.Tensor:
@@ -530,7 +664,7 @@ def path_attention(
     w: torch.Tensor,
     beta: torch.Tensor,
     log_decay: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = 32,
     kernel: Kernel = "chunked",
     scale: float | None = None,
 ) -> torch.Tensor:
@@ -563,6 +697,6 @@ def path_attention(
             return _path_fla(q, k, v, w, beta, log_decay, scale)
         if kernel == "recurrent":
             return naive_path_attention_recurrence(q, k, v, w, beta, log_decay, scale=scale)
-        if _eval_walk_applies(q, k, v, w, beta, log_decay):
-            return _path_eval_walk(q, k, v, w, beta, log_decay, chunk_size, scale)
+        if _flash_walk_applies(q, k, v, w, beta, log_decay):
+            return _path_walk(q, k, v, w, beta, log_decay, chunk_size, scale)
         return _path_chunked(q, k, v, w, beta, log_decay, chunk_size, scale)

@@ -85,7 +85,7 @@ class SchemeConfig:
     # path
     beta_max: float = 2.0
     path_rank: int | None = None
-    chunk_size: int = 64
+    chunk_size: int = 32
     path_kernel: PathKernel = "chunked"
     # kernels
     block_size: int = 128

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from accrot.errors import ConfigError
 from accrot.ops.path import (
+    _path_chunked,
     fla_problem,
     householder_product,
     naive_path_attention_products,
@@ -132,7 +133,43 @@ def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
     assert_match(ref, fast, TOL[dtype])
 
 
-# -- the evaluation walk (no gradient needed: keys carried forward, one fused flash call per query chunk) --------
+@pytest.mark.parametrize(
+    "B, T, H, D, c, beta, fox, dtype",
+    [
+        pytest.param(*case, dtype, id=case_id(*case, dtype))
+        for dtype in (torch.float64, torch.float32)
+        for case in CASES
+    ],
+)
+def test_autograd_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
+    """The query walk under autograd (the kernel off the CPU, and on a CPU build without ATen's flash ops) is called
+    directly here, since the CPU dispatch takes the key walk: outputs and every gradient against the twin."""
+    inputs = make_inputs(B, H, T, D, dtype, beta=beta, fox=fox)
+    ref = outputs_and_grads(naive_path_attention_recurrence, inputs)
+
+    def query_walk(q, k, v, w, beta, log_decay=None):
+        return _path_chunked(q, k, v, w, beta, log_decay, chunk_size=c, scale=D**-0.5)
+
+    fast = outputs_and_grads(query_walk, inputs)
+    assert_match(ref, fast, TOL[dtype])
+
+
+@pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
+def test_training_walk_runs_the_fused_backward(fox):
+    """With a gradient the CPU kernel takes the key walk with its own backward: ATen's fused flash forward and
+    backward once per query chunk after the first, and the query walk's tile loop not at all."""
+    inputs = make_inputs(1, 2, 100, 8, beta="mixed", fox=fox, seed=7)
+    leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
+    with torch.autograd.profiler.profile() as prof:
+        out = path_attention(**leaves, chunk_size=16)
+        out.square().sum().backward()
+    names = [e.name for e in prof.function_events]
+    assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu") == 6  # ⌈100/16⌉ − 1
+    assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == 6
+    assert all(leaf.grad is not None and leaf.grad.abs().sum() > 0 for leaf in leaves.values())
+
+
+# -- the CPU key walk (keys carried forward, one fused flash call per query chunk); no gradient here ------------
 @pytest.mark.parametrize(
     "B, T, H, D, c, beta, fox, dtype",
     [
