@@ -211,6 +211,76 @@ def _chunk_core(
     return s, q_start, k_end, U
 
 
+def _addmm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """acc + alpha · a @ b over ``[N, BH, ·, ·]`` batches: one fused BLAS call, no separate add pass."""
+    out = torch.baddbmm(acc.flatten(0, 1), a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
+    return out.view(*a.shape[:2], *out.shape[-2:])
+
+
+def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """:func:`_addmm` into ``acc`` itself (a contiguous temporary of ours): no copy of acc first."""
+    acc.view(-1, *acc.shape[-2:]).baddbmm_(a.flatten(0, 1), b.flatten(0, 1), alpha=alpha)
+    return acc
+
+
+class _ChunkCore(torch.autograd.Function):
+    """:func:`_chunk_core` with a hand-written backward, for the CPU key walk (PATH.md §2, §7).
+
+    forward(qb, kb, wb ``[N, BH, c, D]`` (qb scaled), bb ``[N, BH, c]``) -> the diagonal logits ``[N, BH, c, c]``
+    (log2 units, −inf above the diagonal, no bias), q̂ and k̂ ``[N, BH, c, D]``, and Pᵀ per chunk ``[N, BH, D, D]``.
+    The UT transform keeps T = L⁻¹ explicitly (one triangular solve on the identity), so the backward's L⁻ᵀ is a
+    matmul. Sums of products are fused baddbmm calls and nothing is concatenated: on 2 cores concatenating c × c
+    blocks cost as much as the matmuls. Saves O(T·(c + D)): the inputs, T, U, Y = T·WK and the masked q·w block.
+    """
+
+    @staticmethod
+    def forward(ctx, qb, kb, wb, bb):
+        c, D = qb.shape[-2:]
+        dt, dev = qb.dtype, qb.device
+        lower = torch.ones(c, c, dtype=torch.bool, device=dev).tril()  # [c, c] i ≤ t
+        strict = lower.tril(-1)  # [c, c] j > s
+        X = wb * bb[..., None]  # [N, BH, c, D] rows β_j w_j
+        eye = torch.eye(c, dtype=dt, device=dev)
+        L = torch.baddbmm(eye, X.flatten(0, 1), wb.flatten(0, 1).mT).view(*X.shape[:2], c, c)  # I + βW Wᵀ
+        Tinv = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False, unitriangular=True)  # T = L⁻¹
+        U = Tinv @ X  # [N, BH, c, D]: P = I − Wᵀ U
+        Y = Tinv @ ((X @ kb.mT) * strict)  # [N, BH, c, c] T·WK, WK_js = β_j w_j·k_s for j > s
+        QW = (qb @ wb.mT) * lower  # [N, BH, c, c] q_t·w_i, kept for i ≤ t
+        q_start = _addmm(qb, QW, U, -1)  # [N, BH, c, D] q̂ = Q − QW U
+        k_end = _addmm(kb, Y.mT, wb, -1)  # [N, BH, c, D] k̂ = K − Yᵀ W
+        s = _addmm_(qb @ kb.mT, QW, Y, -1).masked_fill_(~lower, float("-inf"))  # [N, BH, c, c] QKᵀ − QW Y
+        Pt = _addmm(torch.eye(D, dtype=dt, device=dev).expand(*U.shape[:2], D, D), U.mT, wb, -1)  # I − Uᵀ W
+        ctx.save_for_backward(qb, kb, wb, bb, Tinv, U, Y, QW)
+        return s, q_start, k_end, Pt
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, ds, dq_start, dk_end, dPt):
+        qb, kb, wb, bb, Tinv, U, Y, QW = ctx.saved_tensors
+        c = qb.shape[-2]
+        lower = torch.ones(c, c, dtype=torch.bool, device=qb.device).tril()
+        strict = lower.tril(-1)
+        ds = ds.masked_fill(~lower, 0.0)  # the −inf entries carry no gradient
+        X = wb * bb[..., None]
+        # q̂ = Q − QW U, k̂ = K − Yᵀ W, S = QKᵀ − QW Y, Pᵀ = I − Uᵀ W
+        dQW = _addmm_(dq_start @ U.mT, ds, Y.mT).mul_(lower).neg_()  # [N, BH, c, c] (q·w kept for i ≤ t)
+        dU = _addmm_(QW.mT @ dq_start, wb, dPt.mT).neg_()  # [N, BH, c, D]
+        dY = _addmm_(QW.mT @ ds, wb, dk_end.mT).neg_()  # [N, BH, c, c]
+        dw = _addmm_(U @ dPt, Y, dk_end).neg_()  # [N, BH, c, D]
+        # U = T X, Y = T WK with L T = I: dX += Tᵀ dU, dWK = Tᵀ dY, dL = −Tᵀ (dU Uᵀ + dY Yᵀ) on j > s
+        dX = Tinv.mT @ dU  # [N, BH, c, D]
+        dR = Tinv.mT @ dY  # [N, BH, c, c]
+        dA = _addmm_(dX @ U.mT, dR, Y.mT).mul_(strict).neg_()  # [N, BH, c, c] = dL below the diagonal
+        dWK = dR.mul_(strict)  # [N, BH, c, c]
+        # L = I + βW Wᵀ, WK = βW Kᵀ, QW = Q Wᵀ, S ∋ Q Kᵀ
+        dX = _addmm_(_addmm_(dX, dA, wb), dWK, kb)
+        dq = _addmm_(_addmm(dq_start, dQW, wb), ds, kb)
+        dk = _addmm_(_addmm(dk_end, dWK.mT, X), ds.mT, qb)
+        dw = _addmm_(_addmm_(dw, dA.mT, X), dQW.mT, qb).add_(dX * bb[..., None])
+        db = (dX * wb).sum(-1)
+        return dq, dk, dw, db
+
+
 def _chunk_prologue(
     qb: torch.Tensor,
     kb: torch.Tensor,
@@ -276,12 +346,15 @@ def _diag_softmax(s_diag: torch.Tensor, vb: torch.Tensor) -> tuple[torch.Tensor,
 
 
 class _KeyWalk:
-    """The keys of all earlier chunks carried to the start of query chunk n (PATH.md §6), in one buffer.
+    """The keys of all earlier chunks carried to the start of query chunk n (PATH.md §6).
 
-    ``keys [BH, N·c, width]``: after :meth:`advance` to n, rows ``:n·c`` hold K_n(s) = P_{n−1} ⋯ P_{m+1} k̂_s for s in
-    chunk m < n; with a bias, coordinate D holds R_n − G_s (float64 difference, then cast: near keys keep small
-    values) against a constant 1 on the queries. ``queries [N, BH, c, width]`` are the chunk-start queries q̂ (and
-    the 1), ``values [BH, N·c, width]`` v zero-padded (the fused op wants one head size for q, k and v).
+    ``keys [BH, ≥ n·c, width]``: after :meth:`advance` to n, rows ``:n·c`` hold K_n(s) = P_{n−1} ⋯ P_{m+1} k̂_s for
+    s in chunk m < n; with a bias, coordinate D holds R_n − G_s (float64 difference, then cast: near keys keep
+    small values) against a constant 1 on the queries. ``queries [N, BH, c, width]`` are the chunk-start queries q̂
+    (and the 1), ``values [BH, N·c, width]`` v zero-padded (the fused op wants one head size for q, k and v).
+    Each step's transport writes into another buffer (BLAS straight into the rows, no temporary): one of two
+    of N·c rows used in turn, or with ``fresh`` a new one of n·c rows that later steps never touch (kept for the
+    backward).
     """
 
     def __init__(self, q_start, k_end, Pt, vb, G):
@@ -293,7 +366,8 @@ class _KeyWalk:
         self.width = max(D + self.bias, Dv)
         dt, dev = q_start.dtype, q_start.device
         self.R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T if self.bias else None  # [N, BH] G before chunk n
-        self.keys = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
+        self.keys: torch.Tensor | None = None
+        self.pool: list[torch.Tensor] = []  # two buffers of N·c rows, used in turn by steps that are not fresh
         self.values = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
         self.values[..., :Dv] = vb.transpose(0, 1).reshape(BH, N * c, Dv)
         self.queries = torch.zeros(N, BH, c, self.width, dtype=dt, device=dev)
@@ -305,34 +379,50 @@ class _KeyWalk:
     def row_shift(self) -> torch.Tensor:
         """a_t = G_t − R_n ``[N, BH, c]`` (log2 units): the row part of the bias, added to the walk's log-sum-exp."""
         N, c = self.N, self.c
-        return (self.G.view(-1, N, c).transpose(0, 1) - self.R[..., None]).to(self.keys.dtype)
+        return (self.G.view(-1, N, c).transpose(0, 1) - self.R[..., None]).to(self.values.dtype)
 
     def restore(self, n: int, keys: torch.Tensor | None) -> None:
-        """Set the walk to K_n from a kept copy (``[BH, n·c, width]``); n = 1 rebuilds K_1 = k̂_0 itself."""
+        """Set the walk to K_n (``[BH, n·c, width]``, not copied: advance ``fresh`` from here, so it stays as it
+        is); n = 1 with None rebuilds K_1 = k̂_0 itself."""
         if keys is None:
-            self.n = 0
-            self.advance()
+            self.n, self.keys = 0, None
+            self.advance(fresh=True)
         else:
-            self.keys[:, : n * self.c] = keys
-            self.n = n
+            self.n, self.keys = n, keys
 
-    def advance(self) -> torch.Tensor:
-        """Move from K_n to K_{n+1} = [K_n P_nᵀ ; k̂_n] and return rows ``:(n+1)·c`` (a view of the buffer)."""
+    def _buffer(self, rows: int) -> torch.Tensor:
+        buf = self.values.new_empty(self.values.shape[0], rows, self.width)
+        if self.width > self.D + self.bias:
+            buf[..., self.D + self.bias :] = 0.0  # zero columns pad q·k to the common width
+        return buf
+
+    def advance(self, fresh: bool = False) -> torch.Tensor:
+        """Move from K_n to K_{n+1} = [K_n P_nᵀ ; k̂_n] and return its rows ``:(n+1)·c``."""
         n, c, D = self.n + 1, self.c, self.D
         done = (n - 1) * c  # rows already held (chunks 0..n−2, carried to chunk n−1's start)
-        if done:
-            self.keys[:, :done, :D] = self.keys[:, :done, :D] @ self.Pt[n - 1]  # ... and across chunk n−1
-        self.keys[:, done : n * c, :D] = self.k_end[n - 1]
+        if fresh:
+            dst = self._buffer(n * c)
+        else:
+            if not self.pool:
+                self.pool = [self._buffer(self.N * c), self._buffer(self.N * c)]
+            dst = self.pool[self.keys is self.pool[0]]  # the one not being read
+        if done:  # ... and carried across chunk n−1
+            torch.bmm(self.keys[:, :done, :D], self.Pt[n - 1], out=dst[:, :done, :D])
+        dst[:, done : n * c, :D] = self.k_end[n - 1]
         if self.bias:  # b_ts = a_t + (R_n − G_s): the key part here, a_t is added to the log-sum-exp
-            self.keys[:, : n * c, D] = (self.R[n][:, None] - self.G[:, : n * c]).to(self.keys.dtype)
-        self.n = n
-        return self.keys[:, : n * c]
+            dst[:, : n * c, D] = (self.R[n][:, None] - self.G[:, : n * c]).to(dst.dtype)
+        self.keys, self.n = dst, n
+        return dst[:, : n * c]
+
+
+KEEP_ALL = 16  # up to this many chunks the forward keeps every K_n (≤ N/2·T keys), so the backward walks no more
 
 
 def _segment(N: int) -> int:
-    """Chunks per backward segment: ⌈√(N − 1)⌉, so the kept key buffers (one per segment boundary, and the
-    buffers of the segment being worked on) hold O(√N) copies of at most T keys, not N."""
-    return max(1, math.isqrt(max(N - 2, 0)) + 1)
+    """Chunks per backward segment. Up to :data:`KEEP_ALL` chunks, 1: every K_n is kept (at most 8·T keys).
+    Beyond, ⌈√(N − 1)⌉: the kept buffers (one per segment boundary, and those of the segment being worked on)
+    hold O(√N) copies of at most T keys, not N."""
+    return 1 if N <= KEEP_ALL else math.isqrt(N - 2) + 1
 
 
 def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
@@ -346,19 +436,23 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
     if N == 1:
         return out, lse, kept
     walk = _KeyWalk(q_start, k_end, Pt, vb, G)
-    shift = walk.row_shift() * LN2 if walk.bias else None  # [N, BH, c]
+    outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
     for n in range(1, N):
-        keys = walk.advance()  # [BH, n·c, width]
-        if keep and n > 1 and (n - 1) % keep == 0:
-            kept[n] = keys.clone()
+        keep_n = keep and n > 1 and (n - 1) % keep == 0
+        keys = walk.advance(fresh=keep_n)  # [BH, n·c, width]
+        if keep_n:
+            kept[n] = keys
         o, l = _CPU_FWD(walk.queries[n][None], keys[None], walk.values[None, :, : keys.shape[1]], 0.0, False,
                         scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
-        o, l = o[0, ..., :Dv], l[0]
-        if shift is not None:
-            l = l + shift[n]
-        both = torch.logaddexp(lse[n], l)  # [BH, c]
-        out[n] = out[n] * (lse[n] - both).exp()[..., None] + o * (l - both).exp()[..., None]
-        lse[n] = both
+        outs.append(o[0])
+        lses.append(l[0])
+    # merge with the diagonal blocks by the two log-sum-exps, all chunks at once
+    o, l = torch.stack(outs)[..., :Dv], torch.stack(lses)  # [N−1, BH, c, Dv], [N−1, BH, c]
+    if walk.bias:
+        l = l + walk.row_shift()[1:] * LN2
+    both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
+    out[1:] = out[1:] * (lse[1:] - both).exp()[..., None] + o * (l - both).exp()[..., None]
+    lse[1:] = both
     return out, lse, kept
 
 
@@ -395,13 +489,14 @@ class _PathWalk(torch.autograd.Function):
         ds_diag = p * (dout @ vb.mT - delta[..., None]) * LN2  # [N, BH, c, c]
         dvb = p.mT @ dout  # [N, BH, c, Dv]
         del p
-        dq, dk, dPt, dG = torch.zeros_like(q_start), torch.zeros_like(k_end), torch.zeros_like(Pt), None
+        dq, dk, dPt, dG = torch.empty_like(q_start), torch.empty_like(k_end), torch.empty_like(Pt), None
+        dq[0], dk[-1], dPt[0], dPt[-1] = 0.0, 0.0, 0.0, 0.0  # chunk 0 has no earlier keys, the last passes none on
         if N > 1:
             walk = _KeyWalk(q_start, k_end, Pt, vb, G)
             snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
             width = walk.width
             pad = (0, width - Dv)
-            g_w, o_w = F.pad(dout, pad), F.pad(out, pad)  # [N, BH, c, width]
+            g_w, o_w = (F.pad(dout, pad), F.pad(out, pad)) if width > Dv else (dout, out)  # [N, BH, c, width]
             lse_walk = lse - walk.row_shift() * LN2 if walk.bias else lse  # the flash op's own logits lack a_t
             dvals = torch.zeros(BH, N * c, Dv, dtype=vb.dtype, device=vb.device)
             dcol = torch.zeros(BH, N * c, dtype=vb.dtype, device=vb.device) if walk.bias else None
@@ -409,9 +504,9 @@ class _PathWalk(torch.autograd.Function):
             for n in range(N - 1, 0, -1):
                 if n not in snapshots:  # rebuild segment [first, n]: K_first from its checkpoint, then walk on
                     first = 1 + (n - 1) // ctx.seg * ctx.seg
-                    walk.restore(first, kept.get(first))
-                    snapshots = {first: kept.pop(first) if first in kept else walk.keys[:, :c].clone()}
-                    snapshots.update((m, walk.advance().clone()) for m in range(first + 1, n + 1))
+                    walk.restore(first, kept.pop(first, None))
+                    snapshots = {first: walk.keys}
+                    snapshots.update((m, walk.advance(fresh=True)) for m in range(first + 1, n + 1))
                 K = snapshots.pop(n)  # [BH, n·c, width]
                 rows = n * c
                 dq_, dK, dV = _CPU_BWD(g_w[n][None], walk.queries[n][None], K[None], walk.values[None, :, :rows],
@@ -425,8 +520,8 @@ class _PathWalk(torch.autograd.Function):
                     A = dK[..., :D]
                 else:  # K_{n+1} = [K_n Pt_n ; k̂_n]
                     dk[n] = A[:, rows : rows + c]
-                    dPt[n] = K[..., :D].mT @ A[:, :rows]  # [BH, D, D]
-                    A = dK[..., :D] + A[:, :rows] @ Pt[n].mT
+                    torch.bmm(K[..., :D].mT, A[:, :rows], out=dPt[n])  # [BH, D, D]
+                    A = torch.baddbmm(dK[..., :D], A[:, :rows], Pt[n].mT)
             dk[0] = A[:, :c]  # K_1 = k̂_0
             dvb += dvals.view(BH, N, c, Dv).transpose(0, 1)
             if dcol is not None:
@@ -439,14 +534,15 @@ class _PathWalk(torch.autograd.Function):
 
 
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
-    """The chunked kernel on the CPU: the UT transform and diagonal blocks by autograd ops (:func:`_chunk_core`),
-    every block pair by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is
-    needed). Memory O(T·(c + D)) kept for the backward."""
+    """The chunked kernel on the CPU: the UT transform and diagonal blocks (:class:`_ChunkCore`), every block pair
+    by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is needed), both
+    with hand-written backwards; the in-chunk bias and the blocking stay with autograd."""
     B, H, T, D = q.shape
     dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
-    s_diag, q_start, k_end, U = _chunk_core(qb, kb, wb, bb, a)
-    del qb, kb
-    Pt = (torch.eye(D, dtype=dt, device=q.device) - wb.mT @ U).mT  # [N, BH, D, D] Pᵀ per chunk
+    s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)  # Pᵀ per chunk [N, BH, D, D]
+    del qb, kb, wb, bb
+    if a is not None:
+        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
     if _needs_grad(q, k, v, w, beta, log_decay):
         out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, G)
     else:
