@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from accrot.errors import ConfigError
 from accrot.ops.path import (
+    _chunk_core,
+    _ChunkCore,
     _path_chunked,
     fla_problem,
     householder_product,
@@ -152,6 +154,36 @@ def test_autograd_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
 
     fast = outputs_and_grads(query_walk, inputs)
     assert_match(ref, fast, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("N, BH, c, D", [(1, 1, 1, 4), (3, 2, 7, 5), (2, 3, 4, 16), (4, 2, 16, 8)])
+def test_chunk_core_backward_matches_autograd(N, BH, c, D, dtype):
+    """The CPU chunk core's hand-written backward against autograd through the plain ops it replaces
+    (:func:`_chunk_core` plus P = I − Wᵀ U): all four outputs and the gradients of q, k, w and β."""
+    g = torch.Generator().manual_seed(N * 100 + c)
+    q, k = (torch.randn(N, BH, c, D, generator=g, dtype=dtype) for _ in range(2))
+    w = F.normalize(torch.randn(N, BH, c, D, generator=g, dtype=dtype), dim=-1)
+    b = 2 * torch.rand(N, BH, c, generator=g, dtype=dtype)
+
+    def plain(q, k, w, b):
+        s, q_start, k_end, U = _chunk_core(q, k, w, b, None)
+        return s, q_start, k_end, (torch.eye(D, dtype=dtype) - w.mT @ U).mT
+
+    grads_out = [torch.randn(shape, generator=g, dtype=dtype) for shape in
+                 ((N, BH, c, c), (N, BH, c, D), (N, BH, c, D), (N, BH, D, D))]
+    results = []
+    for fn in (plain, _ChunkCore.apply):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, w, b)]
+        outs = fn(*leaves)
+        finite = [o.masked_fill(o.isinf(), 0.0) for o in outs]  # −inf above the diagonal, in both
+        assert torch.equal(outs[0].isinf(), torch.ones(c, c, dtype=torch.bool).triu(1).expand(N, BH, c, c))
+        grads = torch.autograd.grad(finite, leaves, grads_out)
+        results.append(([o.detach() for o in finite], grads))
+    (ref_out, ref_grad), (out, grad) = results
+    for name, a, b_ in zip(("s", "q_start", "k_end", "Pt", "dq", "dk", "dw", "dβ"), ref_out + list(ref_grad),
+                           out + list(grad)):
+        assert_close(a, b_, TOL[dtype], name)
 
 
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
