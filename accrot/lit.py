@@ -81,6 +81,7 @@ class LitLM(L.LightningModule):
         self.hparams.update({k: v for k, v in backbone.items() if k != "scheme"}, scheme=backbone["scheme"])
         self.model = Transformer(self.model_config)
         self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)
+        self.last_train_loss: torch.Tensor | None = None  # the progress bar's (see _step)
 
     @property
     def scheme_config(self) -> SchemeConfig:
@@ -99,7 +100,15 @@ class LitLM(L.LightningModule):
         # targets of -100 are unscored (a synthetic task scores only its answers)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, sync_dist=not on_step)
+        if on_step:
+            # the progress bar reads the last loss from here (callbacks/progress.py); each self.log costs ~2 ms of
+            # Lightning's bookkeeping (it moves the stored result to the value's device every call), 4 % of a tiny
+            # step, so the loggers get it on the steps they keep (accrot bench pipeline)
+            self.last_train_loss = loss.detach()
+            if self._logs_this_step():
+                self.log("train/loss", loss, on_step=True, on_epoch=False)
+        else:
+            self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, sync_dist=True)
         if ppl is None:
             # one batch's perplexity is exp(its mean token NLL) = exp(loss) exactly; torchmetrics' Perplexity would
             # recompute a softmax over [B, T, V] for it, and logging a Metric object makes Lightning walk the
@@ -127,7 +136,7 @@ class LitLM(L.LightningModule):
     def _logs_this_step(self) -> bool:
         """True on the steps whose on-step values reach the loggers (every ``trainer.log_every_n_steps``, the
         last step, a fast_dev_run): each ``self.log`` costs ~1 ms of Lightning's bookkeeping, and values logged in
-        between are dropped anyway. The loss is logged every step regardless (the progress bar shows it)."""
+        between are dropped anyway. The progress bar shows every step's loss from :attr:`last_train_loss`."""
         trainer = self.trainer
         every = trainer.log_every_n_steps
         step = self.global_step + 1  # the step this batch completes
@@ -156,8 +165,9 @@ class LitLM(L.LightningModule):
         if not params:
             return
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        by_id = {id(p): n for n, p in self.named_parameters()}
-        self._check_gradients([(by_id.get(id(p), "?"), p.grad) for p in params], norm)
+        if not bool(torch.isfinite(norm)):  # the names are looked up only when there is something to name
+            by_id = {id(p): n for n, p in self.named_parameters()}
+            self._check_gradients([(by_id.get(id(p), "?"), p.grad) for p in params], norm)
         torch.nn.utils.clip_grads_with_norm_(params, float(gradient_clip_val), norm)
 
     def _clips_by_norm_here(self, clip_val, algorithm) -> bool:

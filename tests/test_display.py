@@ -69,3 +69,41 @@ def test_training_bar_names_the_epoch_without_a_negative_limit(max_epochs, label
     bar = ProgressBar()
     bar._trainer = SimpleNamespace(max_epochs=max_epochs)
     assert bar._get_train_description(3).rstrip() == label
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")  # no val loader etc.
+def test_training_bar_shows_every_steps_loss_while_loggers_get_their_steps(tmp_path):
+    """The bar's train/loss is the loss of the step just done, every step; the loggers receive train/loss only
+    on the steps they keep (log_every_n_steps), as LitLM logs it only then."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+
+    from accrot.lit import LitLM
+    from callbacks.progress import ProgressBar
+
+    L.seed_everything(0, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    batches = [(x[:, :-1].contiguous(), x[:, 1:].contiguous())
+               for x in torch.randint(0, 32, (6, 2, 17), generator=g)]
+    seen: list[tuple[float, float]] = []
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            shown = bar.get_metrics(trainer, pl_module)["train/loss"]
+            seen.append((shown, float(outputs["loss"])))
+
+    bar = ProgressBar()
+    model = LitLM(d_model=16, n_layers=1, n_heads=2, vocab_size=32, warmup_steps=1)
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=CSVLogger(tmp_path, name="run"),
+                        log_every_n_steps=3, callbacks=[bar, Watch()], enable_checkpointing=False,
+                        limit_val_batches=0, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(model, train_dataloaders=DataLoader(batches, batch_size=None))
+    assert len(seen) == 6 and all(shown == loss for shown, loss in seen)
+    assert len({loss for _, loss in seen}) == 6  # a new value every step
+    rows = (tmp_path / "run" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    steps = [int(r.split(",")[header.index("step")]) for r in rows[1:]
+             if r.split(",")[header.index("train/loss")]]
+    assert steps == [2, 5]  # steps 3 and 6 (0-based 2 and 5)
