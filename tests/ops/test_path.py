@@ -99,6 +99,8 @@ def case_id(B, T, H, D, c, beta, fox, dtype) -> str:
     return f"B{B}-T{T}-H{H}-D{D}-c{c}-{beta}{'-fox' if fox else ''}-{DTYPE_ID[dtype]}"
 
 
+CASE_PARAMS = [pytest.param(*case, dtype, id=case_id(*case, dtype))
+               for dtype in (torch.float64, torch.float32) for case in CASES]
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
 
@@ -116,11 +118,7 @@ def outputs_and_grads_on(device: str, fn, inputs: dict[str, torch.Tensor], dtype
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "B, T, H, D, c, beta, fox, dtype",
-    [
-        pytest.param(*case, dtype, id=case_id(*case, dtype))
-        for dtype in (torch.float64, torch.float32)
-        for case in CASES
-    ],
+    CASE_PARAMS,
 )
 def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
     """On the CPU against the recurrence in the same dtype; on CUDA against the float64 CPU recurrence."""
@@ -137,11 +135,7 @@ def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
 
 @pytest.mark.parametrize(
     "B, T, H, D, c, beta, fox, dtype",
-    [
-        pytest.param(*case, dtype, id=case_id(*case, dtype))
-        for dtype in (torch.float64, torch.float32)
-        for case in CASES
-    ],
+    CASE_PARAMS,
 )
 def test_autograd_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
     """The query walk under autograd (the kernel off the CPU, and on a CPU build without ATen's flash ops) is called
@@ -204,11 +198,7 @@ def test_training_walk_runs_the_fused_backward(fox):
 # -- the CPU key walk (keys carried forward, one fused flash call per query chunk); no gradient here ------------
 @pytest.mark.parametrize(
     "B, T, H, D, c, beta, fox, dtype",
-    [
-        pytest.param(*case, dtype, id=case_id(*case, dtype))
-        for dtype in (torch.float64, torch.float32)
-        for case in CASES
-    ],
+    CASE_PARAMS,
 )
 def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
     """Under no_grad the CPU kernel takes the evaluation walk: the same outputs as the recurrence twin, and it is the

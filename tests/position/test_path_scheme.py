@@ -60,7 +60,7 @@ def test_registered_as_path_rotation():
     assert ROTATIONS["path"] is type(scheme.rotation)
     assert isinstance(scheme.rotation, RotationPart) and scheme.rotation.kind == "path"
     info = scheme.describe()
-    assert info["rotation"] == "path" and info["beta_max"] == 2.0 and info["chunk_size"] == 64
+    assert info["rotation"] == "path" and info["beta_max"] == 2.0 and info["chunk_size"] == 32
 
 
 def test_low_rank_has_a_bottleneck():
