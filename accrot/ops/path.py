@@ -357,15 +357,15 @@ class _KeyWalk:
     backward).
     """
 
-    def __init__(self, q_start, k_end, Pt, vb, G):
+    def __init__(self, q_start, k_end, Pt, vb, G, R):
         N, BH, c, D = q_start.shape
         Dv = vb.shape[-1]
-        self.N, self.c, self.D, self.Dv, self.G = N, c, D, Dv, G
+        self.N, self.c, self.D, self.Dv = N, c, D, Dv
         self.k_end, self.Pt = k_end, Pt
+        self.G, self.R = G, R  # the far-mass split of :func:`_chunked_inputs`, or None
         self.bias = G is not None
         self.width = max(D + self.bias, Dv)
         dt, dev = q_start.dtype, q_start.device
-        self.R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T if self.bias else None  # [N, BH] G before chunk n
         self.keys: torch.Tensor | None = None
         self.pool: list[torch.Tensor] = []  # two buffers of N·c rows, used in turn by steps that are not fresh
         self.values = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
@@ -375,11 +375,6 @@ class _KeyWalk:
         if self.bias:
             self.queries[..., D] = 1.0
         self.n = 0
-
-    def row_shift(self) -> torch.Tensor:
-        """a_t = G_t − R_n ``[N, BH, c]`` (log2 units): the row part of the bias, added to the walk's log-sum-exp."""
-        N, c = self.N, self.c
-        return (self.G.view(-1, N, c).transpose(0, 1) - self.R[..., None]).to(self.values.dtype)
 
     def restore(self, n: int, keys: torch.Tensor | None) -> None:
         """Set the walk to K_n (``[BH, n·c, width]``, not copied: advance ``fresh`` from here, so it stays as it
@@ -425,17 +420,18 @@ def _segment(N: int) -> int:
     return 1 if N <= KEEP_ALL else math.isqrt(N - 2) + 1
 
 
-def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
+def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
     """PaTH attention from the chunked operands: the diagonal blocks, then one fused flash call per query chunk
-    over its earlier keys (:class:`_KeyWalk`), merged by log-sum-exp. Returns the output ``[N, BH, c, Dv]``, the
-    natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, copies of K_n at n = 1 + keep, 1 + 2·keep, …
-    (the backward's checkpoints, ``{n: [BH, n·c, width]}``)."""
+    over its earlier keys (:class:`_KeyWalk`), merged by log-sum-exp. ``G, R, a``: the far-mass split of
+    :func:`_chunked_inputs` (a_t, the bias's row part, is added to the walk's log-sum-exp) or None. Returns the
+    output ``[N, BH, c, Dv]``, the natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, the buffers of
+    K_n at n = 1 + keep, 1 + 2·keep, … (the backward's checkpoints, ``{n: [BH, n·c, width]}``)."""
     out, lse = _diag_softmax(s_diag, vb)
     N, Dv = s_diag.shape[0], vb.shape[-1]
     kept: dict[int, torch.Tensor] = {}
     if N == 1:
         return out, lse, kept
-    walk = _KeyWalk(q_start, k_end, Pt, vb, G)
+    walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
     outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
     for n in range(1, N):
         keep_n = keep and n > 1 and (n - 1) % keep == 0
@@ -448,8 +444,8 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
         lses.append(l[0])
     # merge with the diagonal blocks by the two log-sum-exps, all chunks at once
     o, l = torch.stack(outs)[..., :Dv], torch.stack(lses)  # [N−1, BH, c, Dv], [N−1, BH, c]
-    if walk.bias:
-        l = l + walk.row_shift()[1:] * LN2
+    if a is not None:
+        l = l + a[1:] * LN2
     both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
     out[1:] = out[1:] * (lse[1:] - both).exp()[..., None] + o * (l - both).exp()[..., None]
     lse[1:] = both
@@ -457,28 +453,30 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep: int = 0):
 
 
 class _PathWalk(torch.autograd.Function):
-    """The chunked PaTH walk with a hand-written backward (CPU), from the operands of :func:`_chunk_core`.
+    """The chunked PaTH walk with a hand-written backward (CPU), from the operands of :class:`_ChunkCore`.
 
     forward(q_start, k_end ``[N, BH, c, D]``, Pt ``[N, BH, D, D]`` (Pᵀ per chunk), s_diag ``[N, BH, c, c]``,
-    vb ``[N, BH, c, Dv]``, G ``[BH, N·c]`` float64 or None) -> ``[N, BH, c, Dv]``. Saves only the operands, the
-    output and its log-sum-exp (O(T·(c + D)), no tile). The backward (PATH.md §7) recomputes the key walk, calls
-    ATen's fused flash backward per query chunk with the merged output and log-sum-exp, and carries the key
-    gradients back through K_{n+1} = [K_n P_nᵀ ; k̂_n], which also gives each chunk transport's gradient; the
-    upstream UT transform and diagonal blocks stay with autograd.
+    vb ``[N, BH, c, Dv]``, G ``[BH, N·c]`` float64, R ``[N, BH]``, a ``[N, BH, c]`` or all three None) ->
+    ``[N, BH, c, Dv]``. Saves the operands, the output, its log-sum-exp and the K_n buffers of
+    :func:`_segment` (every one up to 16 chunks, else O(√N) of them; no tile). The backward (PATH.md §7) rebuilds
+    the walk between those buffers, calls ATen's fused flash backward per query chunk with the merged output and
+    log-sum-exp, and carries the key gradients back through K_{n+1} = [K_n P_nᵀ ; k̂_n], which also gives each
+    chunk transport's gradient. The bias's gradient reaches G alone (R and a are functions of G, taken as
+    constants here).
     """
 
     @staticmethod
-    def forward(ctx, q_start, k_end, Pt, s_diag, vb, G):
+    def forward(ctx, q_start, k_end, Pt, s_diag, vb, G, R, a):
         seg = _segment(s_diag.shape[0])
-        out, lse, kept = _walk_forward(q_start, k_end, Pt, s_diag, vb, G, keep=seg)
+        out, lse, kept = _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep=seg)
         ctx.seg, ctx.kept_at = seg, sorted(kept)
-        ctx.save_for_backward(q_start, k_end, Pt, s_diag, vb, G, out, lse, *kept.values())
+        ctx.save_for_backward(q_start, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept.values())
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        q_start, k_end, Pt, s_diag, vb, G, out, lse, *kept = ctx.saved_tensors
+        q_start, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept = ctx.saved_tensors
         kept = dict(zip(ctx.kept_at, kept))
         N, BH, c, D = q_start.shape
         Dv = vb.shape[-1]
@@ -492,12 +490,12 @@ class _PathWalk(torch.autograd.Function):
         dq, dk, dPt, dG = torch.empty_like(q_start), torch.empty_like(k_end), torch.empty_like(Pt), None
         dq[0], dk[-1], dPt[0], dPt[-1] = 0.0, 0.0, 0.0, 0.0  # chunk 0 has no earlier keys, the last passes none on
         if N > 1:
-            walk = _KeyWalk(q_start, k_end, Pt, vb, G)
+            walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
             snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
             width = walk.width
             pad = (0, width - Dv)
             g_w, o_w = (F.pad(dout, pad), F.pad(out, pad)) if width > Dv else (dout, out)  # [N, BH, c, width]
-            lse_walk = lse - walk.row_shift() * LN2 if walk.bias else lse  # the flash op's own logits lack a_t
+            lse_walk = lse - a * LN2 if a is not None else lse  # the flash op's own logits lack a_t
             dvals = torch.zeros(BH, N * c, Dv, dtype=vb.dtype, device=vb.device)
             dcol = torch.zeros(BH, N * c, dtype=vb.dtype, device=vb.device) if walk.bias else None
             A = None  # adjoint of K_{n+1}'s first D coordinates, [BH, (n+1)·c, D]
@@ -530,7 +528,7 @@ class _PathWalk(torch.autograd.Function):
                 row = -ds_diag.sum(-1)  # [N, BH, c]
                 row[0] = 0.0  # chunk 0 has no earlier keys
                 dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
-        return dq, dk, dPt, ds_diag, dvb, dG
+        return dq, dk, dPt, ds_diag, dvb, dG, None, None
 
 
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
@@ -543,10 +541,11 @@ def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> to
     del qb, kb, wb, bb
     if a is not None:
         s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
+    split = (G, None, None) if a is None else (G, R.detach(), a.detach())  # G alone carries the bias's gradient
     if _needs_grad(q, k, v, w, beta, log_decay):
-        out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, G)
+        out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, *split)
     else:
-        out, _, _ = _walk_forward(q_start, k_end, Pt, s_diag, vb, G)
+        out, _, _ = _walk_forward(q_start, k_end, Pt, s_diag, vb, *split)
     return _unblock(out, B, H, T).to(q.dtype)
 
 
