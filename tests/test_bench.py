@@ -99,8 +99,11 @@ def test_quick_schemes_report(tmp_path):
 @pytest.mark.parametrize(
     "argv",
     [["bench", "nonsense"], ["bench", "schemes", "--sizes", "huge"], ["bench", "schemes", "--repeats", "0"],
-     ["bench", "schemes", "--batch", "{medium: 2}"], ["bench", "schemes", "--out", "/no/such/dir/x.json"]],
-    ids=["unknown-bench", "unknown-size", "zero-repeats", "unknown-batch-size", "missing-out-dir"],
+     ["bench", "schemes", "--batch", "{medium: 2}"], ["bench", "schemes", "--out", "/no/such/dir/x.json"],
+     ["bench", "path", "--chunk", "0"], ["bench", "path", "--H", "-1"], ["bench", "all", "--lengths", "512", "0"],
+     ["bench", "path", "--memory_lengths", "0"]],
+    ids=["unknown-bench", "unknown-size", "zero-repeats", "unknown-batch-size", "missing-out-dir", "zero-chunk",
+         "negative-heads", "zero-length", "zero-memory-length"],
 )
 def test_bad_input_is_one_line(argv, capsys):
     assert cli_main(argv) == 2

@@ -253,6 +253,11 @@ def _checked_args(command: str, rest: list[str]):
     _quick(args, rest)
     if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
         raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
+    if command in ("path", "all"):  # shapes and lengths of the PaTH kernels: a 0 would crash (or divide) deep inside
+        for name in ("B", "H", "D", "chunk", "lengths", "memory_lengths", "peer_lengths", "peer_backward_lengths"):
+            values = getattr(args, name)
+            if any(v < 1 for v in (values if isinstance(values, list) else [values])):
+                raise UsageError(f"--{name} {getattr(args, name)} is not valid; it must be positive")
     return args
 
 
