@@ -1,8 +1,11 @@
-"""The fused CPU kernels of the SO(2) path (``csrc/rotary_cpu.cpp``), compiled once per install and source.
+"""The compiled CPU kernels, built once per install and source: the SO(2) path's fused passes
+(``csrc/rotary_cpu.cpp``) and the chunk loop of PaTH's key walk (``csrc/path_cpu.cpp``).
 
 :func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate_many``, ``rotate_many_backward``, ``accumulate_wrap``,
-``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``) or None, in which case :mod:`accrot.ops.rotary` runs its eager formulas: the same math in more
-passes (the kernels are tested against them). ``ACCROT_CPU_KERNELS`` chooses:
+``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``, ``path_walk_forward``,
+``path_walk_backward``) or None, in which case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager
+twins: the same math in more passes or in a Python loop (the kernels are tested against them).
+``ACCROT_CPU_KERNELS`` chooses:
 
 * ``auto`` (default): build with torch's C++ extension tooling (a C++ compiler and ninja) on first use; if that
   fails, say so once on stderr and stay eager;
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("csrc") / "rotary_cpu.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rotary_cpu.cpp", "path_cpu.cpp"))
 # -fopenmp: at::parallel_for is inline OpenMP code (without it, one thread); -ffp-contract=off: no fused
 # multiply-adds, so every machine computes the same bits (the baseline ISA has none, but a distro's default may)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
@@ -42,7 +45,7 @@ def mode() -> str:
 
 
 def build_directory() -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:12]
     root = os.environ.get("ACCROT_KERNEL_DIR") or str(Path(sys.prefix) / "accrot-kernels")
     return Path(root) / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 
@@ -66,13 +69,13 @@ def _build(verbose: bool = False) -> object:
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / "accrot_cpu.so").exists():
-        print("accrot: compiling the fused CPU rotation kernels (once per install, under a minute)", file=sys.stderr)
+        print("accrot: compiling the CPU kernels (once per install, about a minute)", file=sys.stderr)
     # always through torch's loader: it takes the build lock, so a process never loads a library another one
     # is still linking, and ninja finds an up-to-date build in milliseconds
     with _held_build_lock(directory):
         cpp_extension.load(
             name="accrot_cpu",
-            sources=[str(SOURCE)],
+            sources=[str(src) for src in SOURCES],
             extra_cflags=list(CFLAGS),
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),

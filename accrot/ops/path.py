@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from accrot.errors import ConfigError
+from accrot.ops import cpu_kernels
 from accrot.ops.attention import (  # ATen's fused CPU flash attention (out, logsumexp), backward
     _CPU_BWD,
     _CPU_FWD,
@@ -432,18 +433,24 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
     if N == 1:
         return out, lse, kept
     walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
-    outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
-    for n in range(1, N):
-        keep_n = keep and n > 1 and (n - 1) % keep == 0
-        keys = walk.advance(fresh=keep_n)  # [BH, n·c, width]
-        if keep_n:
-            kept[n] = keys
-        o, l = _CPU_FWD(walk.queries[n][None], keys[None], walk.values[None, :, : keys.shape[1]], 0.0, False,
-                        scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
-        outs.append(o[0])
-        lses.append(l[0])
+    kernels = cpu_kernels.ops()
+    if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
+        o, l, buffers = kernels.path_walk_forward(walk.queries, walk.values, k_end, Pt, G, R, keep)
+        kept = dict(zip(range(1 + keep, N, keep), buffers)) if keep else {}
+    else:
+        outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
+        for n in range(1, N):
+            keep_n = keep and n > 1 and (n - 1) % keep == 0
+            keys = walk.advance(fresh=keep_n)  # [BH, n·c, width]
+            if keep_n:
+                kept[n] = keys
+            o, l = _CPU_FWD(walk.queries[n][None], keys[None], walk.values[None, :, : keys.shape[1]], 0.0, False,
+                            scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
+            outs.append(o[0])
+            lses.append(l[0])
+        o, l = torch.stack(outs), torch.stack(lses)  # [N−1, BH, c, width], [N−1, BH, c]
     # merge with the diagonal blocks by the two log-sum-exps, all chunks at once
-    o, l = torch.stack(outs)[..., :Dv], torch.stack(lses)  # [N−1, BH, c, Dv], [N−1, BH, c]
+    o = o[..., :Dv]  # [N−1, BH, c, Dv]
     if a is not None:
         l = l + a[1:] * LN2
     both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
@@ -487,40 +494,22 @@ class _PathWalk(torch.autograd.Function):
         ds_diag = p * (dout @ vb.mT - delta[..., None]) * LN2  # [N, BH, c, c]
         dvb = p.mT @ dout  # [N, BH, c, Dv]
         del p
-        dq, dk, dPt, dG = torch.empty_like(q_start), torch.empty_like(k_end), torch.empty_like(Pt), None
-        dq[0], dk[-1], dPt[0], dPt[-1] = 0.0, 0.0, 0.0, 0.0  # chunk 0 has no earlier keys, the last passes none on
+        dq, dk, dPt, dG = torch.zeros_like(q_start), torch.zeros_like(k_end), torch.zeros_like(Pt), None
+        # (chunk 0 has no earlier keys, the last chunk's keys reach no query: their rows stay 0)
         if N > 1:
             walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
-            snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
             width = walk.width
             pad = (0, width - Dv)
             g_w, o_w = (F.pad(dout, pad), F.pad(out, pad)) if width > Dv else (dout, out)  # [N, BH, c, width]
             lse_walk = lse - a * LN2 if a is not None else lse  # the flash op's own logits lack a_t
-            dvals = torch.zeros(BH, N * c, Dv, dtype=vb.dtype, device=vb.device)
-            dcol = torch.zeros(BH, N * c, dtype=vb.dtype, device=vb.device) if walk.bias else None
-            A = None  # adjoint of K_{n+1}'s first D coordinates, [BH, (n+1)·c, D]
-            for n in range(N - 1, 0, -1):
-                if n not in snapshots:  # rebuild segment [first, n]: K_first from its checkpoint, then walk on
-                    first = 1 + (n - 1) // ctx.seg * ctx.seg
-                    walk.restore(first, kept.pop(first, None))
-                    snapshots = {first: walk.keys}
-                    snapshots.update((m, walk.advance(fresh=True)) for m in range(first + 1, n + 1))
-                K = snapshots.pop(n)  # [BH, n·c, width]
-                rows = n * c
-                dq_, dK, dV = _CPU_BWD(g_w[n][None], walk.queries[n][None], K[None], walk.values[None, :, :rows],
-                                       o_w[n][None], lse_walk[n][None], 0.0, False, scale=LN2)
-                dq[n] = dq_[0, ..., :D]
-                dvals[:, :rows] += dV[0, ..., :Dv]
-                dK = dK[0]  # [BH, n·c, width]
-                if dcol is not None:
-                    dcol[:, :rows] += dK[..., D]  # Σ_t dℓ_ts: the key part R_n − G_s of the bias
-                if A is None:
-                    A = dK[..., :D]
-                else:  # K_{n+1} = [K_n Pt_n ; k̂_n]
-                    dk[n] = A[:, rows : rows + c]
-                    torch.bmm(K[..., :D].mT, A[:, :rows], out=dPt[n])  # [BH, D, D]
-                    A = torch.baddbmm(dK[..., :D], A[:, :rows], Pt[n].mT)
-            dk[0] = A[:, :c]  # K_1 = k̂_0
+            kernels = cpu_kernels.ops()
+            if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
+                dq, dk, dPt, dvals, dcol = kernels.path_walk_backward(
+                    walk.queries, walk.values, k_end, Pt, G, R, g_w, o_w, lse_walk, list(kept.values()),
+                    list(kept), ctx.seg, Dv)
+                dcol = dcol if walk.bias else None
+            else:
+                dvals, dcol = _walk_backward_loop(walk, kept, ctx.seg, g_w, o_w, lse_walk, dq, dk, dPt)
             dvb += dvals.view(BH, N, c, Dv).transpose(0, 1)
             if dcol is not None:
                 # b_ts = G_t − G_s off the diagonal blocks: −Σ_t dℓ_ts to G_s, and to G_t its row's off-diagonal
@@ -529,6 +518,43 @@ class _PathWalk(torch.autograd.Function):
                 row[0] = 0.0  # chunk 0 has no earlier keys
                 dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
         return dq, dk, dPt, ds_diag, dvb, dG, None, None
+
+
+def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk, dq, dk, dPt):
+    """The eager twin of ``path_walk_backward`` (``csrc/path_cpu.cpp``): from the last query chunk to the first,
+    ATen's fused flash backward per chunk, then the key gradients carried back through K_{n+1} = [K_n P_nᵀ ; k̂_n]
+    (which also gives each chunk transport's gradient). Segments between the forward's ``kept`` buffers are
+    rebuilt by walking forward again. Fills ``dq``, ``dk``, ``dPt`` ``[N, BH, ·, ·]`` in place; returns the value
+    gradient ``[BH, N·c, Dv]`` and, with a bias, the column sums of the logit gradient ``[BH, N·c]`` (else None)."""
+    N, BH, c, D = walk.N, walk.values.shape[0], walk.c, walk.D
+    Dv, Pt = walk.Dv, walk.Pt
+    dvals = walk.values.new_zeros(BH, N * c, Dv)
+    dcol = walk.values.new_zeros(BH, N * c) if walk.bias else None
+    snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
+    A = None  # adjoint of K_{n+1}'s first D coordinates, [BH, (n+1)·c, D]
+    for n in range(N - 1, 0, -1):
+        if n not in snapshots:  # rebuild segment [first, n]: K_first from its checkpoint, then walk on
+            first = 1 + (n - 1) // seg * seg
+            walk.restore(first, kept.pop(first, None))
+            snapshots = {first: walk.keys}
+            snapshots.update((m, walk.advance(fresh=True)) for m in range(first + 1, n + 1))
+        K = snapshots.pop(n)  # [BH, n·c, width]
+        rows = n * c
+        dq_, dK, dV = _CPU_BWD(g_w[n][None], walk.queries[n][None], K[None], walk.values[None, :, :rows],
+                               o_w[n][None], lse_walk[n][None], 0.0, False, scale=LN2)
+        dq[n] = dq_[0, ..., :D]
+        dvals[:, :rows].add_(dV[0, ..., :Dv])
+        dK = dK[0]  # [BH, n·c, width]
+        if dcol is not None:
+            dcol[:, :rows].add_(dK[..., D])  # Σ_t dℓ_ts: the key part R_n − G_s of the bias
+        if A is None:
+            A = dK[..., :D]
+        else:  # K_{n+1} = [K_n Pt_n ; k̂_n]
+            dk[n] = A[:, rows : rows + c]
+            torch.bmm(K[..., :D].mT, A[:, :rows], out=dPt[n])  # [BH, D, D]
+            A = torch.baddbmm(dK[..., :D], A[:, :rows], Pt[n].mT)
+    dk[0] = A[:, :c]  # K_1 = k̂_0
+    return dvals, dcol
 
 
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:

@@ -4,12 +4,14 @@ gradient (q, k, v, w, β, log_decay), plus properties that follow from the math.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from accrot.errors import ConfigError
+from accrot.ops import cpu_kernels
 from accrot.ops.path import (
     _chunk_core,
     _ChunkCore,
@@ -27,6 +29,21 @@ DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
+
+
+@pytest.fixture(params=["compiled", "eager"])
+def walk_loop(request, monkeypatch) -> str:
+    """The CPU key walk's chunk loop both ways: compiled (``csrc/path_cpu.cpp``) and its eager Python twin. A
+    machine that cannot build the kernels skips the compiled half with the reason (under CI=true it fails)."""
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
+    if request.param == "compiled":
+        try:
+            cpu_kernels.ops()
+        except RuntimeError as err:
+            if os.environ.get("CI") == "true":
+                raise
+            pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+    return request.param
 
 
 def make_inputs(
@@ -120,8 +137,9 @@ def outputs_and_grads_on(device: str, fn, inputs: dict[str, torch.Tensor], dtype
     "B, T, H, D, c, beta, fox, dtype",
     CASE_PARAMS,
 )
-def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device):
-    """On the CPU against the recurrence in the same dtype; on CUDA against the float64 CPU recurrence."""
+def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device, walk_loop):
+    """On the CPU against the recurrence in the same dtype (the key walk's loop compiled and eager); on CUDA against
+    the float64 CPU recurrence."""
     inputs = make_inputs(B, H, T, D, dtype, beta=beta, fox=fox)
     if device == "cpu":
         ref = outputs_and_grads(naive_path_attention_recurrence, inputs)
@@ -181,9 +199,10 @@ def test_chunk_core_backward_matches_autograd(N, BH, c, D, dtype):
 
 
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_training_walk_runs_the_fused_backward(fox):
+def test_training_walk_runs_the_fused_backward(fox, walk_loop):
     """With a gradient the CPU kernel takes the key walk with its own backward: ATen's fused flash forward and
-    backward once per query chunk after the first, and the query walk's tile loop not at all."""
+    backward once per query chunk after the first, the query walk's tile loop not at all, and the chunk loop in
+    C++ exactly when the kernels are on."""
     inputs = make_inputs(1, 2, 100, 8, beta="mixed", fox=fox, seed=7)
     leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items()}
     with torch.autograd.profiler.profile() as prof:
@@ -192,6 +211,8 @@ def test_training_walk_runs_the_fused_backward(fox):
     names = [e.name for e in prof.function_events]
     assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu") == 6  # ⌈100/16⌉ − 1
     assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == 6
+    compiled = walk_loop == "compiled"
+    assert names.count("accrot_cpu::path_walk_forward") == names.count("accrot_cpu::path_walk_backward") == compiled
     assert all(leaf.grad is not None and leaf.grad.abs().sum() > 0 for leaf in leaves.values())
 
 
@@ -200,7 +221,7 @@ def test_training_walk_runs_the_fused_backward(fox):
     "B, T, H, D, c, beta, fox, dtype",
     CASE_PARAMS,
 )
-def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
+def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop):
     """Under no_grad the CPU kernel takes the evaluation walk: the same outputs as the recurrence twin, and it is the
     walk that ran (ATen's flash op, once per query chunk after the first)."""
     inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
@@ -215,7 +236,7 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
 
 @pytest.mark.parametrize("Dv", [3, 8, 13])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_evaluation_walk_with_another_value_width(Dv, fox):
+def test_evaluation_walk_with_another_value_width(Dv, fox, walk_loop):
     """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side)."""
     inputs = make_inputs(2, 2, 70, 8, beta="mixed", fox=fox, seed=3)
     inputs["v"] = torch.randn(2, 2, 70, Dv, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
@@ -225,13 +246,40 @@ def test_evaluation_walk_with_another_value_width(Dv, fox):
     assert_close(naive_path_attention_recurrence(**inputs), fast, 1e-10, "out")
 
 
-def test_evaluation_walk_and_training_kernel_agree():
+def test_evaluation_walk_and_training_kernel_agree(walk_loop):
     """The same inputs with and without a gradient: the two CPU paths give one answer (float32 rounding apart)."""
     inputs = {k: v.float() for k, v in make_inputs(1, 2, 300, 16, beta="uniform", fox=True, seed=5).items()}
     with torch.no_grad():
         walk = path_attention(**inputs, chunk_size=32)
     trained = path_attention(**{k: v.clone().requires_grad_() for k, v in inputs.items()}, chunk_size=32)
     assert_close(walk, trained.detach(), 1e-5, "out")
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
+def test_compiled_walk_loop_is_the_eager_loop(grad, fox, monkeypatch):
+    """The C++ chunk loop makes the eager loop's ATen calls in the same order, so the two agree to the bit: 33
+    chunks (so the backward rebuilds segments between checkpoints), values narrower than the keys, float32."""
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "on")
+    try:
+        cpu_kernels.ops()
+    except RuntimeError as err:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+    inputs = {k: v.float() for k, v in make_inputs(2, 2, 257, 8, beta="uniform", fox=fox, seed=11).items()}
+    inputs["v"] = torch.randn(2, 2, 257, 5, generator=torch.Generator().manual_seed(12))
+    results = []
+    for mode in ("on", "off"):
+        monkeypatch.setenv("ACCROT_CPU_KERNELS", mode)
+        if grad:
+            out, grads = outputs_and_grads(path_attention, inputs, chunk_size=8)
+            results.append([out, *grads.values()])
+        else:
+            with torch.no_grad():
+                results.append([path_attention(**inputs, chunk_size=8)])
+    for name, a, b in zip(["out", *(f"d{k}" for k in inputs)], *results):
+        assert torch.equal(a, b), name
 
 
 # -- both fast forms vs the explicit products twin (tiny T) -------------------------------------------
