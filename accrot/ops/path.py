@@ -355,27 +355,39 @@ class _KeyWalk:
     (and the 1), ``values [BH, N·c, width]`` v zero-padded (the fused op wants one head size for q, k and v).
     Each step's transport writes into another buffer (BLAS straight into the rows, no temporary): one of two
     of N·c rows used in turn, or with ``fresh`` a new one of n·c rows that later steps never touch (kept for the
-    backward).
+    backward). ``operands``: the (queries, values) of an earlier walk over the same chunks (the backward reuses the
+    forward's), else built here: q̂ itself and one copy of v when no column is added, else one copy each.
     """
 
-    def __init__(self, q_start, k_end, Pt, vb, G, R):
+    def __init__(self, q_start, k_end, Pt, vb, G, R, operands=None):
         N, BH, c, D = q_start.shape
         Dv = vb.shape[-1]
         self.N, self.c, self.D, self.Dv = N, c, D, Dv
         self.k_end, self.Pt = k_end, Pt
         self.G, self.R = G, R  # the far-mass split of :func:`_chunked_inputs`, or None
         self.bias = G is not None
-        self.width = max(D + self.bias, Dv)
-        dt, dev = q_start.dtype, q_start.device
+        W = self.width = max(D + self.bias, Dv)
         self.keys: torch.Tensor | None = None
         self.pool: list[torch.Tensor] = []  # two buffers of N·c rows, used in turn by steps that are not fresh
-        self.values = torch.zeros(BH, N * c, self.width, dtype=dt, device=dev)
-        self.values[..., :Dv] = vb.transpose(0, 1).reshape(BH, N * c, Dv)
-        self.queries = torch.zeros(N, BH, c, self.width, dtype=dt, device=dev)
-        self.queries[..., :D] = q_start
-        if self.bias:
-            self.queries[..., D] = 1.0
         self.n = 0
+        if operands is not None:
+            self.queries, self.values = operands
+            return
+        v_rows = vb.transpose(0, 1).reshape(BH, N * c, Dv)  # [BH, N·c, Dv]
+        if W == Dv:
+            self.values = v_rows
+        else:
+            self.values = v_rows.new_empty(BH, N * c, W)
+            self.values[..., :Dv] = v_rows
+            self.values[..., Dv:] = 0.0
+        if W == D:
+            self.queries = q_start
+        else:
+            self.queries = q_start.new_empty(N, BH, c, W)
+            self.queries[..., :D] = q_start
+            if self.bias:
+                self.queries[..., D] = 1.0
+            self.queries[..., D + self.bias :] = 0.0
 
     def restore(self, n: int, keys: torch.Tensor | None) -> None:
         """Set the walk to K_n (``[BH, n·c, width]``, not copied: advance ``fresh`` from here, so it stays as it
@@ -426,12 +438,13 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
     over its earlier keys (:class:`_KeyWalk`), merged by log-sum-exp. ``G, R, a``: the far-mass split of
     :func:`_chunked_inputs` (a_t, the bias's row part, is added to the walk's log-sum-exp) or None. Returns the
     output ``[N, BH, c, Dv]``, the natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, the buffers of
-    K_n at n = 1 + keep, 1 + 2·keep, … (the backward's checkpoints, ``{n: [BH, n·c, width]}``)."""
+    K_n at n = 1 + keep, 1 + 2·keep, … (the backward's checkpoints, ``{n: [BH, n·c, width]}``), and the walk's
+    (queries, values) (None at N = 1)."""
     out, lse = _diag_softmax(s_diag, vb)
     N, Dv = s_diag.shape[0], vb.shape[-1]
     kept: dict[int, torch.Tensor] = {}
     if N == 1:
-        return out, lse, kept
+        return out, lse, kept, None
     walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
     kernels = cpu_kernels.ops()
     if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
@@ -456,7 +469,7 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
     both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
     out[1:] = out[1:] * (lse[1:] - both).exp()[..., None] + o * (l - both).exp()[..., None]
     lse[1:] = both
-    return out, lse, kept
+    return out, lse, kept, (walk.queries, walk.values)
 
 
 class _PathWalk(torch.autograd.Function):
@@ -475,17 +488,19 @@ class _PathWalk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_start, k_end, Pt, s_diag, vb, G, R, a):
         seg = _segment(s_diag.shape[0])
-        out, lse, kept = _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep=seg)
+        out, lse, kept, operands = _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep=seg)
         ctx.seg, ctx.kept_at = seg, sorted(kept)
-        ctx.save_for_backward(q_start, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept.values())
+        queries, values = (q_start, None) if operands is None else operands  # q̂ is queries[..., :D]
+        ctx.save_for_backward(queries, values, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept.values())
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dout):
-        q_start, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept = ctx.saved_tensors
+        queries, values, k_end, Pt, s_diag, vb, G, R, a, out, lse, *kept = ctx.saved_tensors
         kept = dict(zip(ctx.kept_at, kept))
-        N, BH, c, D = q_start.shape
+        N, BH, c, D = k_end.shape
+        q_start = queries[..., :D]
         Dv = vb.shape[-1]
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)  # [N, BH, c] rowsum(dO ∘ O)
@@ -494,10 +509,11 @@ class _PathWalk(torch.autograd.Function):
         ds_diag = p * (dout @ vb.mT - delta[..., None]) * LN2  # [N, BH, c, c]
         dvb = p.mT @ dout  # [N, BH, c, Dv]
         del p
-        dq, dk, dPt, dG = torch.zeros_like(q_start), torch.zeros_like(k_end), torch.zeros_like(Pt), None
-        # (chunk 0 has no earlier keys, the last chunk's keys reach no query: their rows stay 0)
-        if N > 1:
-            walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
+        dG = None
+        if N == 1:  # one chunk: the diagonal block is all there is
+            dq, dk, dPt = torch.zeros_like(q_start), torch.zeros_like(k_end), torch.zeros_like(Pt)
+        else:
+            walk = _KeyWalk(q_start, k_end, Pt, vb, G, R, operands=(queries, values))
             width = walk.width
             pad = (0, width - Dv)
             g_w, o_w = (F.pad(dout, pad), F.pad(out, pad)) if width > Dv else (dout, out)  # [N, BH, c, width]
@@ -509,7 +525,7 @@ class _PathWalk(torch.autograd.Function):
                     list(kept), ctx.seg, Dv)
                 dcol = dcol if walk.bias else None
             else:
-                dvals, dcol = _walk_backward_loop(walk, kept, ctx.seg, g_w, o_w, lse_walk, dq, dk, dPt)
+                dq, dk, dPt, dvals, dcol = _walk_backward_loop(walk, kept, ctx.seg, g_w, o_w, lse_walk)
             dvb += dvals.view(BH, N, c, Dv).transpose(0, 1)
             if dcol is not None:
                 # b_ts = G_t − G_s off the diagonal blocks: −Σ_t dℓ_ts to G_s, and to G_t its row's off-diagonal
@@ -520,14 +536,16 @@ class _PathWalk(torch.autograd.Function):
         return dq, dk, dPt, ds_diag, dvb, dG, None, None
 
 
-def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk, dq, dk, dPt):
+def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk):
     """The eager twin of ``path_walk_backward`` (``csrc/path_cpu.cpp``): from the last query chunk to the first,
     ATen's fused flash backward per chunk, then the key gradients carried back through K_{n+1} = [K_n P_nᵀ ; k̂_n]
     (which also gives each chunk transport's gradient). Segments between the forward's ``kept`` buffers are
-    rebuilt by walking forward again. Fills ``dq``, ``dk``, ``dPt`` ``[N, BH, ·, ·]`` in place; returns the value
+    rebuilt by walking forward again (N ≥ 2). Returns dq, dk ``[N, BH, c, D]``, dPt ``[N, BH, D, D]``, the value
     gradient ``[BH, N·c, Dv]`` and, with a bias, the column sums of the logit gradient ``[BH, N·c]`` (else None)."""
     N, BH, c, D = walk.N, walk.values.shape[0], walk.c, walk.D
     Dv, Pt = walk.Dv, walk.Pt
+    dq, dk, dPt = torch.empty_like(walk.k_end), torch.empty_like(walk.k_end), torch.empty_like(Pt)
+    dq[0], dk[-1], dPt[0], dPt[-1] = 0.0, 0.0, 0.0, 0.0  # chunk 0 has no earlier keys, the last passes none on
     dvals = walk.values.new_zeros(BH, N * c, Dv)
     dcol = walk.values.new_zeros(BH, N * c) if walk.bias else None
     snapshots: dict[int, torch.Tensor] = {}  # K_n of the segment being worked on
@@ -554,7 +572,7 @@ def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int,
             torch.bmm(K[..., :D].mT, A[:, :rows], out=dPt[n])  # [BH, D, D]
             A = torch.baddbmm(dK[..., :D], A[:, :rows], Pt[n].mT)
     dk[0] = A[:, :c]  # K_1 = k̂_0
-    return dvals, dcol
+    return dq, dk, dPt, dvals, dcol
 
 
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
@@ -571,7 +589,7 @@ def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> to
     if _needs_grad(q, k, v, w, beta, log_decay):
         out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, *split)
     else:
-        out, _, _ = _walk_forward(q_start, k_end, Pt, s_diag, vb, *split)
+        out = _walk_forward(q_start, k_end, Pt, s_diag, vb, *split)[0]
     return _unblock(out, B, H, T).to(q.dtype)
 
 

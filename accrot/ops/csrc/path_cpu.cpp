@@ -125,7 +125,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
   const int64_t N = walk.N, BH = queries.size(1), c = walk.c, D = walk.D;
   std::map<int64_t, Tensor> checkpoints;
   for (size_t i = 0; i < kept.size(); ++i) checkpoints[kept_at[i]] = kept[i];
-  Tensor dq = at::zeros_like(k_end), dk = at::zeros_like(k_end), dPt = at::zeros_like(Pt);
+  TORCH_CHECK(N >= 2, "path_walk_backward: the walk needs at least two chunks");
+  // every row is written below except these: chunk 0 has no earlier keys, the last chunk passes none on
+  Tensor dq = at::empty_like(k_end), dk = at::empty_like(k_end), dPt = at::empty_like(Pt);
+  dq[0].zero_();
+  dk[N - 1].zero_();
+  dPt[0].zero_();
+  dPt[N - 1].zero_();
   Tensor dvals = at::zeros({BH, N * c, Dv}, values.options());
   Tensor dcol = walk.bias ? at::zeros({BH, N * c}, values.options()) : at::empty({0}, values.options());
   std::map<int64_t, Tensor> snapshots;  // K_n of the segment being worked on
@@ -163,7 +169,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
       A = at::baddbmm(dKn.narrow(-1, 0, D), A.narrow(1, 0, rows), Pt[n].mT());
     }
   }
-  if (A.defined()) dk[0].copy_(A.narrow(1, 0, c));  // K_1 = k_end_0
+  dk[0].copy_(A.narrow(1, 0, c));  // K_1 = k_end_0
   return {dq, dk, dPt, dvals, dcol};
 }
 
