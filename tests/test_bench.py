@@ -18,6 +18,7 @@ from accrot.bench.grid import (
     PATH_EVAL_LIMIT,
     ROTATION_LIMIT,
     ROTATION_VALUES_LIMIT,
+    Cell,
     grid,
 )
 from accrot.cli import main as cli_main
@@ -71,6 +72,15 @@ def test_quick_schemes_report(tmp_path):
             assert sorted(targets) == sorted(f"train {size}" for size in row["train"]), cell.name
             for size, res in row["train"].items():
                 assert targets[f"train {size}"]["value"] == res["ratio"] and targets[f"train {size}"]["limit"] == limit
+                # learned increments carry their measured floor: RoPE's ratio (same values setting) + the projection
+                rope = by_name["rope/none" + ("+v" if cell.rotate_values else "")]["train"][size]["ratio"]
+                floor = res.get("floor")
+                assert (floor is not None) == (cell.increments == "learned"), cell.name
+                if floor is not None:
+                    assert floor["rope"] == rope and 0 < floor["projection"] < 1
+                    assert floor["ratio"] == pytest.approx(rope + floor["projection"])
+                    assert targets[f"train {size}"]["floor"] == floor
+                    assert targets[f"train {size}"]["limit_below_floor"] == (floor["ratio"] > limit)
         elif cell.rotation == "none" and cell.far_mass != "none":
             longest = max(lengths, key=int)
             assert targets[f"eval {longest} time"]["value"] == row["eval"][longest]["ratio"], cell.name
@@ -243,3 +253,35 @@ def test_every_report_names_the_machine_it_measured():
     line = machine_line(info)
     assert line.startswith("machine: ") and info["cpu"] in line and f"rotation kernels: {info['kernels']}" in line
     assert "\n" not in line
+
+
+def test_learned_floor_is_rope_plus_the_projection_and_the_verdict_names_it():
+    """Known truth: RoPE at 1.02× (1.04× with values) and the projection at 3 % of NoPE's step give floors of 1.05
+    and 1.07. A learned cell measured above its limit says so with its floor; one at or under it is a plain ✓;
+    a random-increment cell has no floor."""
+    from accrot.bench.schemes import PROJECTION, _mark, learned_floor, targets
+
+    def res(ratio):
+        return {"ratio": ratio, "ratio_of_min": ratio - 0.01}
+
+    train = {"rope/none": res(1.02), "rope/none+v": res(1.04), PROJECTION: res(0.03)}
+    learned, learned_v = Cell("accum", increments="learned"), Cell("accum", rotate_values=True, increments="learned")
+    assert learned_floor(learned, train) == pytest.approx(
+        {"ratio": 1.05, "ratio_of_min": 1.03, "rope": 1.02, "projection": 0.03})
+    assert learned_floor(learned_v, train)["ratio"] == pytest.approx(1.07)
+    assert learned_floor(Cell("accum", increments="random_position"), train) is None
+    assert learned_floor(learned, {"rope/none": res(1.02)}) is None  # no projection measured, no floor
+
+    def row(cell, ratio):
+        floor = learned_floor(cell, train)
+        r = {"train": {"tiny": {**res(ratio), "floor": floor}}, "eval": {}}
+        r["targets"] = targets(cell, r)
+        return r
+
+    over = row(learned, 1.09)
+    assert over["targets"][0]["limit_below_floor"] is False  # 1.05 is not above the 1.05 limit
+    assert _mark(over) == "✗ train tiny 1.090>1.05 (floor 1.050 = RoPE 1.020 + proj 0.030)"
+    assert row(learned_v, 1.075)["targets"][0]["ok"] and _mark(row(learned_v, 1.075)).startswith("✓")
+    assert row(learned_v, 1.09)["targets"][0]["limit_below_floor"] is False
+    train[PROJECTION] = res(0.05)  # floor 1.07 > 1.05: the target lies below what was measured
+    assert row(learned, 1.09)["targets"][0]["limit_below_floor"] is True

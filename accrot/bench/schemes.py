@@ -58,25 +58,72 @@ def _train_step(model, tokens: torch.Tensor) -> float:
     return seconds
 
 
+PROJECTION = "floor: learned projection"  # a pseudo-variant of the training rounds (see :func:`_projection_step`)
+
+
+def _projection_step(model, x: torch.Tensor) -> float:
+    """Seconds of every layer's learned-increment projection u = proj(x) alone, forward and backward (to x and to
+    the weights), at the model's own shapes: the one piece of work learned increments add to RoPE's that no
+    kernel can remove (a matmul of d_model → H·D/2 per token), timed like a variant between two NoPE steps."""
+    from accrot.position.accum import LearnedIncrements
+
+    sources = [m for m in model.modules() if isinstance(m, LearnedIncrements)]
+    sync(x.device)
+    t0 = time.perf_counter()
+    for source in sources:
+        u = source.pre_activation(x)  # [B, H, T, D/2]
+        u.backward(torch.ones_like(u))
+    sync(x.device)
+    seconds = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    return seconds
+
+
 def time_training(cells: Sequence[Cell], size: str, T: int, batch: int, repeats: int, device: torch.device,
                   seed: int, log) -> dict[str, dict[str, Any]]:
-    """Training-step ms per variant (see :func:`interleaved_rounds`), after one untimed step of each."""
+    """Training-step ms per variant (see :func:`interleaved_rounds`), after one untimed step of each; with a
+    learned-increment cell, also :data:`PROJECTION`, its projection's share of the step."""
     shape = size_shape(size)
     models = {c.name: build_model(c, shape, seed, device).train() for c in cells}
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, shape["vocab_size"], (batch, T + 1), generator=g).to(device)  # [B, T+1]
+    learned = next((models[c.name] for c in cells if c.increments == "learned"), None)
+    x = torch.randn(batch, T, shape["d_model"], generator=g).to(device).requires_grad_()  # [B, T, d_model]
+    names = list(models) + ([PROJECTION] if learned is not None else [])
+
+    def measure(name: str) -> dict[str, float]:
+        seconds = _projection_step(learned, x) if name == PROJECTION else _train_step(models[name], tokens)
+        return {"ms": seconds * 1e3}
+
     log(f"train {size}: d_model {shape['d_model']}, {shape['n_layers']} layers, {shape['n_heads']} heads, "
-        f"B {batch}, T {T}: warm-up + {repeats} round(s) × {len(models)} variants, NoPE between each")
-    for name in models:  # warm-up: allocator, thread pools, lazy caches
-        _train_step(models[name], tokens)
-    res = interleaved_rounds(list(models), cells[0].name, repeats, seed,
-                             lambda name: {"ms": _train_step(models[name], tokens) * 1e3})
+        f"B {batch}, T {T}: warm-up + {repeats} round(s) × {len(names)} variants, NoPE between each")
+    for name in names:  # warm-up: allocator, thread pools, lazy caches
+        measure(name)
+    res = interleaved_rounds(names, cells[0].name, repeats, seed, measure)
     return {name: r["ms"] for name, r in res.items()}
 
 
+def learned_floor(cell: Cell, train: dict[str, dict[str, Any]]) -> dict[str, float] | None:
+    """A learned-increment cell's measured floor in one size's rounds: RoPE's ratio (the same rotation of q, k and,
+    with values, v and the output, from fixed tables) plus the projection's share of NoPE's step. Any kernel for
+    learned increments does at least both; None when either was not measured."""
+    rope = train.get(Cell("rope", rotate_values=cell.rotate_values).name)
+    projection = train.get(PROJECTION)
+    if cell.increments != "learned" or rope is None or projection is None:
+        return None
+    return {"ratio": rope["ratio"] + projection["ratio"], "ratio_of_min": rope["ratio_of_min"] +
+            projection["ratio_of_min"], "rope": rope["ratio"], "projection": projection["ratio"]}
+
+
 # -- targets ------------------------------------------------------------------------------------------------
-def _check(what: str, value: float, value_of_min: float, limit: float) -> dict[str, Any]:
-    return {"what": what, "value": value, "value_of_min": value_of_min, "limit": limit}
+def _check(what: str, value: float, value_of_min: float, limit: float,
+           floor: dict[str, float] | None = None) -> dict[str, Any]:
+    check = {"what": what, "value": value, "value_of_min": value_of_min, "limit": limit}
+    if floor is not None:  # the measured floor (learned increments), and whether the limit lies below it
+        check["floor"] = floor
+        check["limit_below_floor"] = bool(floor["ratio"] > limit)
+    return check
 
 
 def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -98,7 +145,7 @@ def _step_targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
         for size, res in row["train"].items():
-            checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], limit))
+            checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], limit, res.get("floor")))
     if cell.rotation == "path" and cell.far_mass == "none":
         for size, res in row["train"].items():
             checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], PATH_TRAIN_LIMIT[size]))
@@ -172,6 +219,10 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
                              "ratio_samples": op_train[cell.name]["ratio_samples"]},
                    "eval": {"T": op_eval_length, **op_eval[cell.name]} if cell.name in op_eval else None},
         }
+        for size, res in row["train"].items():
+            floor = learned_floor(cell, train[size])
+            if floor is not None:
+                res["floor"] = floor
         rows.append(row)
     by_name = {row["variant"]: row for row in rows}
     for cell, row in zip(cells, rows):
@@ -202,13 +253,22 @@ def _mark(row: dict[str, Any]) -> str:
     """✓/✗ on the median ratios; where the ratio of minima disagrees, what it says in brackets."""
     if not row["targets"]:
         return "–"
-    failed = [f"{c['what']} {c['value']:.3f}>{c['limit']:.2f}" for c in row["targets"] if not c["ok"]]
+    failed = [f"{c['what']} {c['value']:.3f}>{c['limit']:.2f}" + _floor_note(c) for c in row["targets"]
+              if not c["ok"]]
     mark = "✓" if not failed else "✗ " + "; ".join(failed)
     differ = [c for c in row["targets"] if c["ok"] != c["ok_of_min"]]
     if differ:
         mark += " [×min: " + "; ".join(f"{c['what']} {c['value_of_min']:.3f} {'✓' if c['ok_of_min'] else '✗'}"
                                        for c in differ) + "]"
     return mark
+
+
+def _floor_note(check: dict[str, Any]) -> str:
+    """A failed check's measured floor, where it has one: ``(floor 1.058 = RoPE 1.038 + proj 0.020)``."""
+    floor = check.get("floor")
+    if floor is None:
+        return ""
+    return f" (floor {floor['ratio']:.3f} = RoPE {floor['rope']:.3f} + proj {floor['projection']:.3f})"
 
 
 def schemes_table(doc: dict[str, Any]):
@@ -224,7 +284,9 @@ def schemes_table(doc: dict[str, Any]):
     table = Table(title=f"position schemes vs NoPE ({doc['device']}, {doc['threads']} threads, T = "
                         f"{doc['settings']['T']}; eval: tiny, batch 1{kernels})",
                   caption="NoPE: " + ", ".join(absolute) + ". ×: median of ratios to the two NoPE neighbours; ×min: "
-                          "ratio of the minima; ms: median; n/m: not measured (see --eval_all).")
+                          "ratio of the minima; ms: median; n/m: not measured (see --eval_all). Floor (learned "
+                          "increments): RoPE's × with the same values setting plus the learned projection's "
+                          "forward + backward alone, as a share of NoPE's step, measured in the same rounds.")
     table.add_column("variant")
     for s in sizes:
         table.add_column(f"{s} ms", justify="right")
