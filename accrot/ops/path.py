@@ -109,11 +109,11 @@ def _online_update(
     return m_new, acc
 
 
-def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float):
+def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1):
     """What both chunked walks start from: the work dtype, chunk length c, chunk count N, the chunk-major blocks
     ``(qb, kb, vb, wb, bb)`` and the far-mass split ``(G, R, a)`` (all None without a bias).
 
-    N = ⌈T/c⌉; a ragged tail is padded with H = I and zero keys, which causality hides. Logits are kept in log2
+    N = ⌈T/c⌉ rounded up to a ``multiple``; a ragged tail is padded with H = I and zero keys, which causality hides. Logits are kept in log2
     units (scale·log2 e folded into q and the bias) so the softmax runs on exp2, several times cheaper than exp on
     CPU. The bias b_ts = G_t − G_s is split as (a_t − a_s) + (R_n − R_m): G ``[B·H, N·c]`` the cumulative log2-decay
     and R_n ``[N, B·H]`` G just before chunk n (float64, may be huge), a = G − R within the chunk ``[N, B·H, c]``
@@ -123,6 +123,7 @@ def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float):
     dt = _work_dtype(q, k, v, w, beta)
     c = min(chunk_size, T)
     N = -(-T // c)
+    N = -(-N // multiple) * multiple
     qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D]
     kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
     G = R = a = None
@@ -433,19 +434,14 @@ def _segment(N: int) -> int:
     return 1 if N <= KEEP_ALL else math.isqrt(N - 2) + 1
 
 
-def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
-    """PaTH attention from the chunked operands: the diagonal blocks, then one fused flash call per query chunk
-    over its earlier keys (:class:`_KeyWalk`), merged by log-sum-exp. ``G, R, a``: the far-mass split of
-    :func:`_chunked_inputs` (a_t, the bias's row part, is added to the walk's log-sum-exp) or None. Returns the
-    output ``[N, BH, c, Dv]``, the natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, the buffers of
-    K_n at n = 1 + keep, 1 + 2·keep, … (the backward's checkpoints, ``{n: [BH, n·c, width]}``), and the walk's
-    (queries, values) (None at N = 1)."""
-    out, lse = _diag_softmax(s_diag, vb)
-    N, Dv = s_diag.shape[0], vb.shape[-1]
-    kept: dict[int, torch.Tensor] = {}
-    if N == 1:
-        return out, lse, kept, None
+def _walk_chunks(q_start, k_end, Pt, vb, G, R, keep: int = 0):
+    """The key walk alone (N ≥ 2): one fused flash call per query chunk n ≥ 1 over the keys of chunks 0..n−1
+    carried to its start (:class:`_KeyWalk`; the loop in C++ when the CPU kernels are built). Returns the output
+    ``[N−1, BH, c, Dv]`` and the log-sum-exp ``[N−1, BH, c]`` (natural units, without the bias's row part a_t),
+    the K_n buffers at n = 1 + keep, 1 + 2·keep, … when ``keep`` > 0 (``{n: [BH, n·c, width]}``) and the walk."""
+    N, Dv = q_start.shape[0], vb.shape[-1]
     walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
+    kept: dict[int, torch.Tensor] = {}
     kernels = cpu_kernels.ops()
     if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
         o, l, buffers = kernels.path_walk_forward(walk.queries, walk.values, k_end, Pt, G, R, keep)
@@ -462,13 +458,31 @@ def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
             outs.append(o[0])
             lses.append(l[0])
         o, l = torch.stack(outs), torch.stack(lses)  # [N−1, BH, c, width], [N−1, BH, c]
-    # merge with the diagonal blocks by the two log-sum-exps, all chunks at once
-    o = o[..., :Dv]  # [N−1, BH, c, Dv]
+    return o[..., :Dv], l, kept, walk
+
+
+def _merge(out, lse, o, l, a) -> None:
+    """Fold the walk's (o, l) for chunks 1..N−1 into ``out [N, BH, c, Dv]`` and ``lse [N, BH, c]`` in place, by
+    the two log-sum-exps (``a [N, BH, c]``: the bias's row part, added to the walk's, or None)."""
     if a is not None:
         l = l + a[1:] * LN2
     both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
     out[1:] = out[1:] * (lse[1:] - both).exp()[..., None] + o * (l - both).exp()[..., None]
     lse[1:] = both
+
+
+def _walk_forward(q_start, k_end, Pt, s_diag, vb, G, R, a, keep: int = 0):
+    """PaTH attention from the chunked operands: the diagonal blocks, then one fused flash call per query chunk
+    over its earlier keys (:func:`_walk_chunks`), merged by log-sum-exp. ``G, R, a``: the far-mass split of
+    :func:`_chunked_inputs` (a_t, the bias's row part, is added to the walk's log-sum-exp) or None. Returns the
+    output ``[N, BH, c, Dv]``, the natural-unit log-sum-exp ``[N, BH, c]`` and, when ``keep`` > 0, the buffers of
+    K_n at n = 1 + keep, 1 + 2·keep, … (the backward's checkpoints, ``{n: [BH, n·c, width]}``), and the walk's
+    (queries, values) (None at N = 1)."""
+    out, lse = _diag_softmax(s_diag, vb)
+    if s_diag.shape[0] == 1:
+        return out, lse, {}, None
+    o, l, kept, walk = _walk_chunks(q_start, k_end, Pt, vb, G, R, keep)
+    _merge(out, lse, o, l, a)
     return out, lse, kept, (walk.queries, walk.values)
 
 
@@ -578,18 +592,86 @@ def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int,
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
     """The chunked kernel on the CPU: the UT transform and diagonal blocks (:class:`_ChunkCore`), every block pair
     by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is needed), both
-    with hand-written backwards; the in-chunk bias and the blocking stay with autograd."""
+    with hand-written backwards; the in-chunk bias and the blocking stay with autograd. Without a gradient, from
+    two groups of :func:`_eval_group` tokens on, the two-level walk of :func:`_grouped_walk`."""
     B, H, T, D = q.shape
+    grad = _needs_grad(q, k, v, w, beta, log_decay)
+    group = _eval_group(T)
+    if not grad and T >= 2 * group and 2 * min(chunk_size, T) <= group:
+        return _grouped_walk(q, k, v, w, beta, log_decay, chunk_size, scale, group)
     dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
     s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)  # Pᵀ per chunk [N, BH, D, D]
     del qb, kb, wb, bb
     if a is not None:
         s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
     split = (G, None, None) if a is None else (G, R.detach(), a.detach())  # G alone carries the bias's gradient
-    if _needs_grad(q, k, v, w, beta, log_decay):
+    if grad:
         out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, *split)
     else:
         out = _walk_forward(q_start, k_end, Pt, s_diag, vb, *split)[0]
+    return _unblock(out, B, H, T).to(q.dtype)
+
+
+EVAL_GROUP = 256  # tokens per group of the evaluation walk; twice that from T = 32·EVAL_GROUP (PATH.md §6)
+
+
+def _eval_group(T: int) -> int:
+    """Tokens per group of :func:`_grouped_walk` at length T: 256, or 512 from T = 8192 (B 1 × H 4 × D 32, c 32,
+    no grad, against NoPE: 1.84×/2.00× at 2048, 1.68×/1.89× at 4096, 1.65×/1.58× at 8192, 1.64×/1.59× at 16384;
+    the one-level walk 2.16×, 2.46×, 2.24×, 2.57×)."""
+    return 2 * EVAL_GROUP if T >= 32 * EVAL_GROUP else EVAL_GROUP
+
+
+def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, group: int) -> torch.Tensor:
+    """The CPU key walk without a gradient, on two levels (PATH.md §6): chunks of c tokens inside groups of
+    g = ⌊group/c⌋ chunks, then the groups. Inside each group: the chunk core and the chunk walk of
+    :func:`_walk_forward`, every group at once as one batch. Across groups: each group's queries carried to the
+    group's start (q̂ P_{j−1} ⋯ P_0), its keys to its end (P_{g−1} ⋯ P_{j+1} k̂) and its transport (the product
+    of its g chunk transports, D × D), so the walk of :func:`_walk_chunks` steps a group at a time: its flash
+    calls see g·c queries, not c, and its key transports cost g times less. Same sums, another order."""
+    B, H, T, D = q.shape
+    c = min(chunk_size, T)
+    g = max(1, group // c)
+    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, c, scale, multiple=g)
+    Ng, BH, C, Dv = N // g, qb.shape[1], g * c, vb.shape[-1]
+    s_diag, q_hat, k_hat, Pt = _ChunkCore.apply(qb, kb, wb, bb)  # [N, BH, c, c|D], Pᵀ [N, BH, D, D]
+    del qb, kb, wb, bb
+    if a is not None:
+        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
+
+    def by_group(x: torch.Tensor) -> torch.Tensor:  # [N, BH, *] -> [g, Ng·BH, *]: chunk j of every group
+        return x.unflatten(0, (Ng, g)).transpose(0, 1).reshape(g, Ng * BH, *x.shape[2:])
+
+    # inside the groups: batch Ng·BH sequences of g chunks (G and R keep their global values: only differences
+    # within a group are used)
+    G_in = R_in = a_in = None
+    if G is not None:
+        G_in = G.view(BH, Ng, C).transpose(0, 1).reshape(Ng * BH, C)  # [Ng·BH, C]
+        R_in, a_in = by_group(R), by_group(a)  # [g, Ng·BH], [g, Ng·BH, c]
+    out, lse = _walk_forward(by_group(q_hat), by_group(k_hat), by_group(Pt), by_group(s_diag), by_group(vb),
+                             G_in, R_in, a_in)[:2]  # [g, Ng·BH, c, Dv], [g, Ng·BH, c]
+    out = out.view(g, Ng, BH, c, Dv).permute(1, 2, 0, 3, 4).reshape(Ng, BH, C, Dv)
+    if Ng > 1:
+        lse = lse.view(g, Ng, BH, c).permute(1, 2, 0, 3).reshape(Ng, BH, C)
+        # across the groups: M_j = P_{j−1} ⋯ P_0 carries chunk j's queries to the group start, S_j = P_{j+1}ᵀ ⋯
+        # P_{g−1}ᵀ its keys (as rows) to the group end; the group's own transport is P_0ᵀ S_0
+        Pt = Pt.view(Ng, g, BH, D, D)
+        M, S = [torch.eye(D, dtype=dt, device=q.device).expand(Ng, BH, D, D)], [None] * g
+        S[-1] = M[0]
+        for j in range(1, g):
+            M.append(Pt[:, j - 1].mT @ M[-1])
+            S[g - 1 - j] = Pt[:, g - j] @ S[g - j]
+        M, S = torch.stack(M, 1), torch.stack(S, 1)  # [Ng, g, BH, D, D]
+        q_start = (q_hat.view(Ng, g, BH, c, D) @ M).transpose(1, 2).reshape(Ng, BH, C, D)
+        k_end = (k_hat.view(Ng, g, BH, c, D) @ S).transpose(1, 2).reshape(Ng, BH, C, D)
+        P_group = Pt[:, 0] @ S[:, 0]  # [Ng, BH, D, D] (rows)
+        v_group = vb.view(Ng, g, BH, c, Dv).transpose(1, 2).reshape(Ng, BH, C, Dv)
+        R_group = a_group = None
+        if G is not None:
+            R_group = R[::g]  # [Ng, BH] G just before each group
+            a_group = (G.view(BH, Ng, C).transpose(0, 1) - R_group[..., None]).to(dt)  # [Ng, BH, C]
+        o, l = _walk_chunks(q_start, k_end, P_group, v_group, G, R_group)[:2]
+        _merge(out, lse, o, l, a_group)
     return _unblock(out, B, H, T).to(q.dtype)
 
 

@@ -234,10 +234,42 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, wal
     assert_close(ref, fast, TOL[dtype], "out")
 
 
+@pytest.mark.parametrize(
+    "B, T, H, D, c, beta, fox, dtype",
+    CASE_PARAMS,
+)
+def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop, monkeypatch):
+    """Long evaluations walk on two levels, chunks inside groups of g chunks, then groups: with groups of 3 chunks
+    (6 from T = 96c; ragged groups, up to 43 of them) the same outputs as the recurrence twin, in (g − 1) +
+    (groups − 1) flash calls. Where two groups do not fit, the one-level walk runs."""
+    import accrot.ops.path as path_module
+
+    monkeypatch.setattr(path_module, "EVAL_GROUP", 3 * c)
+    inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
+    ref = naive_path_attention_recurrence(**inputs)
+    with torch.no_grad(), torch.autograd.profiler.profile() as prof:
+        fast = path_attention(**inputs, chunk_size=c)
+    calls = sum(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu" for e in prof.function_events)
+    chunks, group = -(-T // min(c, T)), path_module._eval_group(T)  # 3c, or 6c from T = 96c
+    if T >= 2 * group:
+        g = group // c
+        assert calls == (g - 1) + -(-chunks // g) - 1
+    else:
+        assert calls == chunks - 1
+    assert fast.dtype == dtype and fast.shape == (B, H, T, D)
+    assert_close(ref, fast, TOL[dtype], "out")
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["one-level", "grouped"])
 @pytest.mark.parametrize("Dv", [3, 8, 13])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_evaluation_walk_with_another_value_width(Dv, fox, walk_loop):
-    """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side)."""
+def test_evaluation_walk_with_another_value_width(Dv, fox, grouped, walk_loop, monkeypatch):
+    """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side),
+    on one level and on two (groups of 2 chunks)."""
+    import accrot.ops.path as path_module
+
+    if grouped:
+        monkeypatch.setattr(path_module, "EVAL_GROUP", 32)
     inputs = make_inputs(2, 2, 70, 8, beta="mixed", fox=fox, seed=3)
     inputs["v"] = torch.randn(2, 2, 70, Dv, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():
