@@ -612,14 +612,13 @@ def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> to
     return _unblock(out, B, H, T).to(q.dtype)
 
 
-EVAL_GROUP = 256  # tokens per group of the evaluation walk; twice that from T = 32·EVAL_GROUP (PATH.md §6)
+EVAL_GROUP = 256  # tokens per group of the evaluation walk; three times that from T = 32·EVAL_GROUP (PATH.md §6)
 
 
 def _eval_group(T: int) -> int:
-    """Tokens per group of :func:`_grouped_walk` at length T: 256, or 512 from T = 8192 (B 1 × H 4 × D 32, c 32,
-    no grad, against NoPE: 1.84×/2.00× at 2048, 1.68×/1.89× at 4096, 1.65×/1.58× at 8192, 1.64×/1.59× at 16384;
-    the one-level walk 2.16×, 2.46×, 2.24×, 2.57×)."""
-    return 2 * EVAL_GROUP if T >= 32 * EVAL_GROUP else EVAL_GROUP
+    """Tokens per group of :func:`_grouped_walk` at length T: 256, or 768 from T = 8192, where the fused kernel's
+    768-query calls take its 256-query blocks (measured in PATH.md §6)."""
+    return 3 * EVAL_GROUP if T >= 32 * EVAL_GROUP else EVAL_GROUP
 
 
 def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, group: int) -> torch.Tensor:

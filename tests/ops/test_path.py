@@ -240,7 +240,7 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, wal
 )
 def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop, monkeypatch):
     """Long evaluations walk on two levels, chunks inside groups of g chunks, then groups: with groups of 3 chunks
-    (6 from T = 96c; ragged groups, up to 43 of them) the same outputs as the recurrence twin, in (g − 1) +
+    (9 from T = 96c; ragged groups, up to 22 of them) the same outputs as the recurrence twin, in (g − 1) +
     (groups − 1) flash calls. Where two groups do not fit, the one-level walk runs."""
     import accrot.ops.path as path_module
 
@@ -250,7 +250,7 @@ def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dt
     with torch.no_grad(), torch.autograd.profiler.profile() as prof:
         fast = path_attention(**inputs, chunk_size=c)
     calls = sum(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu" for e in prof.function_events)
-    chunks, group = -(-T // min(c, T)), path_module._eval_group(T)  # 3c, or 6c from T = 96c
+    chunks, group = -(-T // min(c, T)), path_module._eval_group(T)  # 3c, or 9c from T = 96c
     if T >= 2 * group:
         g = group // c
         assert calls == (g - 1) + -(-chunks // g) - 1
