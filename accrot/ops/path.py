@@ -584,7 +584,7 @@ def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int,
         else:  # K_{n+1} = [K_n Pt_n ; k̂_n]
             dk[n] = A[:, rows : rows + c]
             torch.bmm(K[..., :D].mT, A[:, :rows], out=dPt[n])  # [BH, D, D]
-            A = torch.baddbmm(dK[..., :D], A[:, :rows], Pt[n].mT)
+            A = dK[..., :D].baddbmm_(A[:, :rows], Pt[n].mT)  # into the flash op's own fresh dK
     dk[0] = A[:, :c]  # K_1 = k̂_0
     return dq, dk, dPt, dvals, dcol
 

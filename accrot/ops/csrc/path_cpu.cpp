@@ -166,7 +166,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
       dk[n].copy_(A.narrow(1, rows, c));
       Tensor dPt_n = dPt[n];
       at::bmm_out(dPt_n, K.narrow(-1, 0, D).mT(), A.narrow(1, 0, rows));
-      A = at::baddbmm(dKn.narrow(-1, 0, D), A.narrow(1, 0, rows), Pt[n].mT());
+      // into the flash op's own fresh dK: no new buffer per step
+      A = dKn.narrow(-1, 0, D).baddbmm_(A.narrow(1, 0, rows), Pt[n].mT());
     }
   }
   dk[0].copy_(A.narrow(1, 0, c));  // K_1 = k_end_0
