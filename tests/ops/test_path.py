@@ -240,7 +240,7 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, wal
 )
 def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop, monkeypatch):
     """Long evaluations walk on two levels, chunks inside groups of g chunks, then groups: with groups of 3 chunks
-    (9 from T = 96c; ragged groups, up to 22 of them) the same outputs as the recurrence twin, in (g − 1) +
+    (9 from T = 96c; ragged groups, up to 29 of them) the same outputs as the recurrence twin, in (g − 1) +
     (groups − 1) flash calls. Where two groups do not fit, the one-level walk runs."""
     import accrot.ops.path as path_module
 
