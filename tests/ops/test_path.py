@@ -4,14 +4,12 @@ gradient (q, k, v, w, β, log_decay), plus properties that follow from the math.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from accrot.errors import ConfigError
-from accrot.ops import cpu_kernels
 from accrot.ops.path import (
     _chunk_core,
     _ChunkCore,
@@ -22,6 +20,7 @@ from accrot.ops.path import (
     naive_path_attention_recurrence,
     path_attention,
 )
+from tests.kernels import kernels_or_skip
 from tests.tolerance import assert_close, within
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
@@ -37,12 +36,7 @@ def walk_loop(request, monkeypatch) -> str:
     machine that cannot build the kernels skips the compiled half with the reason (under CI=true it fails)."""
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
     if request.param == "compiled":
-        try:
-            cpu_kernels.ops()
-        except RuntimeError as err:
-            if os.environ.get("CI") == "true":
-                raise
-            pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+        kernels_or_skip()
     return request.param
 
 
@@ -293,12 +287,7 @@ def test_compiled_walk_loop_is_the_eager_loop(grad, fox, monkeypatch):
     """The C++ chunk loop makes the eager loop's ATen calls in the same order, so the two agree to the bit: 33
     chunks (so the backward rebuilds segments between checkpoints), values narrower than the keys, float32."""
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on")
-    try:
-        cpu_kernels.ops()
-    except RuntimeError as err:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+    kernels_or_skip()
     inputs = {k: v.float() for k, v in make_inputs(2, 2, 257, 8, beta="uniform", fox=fox, seed=11).items()}
     inputs["v"] = torch.randn(2, 2, 257, 5, generator=torch.Generator().manual_seed(12))
     results = []

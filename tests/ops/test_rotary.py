@@ -9,7 +9,6 @@ formulas they replace (``off``), so both paths stay checked against the twins. T
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -26,16 +25,7 @@ from accrot.ops.rotary import (
     rotate_pairs_many,
     rotate_pairs_reference,
 )
-
-
-def kernels_or_skip():
-    """The compiled kernels; a test skips with the reason where they do not build, and fails under CI=true."""
-    try:
-        return cpu_kernels.ops()
-    except RuntimeError as err:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(f"the CPU kernels do not build here: {str(err).splitlines()[0]}")
+from tests.kernels import kernels_or_skip
 
 
 @pytest.fixture(autouse=True, params=["on", "off"], ids=["kernels", "eager"])
