@@ -589,6 +589,18 @@ def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int,
     return dq, dk, dPt, dvals, dcol
 
 
+def _core_operands(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1):
+    """:func:`_chunked_inputs`, then the chunk core (:class:`_ChunkCore`) with the bias inside each chunk: the work
+    dtype, c, N, ``(s_diag [N, BH, c, c], q̂, k̂ [N, BH, c, D], Pᵀ [N, BH, D, D], vb [N, BH, c, Dv])`` and the
+    far-mass split ``(G, R, a)``, what both CPU walks start from."""
+    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale,
+                                                                multiple)
+    s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)
+    if a is not None:
+        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # the bias inside the chunk
+    return dt, c, N, (s_diag, q_start, k_end, Pt, vb), (G, R, a)
+
+
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
     """The chunked kernel on the CPU: the UT transform and diagonal blocks (:class:`_ChunkCore`), every block pair
     by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is needed), both
@@ -599,11 +611,8 @@ def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> to
     group = _eval_group(T)
     if not grad and T >= 2 * group and 2 * min(chunk_size, T) <= group:
         return _grouped_walk(q, k, v, w, beta, log_decay, chunk_size, scale, group)
-    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale)
-    s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)  # Pᵀ per chunk [N, BH, D, D]
-    del qb, kb, wb, bb
-    if a is not None:
-        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
+    _, _, _, (s_diag, q_start, k_end, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay, chunk_size,
+                                                                          scale)
     split = (G, None, None) if a is None else (G, R.detach(), a.detach())  # G alone carries the bias's gradient
     if grad:
         out = _PathWalk.apply(q_start, k_end, Pt, s_diag, vb, *split)
@@ -631,12 +640,9 @@ def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, gr
     B, H, T, D = q.shape
     c = min(chunk_size, T)
     g = max(1, group // c)
-    dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, c, scale, multiple=g)
-    Ng, BH, C, Dv = N // g, qb.shape[1], g * c, vb.shape[-1]
-    s_diag, q_hat, k_hat, Pt = _ChunkCore.apply(qb, kb, wb, bb)  # [N, BH, c, c|D], Pᵀ [N, BH, D, D]
-    del qb, kb, wb, bb
-    if a is not None:
-        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # [N, BH, c, c] the bias inside the chunk
+    dt, c, N, (s_diag, q_hat, k_hat, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay, c, scale,
+                                                                         multiple=g)
+    Ng, BH, C, Dv = N // g, vb.shape[1], g * c, vb.shape[-1]
 
     def by_group(x: torch.Tensor) -> torch.Tensor:  # [N, BH, *] -> [g, Ng·BH, *]: chunk j of every group
         return x.unflatten(0, (Ng, g)).transpose(0, 1).reshape(g, Ng * BH, *x.shape[2:])
