@@ -31,9 +31,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.
 
 
 @pytest.fixture(params=["compiled", "eager"])
-def walk_loop(request, monkeypatch) -> str:
-    """The CPU key walk's chunk loop both ways: compiled (``csrc/path_cpu.cpp``) and its eager Python twin. A
-    machine that cannot build the kernels skips the compiled half with the reason (under CI=true it fails)."""
+def kernels_mode(request, monkeypatch) -> str:
+    """The CPU kernel's chunk core and key-walk loop both ways: compiled (``csrc/path_cpu.cpp``) and their eager
+    Python twins. A machine that cannot build the kernels skips the compiled half with the reason (under CI=true it
+    fails)."""
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
     if request.param == "compiled":
         kernels_or_skip()
@@ -131,7 +132,7 @@ def outputs_and_grads_on(device: str, fn, inputs: dict[str, torch.Tensor], dtype
     "B, T, H, D, c, beta, fox, dtype",
     CASE_PARAMS,
 )
-def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device, walk_loop):
+def test_chunked_matches_recurrence(B, T, H, D, c, beta, fox, dtype, device, kernels_mode):
     """On the CPU against the recurrence in the same dtype (the key walk's loop compiled and eager); on CUDA against
     the float64 CPU recurrence."""
     inputs = make_inputs(B, H, T, D, dtype, beta=beta, fox=fox)
@@ -164,9 +165,10 @@ def test_autograd_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("N, BH, c, D", [(1, 1, 1, 4), (3, 2, 7, 5), (2, 3, 4, 16), (4, 2, 16, 8)])
-def test_chunk_core_backward_matches_autograd(N, BH, c, D, dtype):
-    """The CPU chunk core's hand-written backward against autograd through the plain ops it replaces
-    (:func:`_chunk_core` plus P = I − Wᵀ U): all four outputs and the gradients of q, k, w and β."""
+def test_chunk_core_backward_matches_autograd(N, BH, c, D, dtype, kernels_mode):
+    """The CPU chunk core (compiled, and its eager twin) with its hand-written backward against autograd through
+    the plain ops it replaces (:func:`_chunk_core` plus P = I − Wᵀ U): all four outputs and the gradients of q, k,
+    w and β. The shapes include D > c, D < c and a single token per chunk."""
     g = torch.Generator().manual_seed(N * 100 + c)
     q, k = (torch.randn(N, BH, c, D, generator=g, dtype=dtype) for _ in range(2))
     w = F.normalize(torch.randn(N, BH, c, D, generator=g, dtype=dtype), dim=-1)
@@ -193,7 +195,7 @@ def test_chunk_core_backward_matches_autograd(N, BH, c, D, dtype):
 
 
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_training_walk_runs_the_fused_backward(fox, walk_loop):
+def test_training_walk_runs_the_fused_backward(fox, kernels_mode):
     """With a gradient the CPU kernel takes the key walk with its own backward: ATen's fused flash forward and
     backward once per query chunk after the first, the query walk's tile loop not at all, and the chunk loop in
     C++ exactly when the kernels are on."""
@@ -205,8 +207,9 @@ def test_training_walk_runs_the_fused_backward(fox, walk_loop):
     names = [e.name for e in prof.function_events]
     assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu") == 6  # ⌈100/16⌉ − 1
     assert names.count("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == 6
-    compiled = walk_loop == "compiled"
+    compiled = kernels_mode == "compiled"
     assert names.count("accrot_cpu::path_walk_forward") == names.count("accrot_cpu::path_walk_backward") == compiled
+    assert names.count("accrot_cpu::path_core_forward") == names.count("accrot_cpu::path_core_backward") == compiled
     assert all(leaf.grad is not None and leaf.grad.abs().sum() > 0 for leaf in leaves.values())
 
 
@@ -215,7 +218,7 @@ def test_training_walk_runs_the_fused_backward(fox, walk_loop):
     "B, T, H, D, c, beta, fox, dtype",
     CASE_PARAMS,
 )
-def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop):
+def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, kernels_mode):
     """Under no_grad the CPU kernel takes the evaluation walk: the same outputs as the recurrence twin, and it is the
     walk that ran (ATen's flash op, once per query chunk after the first)."""
     inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
@@ -232,7 +235,7 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, wal
     "B, T, H, D, c, beta, fox, dtype",
     CASE_PARAMS,
 )
-def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, walk_loop, monkeypatch):
+def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, kernels_mode, monkeypatch):
     """Long evaluations walk on two levels, chunks inside groups of g chunks, then groups: with groups of 3 chunks
     (9 from T = 96c; ragged groups, up to 29 of them) the same outputs as the recurrence twin, in (g − 1) +
     (groups − 1) flash calls. Where two groups do not fit, the one-level walk runs."""
@@ -257,7 +260,7 @@ def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dt
 @pytest.mark.parametrize("grouped", [False, True], ids=["one-level", "grouped"])
 @pytest.mark.parametrize("Dv", [3, 8, 13])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_evaluation_walk_with_another_value_width(Dv, fox, grouped, walk_loop, monkeypatch):
+def test_evaluation_walk_with_another_value_width(Dv, fox, grouped, kernels_mode, monkeypatch):
     """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side),
     on one level and on two (groups of 2 chunks)."""
     import accrot.ops.path as path_module
@@ -272,7 +275,7 @@ def test_evaluation_walk_with_another_value_width(Dv, fox, grouped, walk_loop, m
     assert_close(naive_path_attention_recurrence(**inputs), fast, 1e-10, "out")
 
 
-def test_evaluation_walk_and_training_kernel_agree(walk_loop):
+def test_evaluation_walk_and_training_kernel_agree(kernels_mode):
     """The same inputs with and without a gradient: the two CPU paths give one answer (float32 rounding apart)."""
     inputs = {k: v.float() for k, v in make_inputs(1, 2, 300, 16, beta="uniform", fox=True, seed=5).items()}
     with torch.no_grad():
@@ -284,10 +287,14 @@ def test_evaluation_walk_and_training_kernel_agree(walk_loop):
 @pytest.mark.parametrize("grad", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
 def test_compiled_walk_loop_is_the_eager_loop(grad, fox, monkeypatch):
-    """The C++ chunk loop makes the eager loop's ATen calls in the same order, so the two agree to the bit: 33
-    chunks (so the backward rebuilds segments between checkpoints), values narrower than the keys, float32."""
+    """The C++ chunk loop makes the eager loop's ATen calls in the same order, so over the same chunk core the two
+    agree to the bit: 33 chunks (so the backward rebuilds segments between checkpoints), values narrower than the
+    keys, float32."""
+    import accrot.ops.path as path_module
+
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on")
-    kernels_or_skip()
+    core = kernels_or_skip()
+    monkeypatch.setattr(path_module, "_core_kernels", lambda: core)  # the compiled core both times
     inputs = {k: v.float() for k, v in make_inputs(2, 2, 257, 8, beta="uniform", fox=fox, seed=11).items()}
     inputs["v"] = torch.randn(2, 2, 257, 5, generator=torch.Generator().manual_seed(12))
     results = []

@@ -12,13 +12,27 @@
 // A key buffer [BH, rows, W] holds K_n in its first n*c rows: D coordinates, then (bias) R_n - G_s, then zeros.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
+
+// The BLAS that torch itself calls (MKL in the x86 wheels; weak, so a torch without it still loads this library
+// and the chunk core falls back to plain loops) and MKL's per-thread thread count (absent elsewhere).
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+            const float*, const int*, const float*, float*, const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*, const double*, const int*,
+            const double*, const int*, const double*, double*, const int*) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+}
 
 namespace {
 
@@ -174,6 +188,253 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
   return {dq, dk, dPt, dvals, dcol};
 }
 
+
+// ---- the chunk core (accrot/ops/path.py: _ChunkCore is the eager twin, PATH.md §1-2 and §7 the algebra) ----------
+//
+// Why: per chunk the UT transform and the diagonal block are a dozen products of 32 x 32 matrices. As batched
+// ATen calls each product is a pass over every chunk's operands in memory (fresh [N, BH, c, c] tensors, masks,
+// negations); here one chunk at a time stays in cache, and the products that share an operand are one larger
+// GEMM on stacked blocks: 4 GEMMs forward (10 as batched calls) and 10 backward (20). Each thread runs its chunks
+// with single-threaded BLAS (the chunks are the parallelism).
+//
+// Layout (row-major, per chunk i of the N*BH): q, k, w [c, D] (q scaled), b [c]; s [c, c] (-inf above the
+// diagonal), q_start, k_end [c, D], Pt [D, D]; the backward's operands T = L^-1 [c, c], U [c, D], Y [c, c], QW [c, c].
+
+template <typename T>
+void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const T* alpha,
+               const T* a, const int* lda, const T* b, const int* ldb, const T* beta, T* c, const int* ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_) return sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    if (dgemm_) return dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // no BLAS symbol: the column-major product in plain loops
+  const bool tA = *ta == 'T', tB = *tb == 'T';
+  for (int j = 0; j < *n; ++j)
+    for (int i = 0; i < *m; ++i) {
+      T acc = 0;
+      for (int p = 0; p < *k; ++p)
+        acc += (tA ? a[p + i * *lda] : a[i + p * *lda]) * (tB ? b[j + p * *ldb] : b[p + j * *ldb]);
+      c[i + j * *ldc] = *alpha * acc + (*beta == T(0) ? T(0) : *beta * c[i + j * *ldc]);
+    }
+}
+
+// row-major C[m, n] = alpha op(A) op(B) + beta C with op(A) [m, k], op(B) [k, n] and row strides lda, ldb, ldc of
+// the matrices as stored (A is [k, m] when transposed): the column-major call on the transposes
+template <typename T>
+inline void mm(bool ta, const T* A, int lda, bool tb, const T* B, int ldb, T* C, int ldc, int m, int n, int k,
+               T alpha = 1, T beta = 0) {
+  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+  blas_gemm<T>(&cb, &ca, &n, &m, &k, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
+}
+
+// copy a [rows, cols] block between row strides
+template <typename T>
+inline void put(T* dst, int ldd, const T* src, int lds, int rows, int cols) {
+  for (int r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * ldd);
+}
+
+// BLAS inside at::parallel_for: one thread per call (restored afterwards)
+struct SerialBlas {
+  int previous = 0;
+  SerialBlas() { if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1); }
+  ~SerialBlas() { if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous); }
+};
+
+template <typename T>
+void core_forward_impl(const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb, const Tensor& s_,
+                       const Tensor& qs_, const Tensor& ke_, const Tensor& Pt_, const Tensor& Ti_, const Tensor& U_,
+                       const Tensor& Y_, const Tensor& QW_, bool save) {
+  const int64_t chunks = qb.size(0) * qb.size(1);
+  const int c = qb.size(2), D = qb.size(3), E = D + c, c2 = 2 * c;
+  const T *q0 = qb.data_ptr<T>(), *k0 = kb.data_ptr<T>(), *w0 = wb.data_ptr<T>(), *b0 = bb.data_ptr<T>();
+  T *s0 = s_.data_ptr<T>(), *qs0 = qs_.data_ptr<T>(), *ke0 = ke_.data_ptr<T>(), *P0 = Pt_.data_ptr<T>();
+  T *Ti0 = save ? Ti_.data_ptr<T>() : nullptr, *U0 = save ? U_.data_ptr<T>() : nullptr;
+  T *Y0 = save ? Y_.data_ptr<T>() : nullptr, *QW0 = save ? QW_.data_ptr<T>() : nullptr;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    SerialBlas serial;
+    // scratch: XQ = [X; Q] and WK = [W; K] [2c, D], G = XQ WKᵀ [2c, 2c], Tm [c, c], R = [X | WK] and
+    // M = T R = [U | Y] [c, D + c], C2 [c, D + c], C3 [D + c, D], QWm [c, c]
+    std::vector<T> buf(2 * c2 * D + c2 * c2 + c * c + 3 * c * E + E * D + c * c);
+    T *XQ = buf.data(), *WK = XQ + c2 * D, *G = WK + c2 * D, *Tm = G + c2 * c2, *R = Tm + c * c, *M = R + c * E;
+    T *C2 = M + c * E, *C3 = C2 + c * E, *QWm = C3 + E * D;
+    for (int64_t i = lo; i < hi; ++i) {
+      const T *q = q0 + i * c * D, *k = k0 + i * c * D, *w = w0 + i * c * D, *b = b0 + i * c;
+      for (int r = 0; r < c; ++r)
+        for (int d = 0; d < D; ++d) XQ[r * D + d] = w[r * D + d] * b[r];  // X: rows β_j w_j
+      std::copy(q, q + c * D, XQ + c * D);
+      std::copy(w, w + c * D, WK);
+      std::copy(k, k + c * D, WK + c * D);
+      // G = [X Wᵀ, X Kᵀ; Q Wᵀ, Q Kᵀ]: L's strict lower part, WK (j > s), QW (i <= t) and QKᵀ in one product
+      mm<T>(false, XQ, D, true, WK, D, G, c2, c2, c2, D);
+      // T = L⁻¹, L = I + strict(X Wᵀ) unit lower triangular: row r = e_r - sum_{j<r} L_rj T_j
+      for (int r = 0; r < c; ++r) {
+        T* row = Tm + r * c;
+        std::fill(row, row + c, T(0));
+        row[r] = 1;
+        for (int j = 0; j < r; ++j) {
+          const T l = G[r * c2 + j];
+          const T* tj = Tm + j * c;
+          for (int p = 0; p <= j; ++p) row[p] -= l * tj[p];
+        }
+      }
+      for (int r = 0; r < c; ++r) {  // R = [X | strict(X Kᵀ)], QWm = lower(Q Wᵀ)
+        std::copy(XQ + r * D, XQ + (r + 1) * D, R + r * E);
+        for (int p = 0; p < c; ++p) {
+          R[r * E + D + p] = p < r ? G[r * c2 + c + p] : T(0);
+          QWm[r * c + p] = p <= r ? G[(c + r) * c2 + p] : T(0);
+        }
+      }
+      mm<T>(false, Tm, c, false, R, E, M, E, c, E, c);  // [U | Y] = T [X | WK]
+      for (int r = 0; r < c; ++r) {  // C2 = [Q | Q Kᵀ] - QW [U | Y] = [q̂ | S]
+        std::copy(q + r * D, q + (r + 1) * D, C2 + r * E);
+        std::copy(G + (c + r) * c2 + c, G + (c + r) * c2 + c2, C2 + r * E + D);
+      }
+      mm<T>(false, QWm, c, false, M, E, C2, E, c, E, c, T(-1), T(1));
+      for (int r = 0; r < D; ++r)  // C3 = [I; K] - [U | Y]ᵀ W = [Pᵀ; k̂]
+        for (int p = 0; p < D; ++p) C3[r * D + p] = r == p;
+      std::copy(k, k + c * D, C3 + D * D);
+      mm<T>(true, M, E, false, w, D, C3, D, E, D, c, T(-1), T(1));
+      T *sd = s0 + i * c * c;
+      put(qs0 + i * c * D, D, C2, E, c, D);
+      put(sd, c, C2 + D, E, c, c);
+      for (int r = 0; r < c; ++r) std::fill(sd + r * c + r + 1, sd + (r + 1) * c, ninf);
+      std::copy(C3, C3 + D * D, P0 + i * D * D);
+      std::copy(C3 + D * D, C3 + E * D, ke0 + i * c * D);
+      if (save) {
+        std::copy(Tm, Tm + c * c, Ti0 + i * c * c);
+        put(U0 + i * c * D, D, M, E, c, D);
+        put(Y0 + i * c * c, c, M + D, E, c, c);
+        std::copy(QWm, QWm + c * c, QW0 + i * c * c);
+      }
+    }
+  });
+}
+
+// -> s [N, BH, c, c], q_start, k_end [N, BH, c, D], Pt [N, BH, D, D] and, when save, the backward's T, U, Y, QW
+// (else empty tensors)
+std::vector<Tensor> path_core_forward(const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb,
+                                      bool save) {
+  TORCH_CHECK(qb.dim() == 4 && kb.sizes() == qb.sizes() && wb.sizes() == qb.sizes() && bb.dim() == 3 &&
+                  bb.sizes() == qb.sizes().slice(0, 3),
+              "path_core_forward: q, k, w [N, BH, c, D] and b [N, BH, c]");
+  const int64_t N = qb.size(0), BH = qb.size(1), c = qb.size(2), D = qb.size(3);
+  const auto o = qb.options();
+  Tensor q = qb.contiguous(), k = kb.contiguous().to(o), w = wb.contiguous().to(o), b = bb.contiguous().to(o);
+  Tensor s = at::empty({N, BH, c, c}, o), qs = at::empty_like(q), ke = at::empty_like(q);
+  Tensor Pt = at::empty({N, BH, D, D}, o), none = at::empty({0}, o);
+  Tensor Ti = save ? at::empty({N, BH, c, c}, o) : none, U = save ? at::empty_like(q) : none;
+  Tensor Y = save ? at::empty({N, BH, c, c}, o) : none, QW = save ? at::empty({N, BH, c, c}, o) : none;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "path_core_forward", [&] {
+    core_forward_impl<scalar_t>(q, k, w, b, s, qs, ke, Pt, Ti, U, Y, QW, save);
+  });
+  return {s, qs, ke, Pt, Ti, U, Y, QW};
+}
+
+template <typename T>
+void core_backward_impl(const Tensor& ds_, const Tensor& dqs_, const Tensor& dke_, const Tensor& dPt_,
+                        const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb, const Tensor& Ti_,
+                        const Tensor& U_, const Tensor& Y_, const Tensor& QW_, const Tensor& dq_, const Tensor& dk_,
+                        const Tensor& dw_, const Tensor& db_) {
+  const int64_t chunks = qb.size(0) * qb.size(1);
+  const int c = qb.size(2), D = qb.size(3), E = D + c, c2 = 2 * c;
+  const T *q0 = qb.data_ptr<T>(), *k0 = kb.data_ptr<T>(), *w0 = wb.data_ptr<T>(), *b0 = bb.data_ptr<T>();
+  const T *Ti0 = Ti_.data_ptr<T>(), *U0 = U_.data_ptr<T>(), *Y0 = Y_.data_ptr<T>(), *QW0 = QW_.data_ptr<T>();
+  const T *ds0 = ds_.data_ptr<T>(), *dqs0 = dqs_.data_ptr<T>(), *dke0 = dke_.data_ptr<T>(), *dPt0 = dPt_.data_ptr<T>();
+  T *dq0 = dq_.data_ptr<T>(), *dk0 = dk_.data_ptr<T>(), *dw0 = dw_.data_ptr<T>(), *db0 = db_.data_ptr<T>();
+  at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    SerialBlas serial;
+    // scratch: M = [U | Y], Gq = [dq̂ | dS], dUY, dXR [c, D + c]; Ep = [dPᵀ; dk̂] [D + c, D]; XQ = [X; Q],
+    // WK = [W; K] [2c, D]; P1 = [dA | dWK], P2 = [dQW | dS] [c, 2c]; P3 = [dWK; dS], P4 = [dA; dQW] [2c, c]; dX [c, D]
+    std::vector<T> buf(4 * c * E + E * D + 2 * c2 * D + 4 * c * c2 + c * D);
+    T *M = buf.data(), *Gq = M + c * E, *dUY = Gq + c * E, *dXR = dUY + c * E, *Ep = dXR + c * E;
+    T *XQ = Ep + E * D, *WK = XQ + c2 * D, *P1 = WK + c2 * D, *P2 = P1 + c * c2, *P3 = P2 + c * c2;
+    T *P4 = P3 + c2 * c, *dX = P4 + c2 * c;
+    for (int64_t i = lo; i < hi; ++i) {
+      const T *q = q0 + i * c * D, *k = k0 + i * c * D, *w = w0 + i * c * D, *b = b0 + i * c;
+      const T *Tm = Ti0 + i * c * c, *QW = QW0 + i * c * c, *ds = ds0 + i * c * c;
+      const T *dqs = dqs0 + i * c * D, *dke = dke0 + i * c * D;
+      T *dq = dq0 + i * c * D, *dk = dk0 + i * c * D, *dw = dw0 + i * c * D, *db = db0 + i * c;
+      put(M, E, U0 + i * c * D, D, c, D);
+      put(M + D, E, Y0 + i * c * c, c, c, c);
+      put(Gq, E, dqs, D, c, D);
+      for (int r = 0; r < c; ++r)  // dS: the −inf entries above the diagonal carry no gradient
+        for (int p = 0; p < c; ++p) {
+          const T g = p <= r ? ds[r * c + p] : T(0);
+          Gq[r * E + D + p] = g;
+          P2[r * c2 + c + p] = g;
+          P3[(c + r) * c + p] = g;
+        }
+      std::copy(dPt0 + i * D * D, dPt0 + (i + 1) * D * D, Ep);
+      std::copy(dke, dke + c * D, Ep + D * D);
+      for (int r = 0; r < c; ++r)
+        for (int d = 0; d < D; ++d) XQ[r * D + d] = w[r * D + d] * b[r];
+      std::copy(q, q + c * D, XQ + c * D);
+      std::copy(w, w + c * D, WK);
+      std::copy(k, k + c * D, WK + c * D);
+      // q̂ = Q − QW U, k̂ = K − Yᵀ W, S = QKᵀ − QW Y, Pᵀ = I − Uᵀ W:
+      // dQW = −lower([dq̂ | dS] [U | Y]ᵀ), [dU | dY] = −QWᵀ [dq̂ | dS] − W [dPᵀ; dk̂]ᵀ, dW = −[U | Y] [dPᵀ; dk̂]
+      T* dQW = P2;  // [c, 2c] left half
+      mm<T>(false, Gq, E, true, M, E, dQW, c2, c, c, E, T(-1));
+      for (int r = 0; r < c; ++r) std::fill(dQW + r * c2 + r + 1, dQW + r * c2 + c, T(0));
+      mm<T>(true, QW, c, false, Gq, E, dUY, E, c, E, c, T(-1));
+      mm<T>(false, w, D, true, Ep, D, dUY, E, c, E, D, T(-1), T(1));
+      mm<T>(false, M, E, false, Ep, D, dw, D, c, D, E, T(-1));
+      // [U | Y] = T [X | WK] with L T = I: [dX | dR] = Tᵀ [dU | dY], dL = −strict([dX | dR] [U | Y]ᵀ) =: dA
+      mm<T>(true, Tm, c, false, dUY, E, dXR, E, c, E, c);
+      T* dA = P1;  // [c, 2c] left half
+      mm<T>(false, dXR, E, true, M, E, dA, c2, c, c, E, T(-1));
+      for (int r = 0; r < c; ++r) {
+        std::fill(dA + r * c2 + r, dA + r * c2 + c, T(0));
+        for (int p = 0; p < c; ++p) {
+          const T g = p < r ? dXR[r * E + D + p] : T(0);  // dWK = strict(dR)
+          P1[r * c2 + c + p] = g;
+          P3[r * c + p] = g;
+          P4[r * c + p] = dA[r * c2 + p];
+          P4[(c + r) * c + p] = dQW[r * c2 + p];
+        }
+      }
+      // L = I + X Wᵀ, WK = X Kᵀ, QW = Q Wᵀ, S ∋ Q Kᵀ:
+      // dX += [dA | dWK] [W; K], dQ = dq̂ + [dQW | dS] [W; K], dK = dk̂ + [dWK; dS]ᵀ [X; Q], dW += [dA; dQW]ᵀ [X; Q] + dX β
+      put(dX, D, dXR, E, c, D);
+      mm<T>(false, P1, c2, false, WK, D, dX, D, c, D, c2, T(1), T(1));
+      std::copy(dqs, dqs + c * D, dq);
+      mm<T>(false, P2, c2, false, WK, D, dq, D, c, D, c2, T(1), T(1));
+      std::copy(dke, dke + c * D, dk);
+      mm<T>(true, P3, c, false, XQ, D, dk, D, c, D, c2, T(1), T(1));
+      mm<T>(true, P4, c, false, XQ, D, dw, D, c, D, c2, T(1), T(1));
+      for (int r = 0; r < c; ++r) {
+        T acc = 0;
+        for (int d = 0; d < D; ++d) {
+          dw[r * D + d] += dX[r * D + d] * b[r];
+          acc += dX[r * D + d] * w[r * D + d];
+        }
+        db[r] = acc;
+      }
+    }
+  });
+}
+
+// -> dq, dk, dw [N, BH, c, D], db [N, BH, c] from the output gradients and path_core_forward's saved tensors
+std::vector<Tensor> path_core_backward(const Tensor& ds, const Tensor& dq_start, const Tensor& dk_end,
+                                       const Tensor& dPt, const Tensor& qb, const Tensor& kb, const Tensor& wb,
+                                       const Tensor& bb, const Tensor& Ti, const Tensor& U, const Tensor& Y,
+                                       const Tensor& QW) {
+  const int64_t c = qb.size(2), D = qb.size(3);
+  TORCH_CHECK(Ti.numel() > 0 && Ti.size(-1) == c && U.sizes() == qb.sizes() && dPt.size(-1) == D,
+              "path_core_backward: the forward's saved tensors (save=True) and its output gradients");
+  const auto o = qb.options();
+  auto in = [&](const Tensor& x) { return x.contiguous().to(o); };
+  Tensor q = in(qb), k = in(kb), w = in(wb), b = in(bb), T_ = in(Ti), U_ = in(U), Y_ = in(Y), QW_ = in(QW);
+  Tensor ds_ = in(ds), dqs = in(dq_start), dke = in(dk_end), dPt_ = in(dPt);
+  Tensor dq = at::empty_like(q), dk = at::empty_like(q), dw = at::empty_like(q), db = at::empty_like(b);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "path_core_backward", [&] {
+    core_backward_impl<scalar_t>(ds_, dqs, dke, dPt_, q, k, w, b, T_, U_, Y_, QW_, dq, dk, dw, db);
+  });
+  return {dq, dk, dw, db};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(accrot_cpu, m) {
@@ -182,9 +443,14 @@ TORCH_LIBRARY_FRAGMENT(accrot_cpu, m) {
   m.def("path_walk_backward(Tensor queries, Tensor values, Tensor k_end, Tensor Pt, Tensor? G, Tensor? R, "
         "Tensor grad, Tensor out, Tensor lse, Tensor[] kept, int[] kept_at, int seg, int Dv) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("path_core_forward(Tensor qb, Tensor kb, Tensor wb, Tensor bb, bool save) -> Tensor[]");
+  m.def("path_core_backward(Tensor ds, Tensor dq_start, Tensor dk_end, Tensor dPt, Tensor qb, Tensor kb, "
+        "Tensor wb, Tensor bb, Tensor Ti, Tensor U, Tensor Y, Tensor QW) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(accrot_cpu, CPU, m) {
   m.impl("path_walk_forward", &path_walk_forward);
   m.impl("path_walk_backward", &path_walk_backward);
+  m.impl("path_core_forward", &path_core_forward);
+  m.impl("path_core_backward", &path_core_backward);
 }
