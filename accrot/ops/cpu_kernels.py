@@ -1,9 +1,9 @@
 """The compiled CPU kernels, built once per install and source: the SO(2) path's fused passes
-(``csrc/rotary_cpu.cpp``) and the chunk loop of PaTH's key walk (``csrc/path_cpu.cpp``).
+(``csrc/rotary_cpu.cpp``), and PaTH's chunk core and the chunk loop of its key walk (``csrc/path_cpu.cpp``).
 
 :func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate_many``, ``rotate_many_backward``, ``accumulate_wrap``,
 ``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``, ``path_walk_forward``,
-``path_walk_backward``) or None, in which case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager
+``path_walk_backward``, ``path_core_forward``, ``path_core_backward``) or None, in which case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager
 twins: the same math in more passes or in a Python loop (the kernels are tested against them).
 ``ACCROT_CPU_KERNELS`` chooses:
 

@@ -631,13 +631,13 @@ def _core_operands(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, m
 def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> torch.Tensor:
     """The chunked kernel on the CPU: the UT transform and diagonal blocks (:class:`_ChunkCore`), every block pair
     by the key walk (:func:`_walk_forward`, with :class:`_PathWalk`'s backward when a gradient is needed), both
-    with hand-written backwards; the in-chunk bias and the blocking stay with autograd. Without a gradient, from
-    two groups of :func:`_eval_group` tokens on, the two-level walk of :func:`_grouped_walk`."""
+    with hand-written backwards; the in-chunk bias and the blocking stay with autograd. Without a gradient, at the
+    lengths of :func:`_eval_levels`, the walk on several levels of :func:`_grouped_walk`."""
     B, H, T, D = q.shape
     grad = _needs_grad(q, k, v, w, beta, log_decay)
-    group = _eval_group(T)
-    if not grad and T >= 2 * group and 2 * min(chunk_size, T) <= group:
-        return _grouped_walk(q, k, v, w, beta, log_decay, chunk_size, scale, group)
+    levels = () if grad else _eval_levels(T, min(chunk_size, T))
+    if levels:
+        return _grouped_walk(q, k, v, w, beta, log_decay, chunk_size, scale, levels)
     _, _, _, (s_diag, q_start, k_end, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay, chunk_size,
                                                                           scale)
     split = (G, None, None) if a is None else (G, R.detach(), a.detach())  # G alone carries the bias's gradient
@@ -648,47 +648,66 @@ def _path_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float) -> to
     return _unblock(out, B, H, T).to(q.dtype)
 
 
-EVAL_GROUP = 256  # tokens per group of the evaluation walk; three times that from T = 32·EVAL_GROUP (PATH.md §6)
+EVAL_GROUP = 256  # tokens per innermost group of the evaluation walk (PATH.md §6)
 
 
-def _eval_group(T: int) -> int:
-    """Tokens per group of :func:`_grouped_walk` at length T: 256, or 768 from T = 8192, where the fused kernel's
-    768-query calls take its 256-query blocks (measured in PATH.md §6)."""
-    return 3 * EVAL_GROUP if T >= 32 * EVAL_GROUP else EVAL_GROUP
+def _eval_levels(T: int, c: int) -> tuple[int, ...]:
+    """Chunks per group at each level of :func:`_grouped_walk` at length T, innermost first; empty: the one-level
+    walk. Measured (PATH.md §6): groups pay from T = 4096 (at 2048 they tie), groups of 256 tokens there, and of
+    768 from T = 8192, where the fused kernel's 768-query calls take its 256-query blocks. A third level (256
+    inside 768) measured no faster at 8192 or 16384: the walk supports it, the lengths here do not choose it."""
+    g = EVAL_GROUP // c
+    if g < 2 or T < 16 * EVAL_GROUP:
+        return ()
+    return (3 * g,) if T >= 32 * EVAL_GROUP else (g,)
 
 
-def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, group: int) -> torch.Tensor:
-    """The CPU key walk without a gradient, on two levels (PATH.md §6): chunks of c tokens inside groups of
-    g = ⌊group/c⌋ chunks, then the groups. Inside each group: the chunk core and the chunk walk of
-    :func:`_walk_forward`, every group at once as one batch. Across groups: each group's queries carried to the
-    group's start (q̂ P_{j−1} ⋯ P_0), its keys to its end (P_{g−1} ⋯ P_{j+1} k̂) and its transport (the product
-    of its g chunk transports, D × D), so the walk of :func:`_walk_chunks` steps a group at a time: its flash
-    calls see g·c queries, not c, and its key transports cost g times less. Same sums, another order."""
+def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, levels: tuple[int, ...]):
+    """The CPU key walk without a gradient, on several levels (PATH.md §6): chunks of c tokens inside groups of
+    ``levels[0]`` chunks, those inside groups of ``levels[1]`` chunks, and so on (each a multiple of the one
+    before). :func:`_walk_levels` does the work from the chunk core's operands."""
     B, H, T, D = q.shape
-    c = min(chunk_size, T)
-    g = max(1, group // c)
-    dt, c, N, (s_diag, q_hat, k_hat, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay, c, scale,
-                                                                         multiple=g)
-    Ng, BH, C, Dv = N // g, vb.shape[1], g * c, vb.shape[-1]
+    _, c, N, (s_diag, q_hat, k_hat, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay,
+                                                                        min(chunk_size, T), scale,
+                                                                        multiple=levels[-1])
+    out = _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels)[0]  # [BH, N·c, Dv]
+    return out.view(B, H, N * c, -1)[:, :, :T].to(q.dtype)
+
+
+def _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels: tuple[int, ...]):
+    """PaTH attention without a gradient from the chunk core's operands (``[N, BH, ...]`` chunk-major, the
+    far-mass split ``G [BH, N·c], R [N, BH], a [N, BH, c]`` or None), walking groups of g = ``levels[-1]`` chunks
+    (N a multiple of g). Returns the output ``[BH, N·c, Dv]`` and the natural-unit log-sum-exp ``[BH, N·c]``,
+    token-major. Inside the groups: every group at once as a batch of Ng·BH sequences of g chunks, by the levels
+    below (none: :func:`_walk_forward`). Across groups: each group's queries carried to the group's start
+    (q̂ P_{j−1} ⋯ P_0), its keys to its end (P_{g−1} ⋯ P_{j+1} k̂) and its transport (the product of its g chunk
+    transports, D × D), so the walk of :func:`_walk_chunks` steps a group at a time: its flash calls see g·c
+    queries, not c, and its key transports cost g times less. Same sums, another order."""
+    N, BH, c, D = q_hat.shape
+    Dv = vb.shape[-1]
+    if not levels:
+        out, lse = _walk_forward(q_hat, k_hat, Pt, s_diag, vb, G, R, a)[:2]  # [N, BH, c, Dv], [N, BH, c]
+        return out.transpose(0, 1).reshape(BH, N * c, Dv), lse.transpose(0, 1).reshape(BH, N * c)
+    g = levels[-1]
+    Ng, C = N // g, g * c
 
     def by_group(x: torch.Tensor) -> torch.Tensor:  # [N, BH, *] -> [g, Ng·BH, *]: chunk j of every group
         return x.unflatten(0, (Ng, g)).transpose(0, 1).reshape(g, Ng * BH, *x.shape[2:])
 
-    # inside the groups: batch Ng·BH sequences of g chunks (G and R keep their global values: only differences
-    # within a group are used)
+    # inside the groups: Ng·BH sequences of g chunks (G and R keep their global values: only differences within a
+    # group are used); token-major [Ng·BH, C] is [Ng, BH, C], this level's group-major layout, as it is
     G_in = R_in = a_in = None
     if G is not None:
         G_in = G.view(BH, Ng, C).transpose(0, 1).reshape(Ng * BH, C)  # [Ng·BH, C]
         R_in, a_in = by_group(R), by_group(a)  # [g, Ng·BH], [g, Ng·BH, c]
-    out, lse = _walk_forward(by_group(q_hat), by_group(k_hat), by_group(Pt), by_group(s_diag), by_group(vb),
-                             G_in, R_in, a_in)[:2]  # [g, Ng·BH, c, Dv], [g, Ng·BH, c]
-    out = out.view(g, Ng, BH, c, Dv).permute(1, 2, 0, 3, 4).reshape(Ng, BH, C, Dv)
+    out, lse = _walk_levels(by_group(s_diag), by_group(q_hat), by_group(k_hat), by_group(Pt), by_group(vb), G_in,
+                            R_in, a_in, levels[:-1])
+    out, lse = out.view(Ng, BH, C, Dv), lse.view(Ng, BH, C)
     if Ng > 1:
-        lse = lse.view(g, Ng, BH, c).permute(1, 2, 0, 3).reshape(Ng, BH, C)
         # across the groups: M_j = P_{j−1} ⋯ P_0 carries chunk j's queries to the group start, S_j = P_{j+1}ᵀ ⋯
         # P_{g−1}ᵀ its keys (as rows) to the group end; the group's own transport is P_0ᵀ S_0
         Pt = Pt.view(Ng, g, BH, D, D)
-        M, S = [torch.eye(D, dtype=dt, device=q.device).expand(Ng, BH, D, D)], [None] * g
+        M, S = [torch.eye(D, dtype=Pt.dtype, device=Pt.device).expand(Ng, BH, D, D)], [None] * g
         S[-1] = M[0]
         for j in range(1, g):
             M.append(Pt[:, j - 1].mT @ M[-1])
@@ -701,10 +720,10 @@ def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, gr
         R_group = a_group = None
         if G is not None:
             R_group = R[::g]  # [Ng, BH] G just before each group
-            a_group = (G.view(BH, Ng, C).transpose(0, 1) - R_group[..., None]).to(dt)  # [Ng, BH, C]
+            a_group = (G.view(BH, Ng, C).transpose(0, 1) - R_group[..., None]).to(out.dtype)  # [Ng, BH, C]
         o, l = _walk_chunks(q_start, k_end, P_group, v_group, G, R_group)[:2]
         _merge(out, lse, o, l, a_group)
-    return _unblock(out, B, H, T).to(q.dtype)
+    return out.transpose(0, 1).reshape(BH, N * c, Dv), lse.transpose(0, 1).reshape(BH, N * c)
 
 
 def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype) -> torch.Tensor:

@@ -236,37 +236,50 @@ def test_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, ker
     CASE_PARAMS,
 )
 def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dtype, kernels_mode, monkeypatch):
-    """Long evaluations walk on two levels, chunks inside groups of g chunks, then groups: with groups of 3 chunks
-    (9 from T = 96c; ragged groups, up to 29 of them) the same outputs as the recurrence twin, in (g − 1) +
-    (groups − 1) flash calls. Where two groups do not fit, the one-level walk runs."""
+    """Long evaluations walk on several levels: chunks inside groups of 3 chunks from T = 6c, and those inside
+    groups of 9 chunks from T = 18c (ragged: the tail is padded to whole groups). The same outputs as the
+    recurrence twin, in (3 − 1) + (9/3 − 1) + (groups − 1) flash calls, one per walk step of each level."""
     import accrot.ops.path as path_module
 
-    monkeypatch.setattr(path_module, "EVAL_GROUP", 3 * c)
+    def levels(T: int, c: int) -> tuple[int, ...]:
+        return tuple(g for g in (3, 9) if T >= 2 * g * c)
+
+    monkeypatch.setattr(path_module, "_eval_levels", levels)
     inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
     ref = naive_path_attention_recurrence(**inputs)
     with torch.no_grad(), torch.autograd.profiler.profile() as prof:
         fast = path_attention(**inputs, chunk_size=c)
     calls = sum(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu" for e in prof.function_events)
-    chunks, group = -(-T // min(c, T)), path_module._eval_group(T)  # 3c, or 9c from T = 96c
-    if T >= 2 * group:
-        g = group // c
-        assert calls == (g - 1) + -(-chunks // g) - 1
+    chunks, chosen = -(-T // min(c, T)), levels(T, min(c, T))
+    if chosen:
+        steps = [chosen[0] - 1] + [hi // lo - 1 for lo, hi in zip(chosen, chosen[1:])]
+        assert calls == sum(steps) + -(-chunks // chosen[-1]) - 1
     else:
         assert calls == chunks - 1
     assert fast.dtype == dtype and fast.shape == (B, H, T, D)
     assert_close(ref, fast, TOL[dtype], "out")
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["one-level", "grouped"])
+def test_evaluation_levels_by_length():
+    """One level below 4096 tokens (groups do not pay there), groups of 256 tokens from 4096 and of 768 from 8192
+    (measured, PATH.md §6); a chunk too long for two per group keeps one level."""
+    from accrot.ops.path import _eval_levels
+
+    assert _eval_levels(512, 32) == () and _eval_levels(4095, 32) == ()
+    assert _eval_levels(4096, 32) == (8,) and _eval_levels(8191, 32) == (8,)
+    assert _eval_levels(8192, 32) == (24,) and _eval_levels(65536, 16) == (48,)
+    assert _eval_levels(65536, 200) == ()
+
+
+@pytest.mark.parametrize("levels", [(), (2,), (2, 4)], ids=["one-level", "two-levels", "three-levels"])
 @pytest.mark.parametrize("Dv", [3, 8, 13])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
-def test_evaluation_walk_with_another_value_width(Dv, fox, grouped, kernels_mode, monkeypatch):
+def test_evaluation_walk_with_another_value_width(Dv, fox, levels, kernels_mode, monkeypatch):
     """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side),
-    on one level and on two (groups of 2 chunks)."""
+    on one level, two (groups of 2 chunks) and three (those in groups of 4)."""
     import accrot.ops.path as path_module
 
-    if grouped:
-        monkeypatch.setattr(path_module, "EVAL_GROUP", 32)
+    monkeypatch.setattr(path_module, "_eval_levels", lambda T, c: levels)
     inputs = make_inputs(2, 2, 70, 8, beta="mixed", fox=fox, seed=3)
     inputs["v"] = torch.randn(2, 2, 70, Dv, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():

@@ -1,5 +1,5 @@
 // The chunk loop of PaTH's CPU key walk (accrot/ops/path.py: _KeyWalk, _walk_forward, _PathWalk.backward are the
-// eager twins, PATH.md §6-7 the derivation).
+// eager twins, PATH.md §6-7 the derivation), and below it the chunk core (_ChunkCore's eager twin, PATH.md §7).
 //
 // Why: each query chunk is one fused flash-attention call, but between two calls the walk carries every earlier
 // key across one chunk and slices, copies and accumulates a dozen small tensors. At training shapes (16 chunks of
