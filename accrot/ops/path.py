@@ -247,7 +247,7 @@ class _ChunkCore(torch.autograd.Function):
     With the CPU kernels built, both directions run in C++ (``path_core_forward``/``_backward``): one chunk at a
     time in cache, products that share an operand stacked into one GEMM (4 forward, 10 backward), one BLAS thread
     per chunk range. The batched ATen calls below are its eager twin: a pass over all chunks per product, each
-    writing a fresh ``[N, BH, c, c]`` tensor (on 2 cores the C++ core's forward + backward measured ≈ 3× faster).
+    writing a fresh ``[N, BH, c, c]`` tensor (on 2 cores the C++ core measured 1.9× faster forward + backward, PATH.md §7).
     """
 
     @staticmethod
