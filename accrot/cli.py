@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return answered
     try:
         importlib.import_module("accrot.run.launch").check_environment()
+        # before torch's first parallel region, so its intra-op threads inherit the mode (cpu_kernels.set_denormals)
+        importlib.import_module("accrot.ops.cpu_kernels").set_denormals()
         if argv and argv[0] in COMMANDS:
             module, _, func = COMMANDS[argv[0]].partition(":")
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -285,3 +285,20 @@ def test_learned_floor_is_rope_plus_the_projection_and_the_verdict_names_it():
     assert row(learned_v, 1.09)["targets"][0]["limit_below_floor"] is False
     train[PROJECTION] = res(0.05)  # floor 1.07 > 1.05: the target lies below what was measured
     assert row(learned, 1.09)["targets"][0]["limit_below_floor"] is True
+
+
+@pytest.mark.parametrize("mode", ["flush", "keep"])
+def test_evaluation_children_run_under_the_benchmarks_subnormal_mode(mode, monkeypatch):
+    """The evaluation probes run in children of a fresh interpreter, not of the `accrot` command: they must apply
+    ACCROT_DENORMALS themselves (with IEEE subnormals PaTH's evaluation forward at 16k ran 7x slower on a Xeon)."""
+    from accrot.bench.grid import Cell
+    from accrot.bench.memory import Zygote
+
+    monkeypatch.setenv("ACCROT_DENORMALS", mode)
+    zygote = Zygote()
+    try:
+        shape = {"d_model": 32, "n_layers": 1, "n_heads": 2, "vocab_size": 256}
+        result = zygote.measure(Cell("path", "forget"), shape, seed=0, T=64, mode="time")
+    finally:
+        zygote.close()
+    assert result["seconds"] > 0 and result["denormals"] == ("flushed" if mode == "flush" else "IEEE")

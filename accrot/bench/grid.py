@@ -185,7 +185,8 @@ def machine(device: torch.device | str = "cpu") -> dict[str, Any]:
 
     dev = torch.device(device)
     out = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "python": platform.python_version(), "kernels": cpu_kernels.describe(dev), "device": str(dev)}
+           "python": platform.python_version(), "kernels": cpu_kernels.describe(dev), "device": str(dev),
+           "denormals": cpu_kernels.denormals()}
     if dev.type == "cuda" and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(dev)
         out["cuda"] = torch.version.cuda
@@ -196,4 +197,5 @@ def machine_line(info: dict[str, Any]) -> str:
     """One line of :func:`machine` for the terminal."""
     gpu = f"; {info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else ""
     return (f"machine: {info['cpu']}, {info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, "
-            f"Python {info['python']}; rotation kernels: {info['kernels']} on {info['device']}{gpu}")
+            f"Python {info['python']}; rotation kernels: {info['kernels']} on {info['device']}; "
+            f"subnormals: {info.get('denormals', 'IEEE')}{gpu}")

@@ -152,6 +152,9 @@ def memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: 
     import gc
     import resource
 
+    from accrot.ops import cpu_kernels
+
+    cpu_kernels.set_denormals()  # as the benchmark process runs, before the first parallel op
     ins = _inputs(B, H, T, D, seed)
     with torch.no_grad():
         path_attention(*_inputs(B, H, min(T, 4 * chunk), D, seed), chunk_size=chunk, kernel=kernel)  # warm-up

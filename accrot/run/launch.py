@@ -45,8 +45,10 @@ def check_launch(trainer_cfg) -> None:
 
 
 def check_environment() -> None:
-    """Environment switches (``ACCROT_CPU_KERNELS``) fail before any work, like a bad option."""
+    """Environment switches (``ACCROT_CPU_KERNELS``, ``ACCROT_DENORMALS``) fail before any work, like a bad
+    option."""
     try:
         cpu_kernels.mode()
+        cpu_kernels.denormal_mode()
     except ValueError as err:
         raise UsageError(str(err)) from None
