@@ -40,6 +40,11 @@ using at::Tensor;
 
 const double kLn2 = std::log(2.0);
 
+// per batch b: C_b = op(A_b) op(B_b) + beta C_b on 3-d views [BH, ·, ·] with unit last stride, row-major, one BLAS
+// call per batch (defined below, beside the chunk core's BLAS helpers)
+void batched_mm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t m, int64_t n, int64_t k,
+                double beta);
+
 struct KeyWalk {
   int64_t N, c, D, W;
   bool bias;
@@ -74,10 +79,7 @@ struct KeyWalk {
       if (pool.empty()) pool = {buffer(N * c), buffer(N * c)};
       dst = pool[keys.defined() && keys.is_same(pool[0]) ? 1 : 0];  // the one not being read
     }
-    if (done) {
-      Tensor out = dst.narrow(1, 0, done).narrow(2, 0, D);
-      at::bmm_out(out, keys.narrow(1, 0, done).narrow(2, 0, D), Pt[next - 1]);
-    }
+    if (done) batched_mm(keys, false, Pt[next - 1], false, dst, done, D, D, 0.0);  // rows :done, columns :D
     dst.narrow(1, done, c).narrow(2, 0, D).copy_(k_end[next - 1]);
     if (bias) {  // b_ts = a_t + (R_n - G_s): the key part (float64 difference, then cast)
       dst.narrow(1, 0, rows).select(2, D).copy_(R[next].unsqueeze(1) - G.narrow(1, 0, rows));
@@ -178,10 +180,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
       A = dKn.narrow(-1, 0, D);
     } else {  // K_{n+1} = [K_n Pt_n ; k_end_n]
       dk[n].copy_(A.narrow(1, rows, c));
-      Tensor dPt_n = dPt[n];
-      at::bmm_out(dPt_n, K.narrow(-1, 0, D).mT(), A.narrow(1, 0, rows));
-      // into the flash op's own fresh dK: no new buffer per step
-      A = dKn.narrow(-1, 0, D).baddbmm_(A.narrow(1, 0, rows), Pt[n].mT());
+      batched_mm(K, true, A, false, dPt[n], D, D, rows, 0.0);  // dPt_n = K_nᵀ A (first D columns, rows :rows)
+      // A <- dK_n + A Pt_nᵀ, into the flash op's own fresh dK: no new buffer per step
+      batched_mm(A, false, Pt[n], true, dKn, rows, D, D, 1.0);
+      A = dKn.narrow(-1, 0, D);
     }
   }
   dk[0].copy_(A.narrow(1, 0, c));  // K_1 = k_end_0
@@ -240,6 +242,36 @@ struct SerialBlas {
   SerialBlas() { if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1); }
   ~SerialBlas() { if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous); }
 };
+
+template <typename T>
+void batched_mm_impl(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int m, int n, int k,
+                     T beta) {
+  const T *a0 = A.data_ptr<T>(), *b0 = B.data_ptr<T>();
+  T* c0 = C.data_ptr<T>();
+  const int64_t sa = A.stride(0), sb = B.stride(0), sc = C.stride(0);
+  const int lda = A.stride(1), ldb = B.stride(1), ldc = C.stride(1);
+  at::parallel_for(0, C.size(0), 1, [&](int64_t lo, int64_t hi) {
+    SerialBlas serial;
+    for (int64_t b = lo; b < hi; ++b)
+      mm<T>(ta, a0 + b * sa, lda, tb, b0 + b * sb, ldb, c0 + b * sc, ldc, m, n, k, T(1), beta);
+  });
+}
+
+// Why not at::bmm_out / baddbmm_: the walk's operands are row ranges of wider buffers (not contiguous as a whole),
+// for which ATen splits the batch into one addmm_ dispatch per matrix (about twice the time at training shapes)
+void batched_mm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t m, int64_t n, int64_t k,
+                double beta) {
+  TORCH_CHECK(A.dim() == 3 && B.dim() == 3 && C.dim() == 3 && A.stride(2) == 1 && B.stride(2) == 1 &&
+                  C.stride(2) == 1 && A.size(0) == C.size(0) && B.size(0) == C.size(0),
+              "batched_mm: 3-d operands with unit last stride and one batch size");
+  TORCH_CHECK(A.scalar_type() == C.scalar_type() && B.scalar_type() == C.scalar_type(), "batched_mm: one dtype");
+  if (C.scalar_type() == at::kFloat) {
+    batched_mm_impl<float>(A, ta, B, tb, C, m, n, k, static_cast<float>(beta));
+  } else {
+    TORCH_CHECK(C.scalar_type() == at::kDouble, "batched_mm: float32 or float64");
+    batched_mm_impl<double>(A, ta, B, tb, C, m, n, k, beta);
+  }
+}
 
 template <typename T>
 void core_forward_impl(const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb, const Tensor& s_,
