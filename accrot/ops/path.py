@@ -556,8 +556,7 @@ class _PathWalk(torch.autograd.Function):
         else:
             walk = _KeyWalk(q_start, k_end, Pt, vb, G, R, operands=(queries, values))
             width = walk.width
-            pad = (0, width - Dv)
-            g_w, o_w = (F.pad(dout, pad), F.pad(out, pad)) if width > Dv else (dout, out)  # [N, BH, c, width]
+            g_w, o_w = (_widened(dout, width), _widened(out, width)) if width > Dv else (dout, out)  # [N, BH, c, width]
             lse_walk = lse - a * LN2 if a is not None else lse  # the flash op's own logits lack a_t
             kernels = _walk_kernels()
             if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
@@ -575,6 +574,27 @@ class _PathWalk(torch.autograd.Function):
                 row[0] = 0.0  # chunk 0 has no earlier keys
                 dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
         return dq, dk, dPt, ds_diag, dvb, dG, None, None
+
+
+def _widened(x: torch.Tensor, width: int) -> torch.Tensor:
+    """x zero-padded on its last dimension to ``width`` (one copy, and a fill of the new columns only)."""
+    out = x.new_empty(*x.shape[:-1], width)
+    out[..., : x.shape[-1]] = x
+    out[..., x.shape[-1] :] = 0.0
+    return out
+
+
+class _RowColumnBias(torch.autograd.Function):
+    """``s + a_t − a_s`` for ``s [..., c, c]`` and ``a [..., c]`` in one pass (the bias inside each chunk); the
+    backward: ds itself, and to a its row sums minus its column sums."""
+
+    @staticmethod
+    def forward(ctx, s, a):
+        return s.add(a[..., :, None]).sub_(a[..., None, :])
+
+    @staticmethod
+    def backward(ctx, ds):
+        return ds, ds.sum(-1) - ds.sum(-2)
 
 
 def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk):
@@ -624,7 +644,7 @@ def _core_operands(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, m
                                                                 multiple)
     s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)
     if a is not None:
-        s_diag = s_diag + (a[..., :, None] - a[..., None, :])  # the bias inside the chunk
+        s_diag = _RowColumnBias.apply(s_diag, a)  # the bias inside the chunk
     return dt, c, N, (s_diag, q_start, k_end, Pt, vb), (G, R, a)
 
 
