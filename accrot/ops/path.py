@@ -466,21 +466,31 @@ def _walk_chunks(q_start, k_end, Pt, vb, G, R, keep: int = 0):
     carried to its start (:class:`_KeyWalk`; the loop in C++ when the CPU kernels are built). Returns the output
     ``[N−1, BH, c, Dv]`` and the log-sum-exp ``[N−1, BH, c]`` (natural units, without the bias's row part a_t),
     the K_n buffers at n = 1 + keep, 1 + 2·keep, … when ``keep`` > 0 (``{n: [BH, n·c, width]}``) and the walk."""
-    N, Dv = q_start.shape[0], vb.shape[-1]
+    N, D, Dv = q_start.shape[0], q_start.shape[-1], vb.shape[-1]
     walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
     kept: dict[int, torch.Tensor] = {}
     kernels = _walk_kernels()
     if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
-        o, l, buffers = kernels.path_walk_forward(walk.queries, walk.values, k_end, Pt, G, R, keep)
+        o, l, buffers = kernels.path_walk_forward(walk.queries, walk.values, k_end, Pt, G, R, keep, Dv)
         kept = dict(zip(range(1 + keep, N, keep), buffers)) if keep else {}
     else:
+        # with a bias (and Dv ≤ D) the flash calls run at head size D with the bias's key part as a broadcast
+        # mask (added after the scale, so times ln 2): cheaper than the extra coordinate, which the kept buffers
+        # still carry for the backward
+        masked = walk.bias and Dv <= D
+        width = D if masked else walk.width
         outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
         for n in range(1, N):
             keep_n = keep and n > 1 and (n - 1) % keep == 0
-            keys = walk.advance(fresh=keep_n)  # [BH, n·c, width]
+            keys = walk.advance(fresh=keep_n)  # [BH, n·c, walk.width]
             if keep_n:
                 kept[n] = keys
-            o, l = _CPU_FWD(walk.queries[n][None], keys[None], walk.values[None, :, : keys.shape[1]], 0.0, False,
+            rows = keys.shape[1]
+            mask = None
+            if masked:
+                mask = ((walk.R[n][:, None] - walk.G[:, :rows]) * LN2).to(keys.dtype)[None, :, None, :]
+            o, l = _CPU_FWD(walk.queries[n][None, ..., :width], keys[None, ..., :width],
+                            walk.values[None, :, :rows, :width], 0.0, False, attn_mask=mask,
                             scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
             outs.append(o[0])
             lses.append(l[0])

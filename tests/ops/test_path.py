@@ -272,7 +272,7 @@ def test_evaluation_levels_by_length():
 
 
 @pytest.mark.parametrize("levels", [(), (2,), (2, 4)], ids=["one-level", "two-levels", "three-levels"])
-@pytest.mark.parametrize("Dv", [3, 8, 13])
+@pytest.mark.parametrize("Dv", [3, 8, 9, 13])
 @pytest.mark.parametrize("fox", [False, True], ids=["path", "fox"])
 def test_evaluation_walk_with_another_value_width(Dv, fox, levels, kernels_mode, monkeypatch):
     """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side),

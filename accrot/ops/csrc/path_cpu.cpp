@@ -69,8 +69,12 @@ struct KeyWalk {
     return buf;
   }
 
-  // K_{n+1} = [K_n Pt_n ; k_end_n]; returns the buffer's first (n+1)*c rows
-  Tensor advance(bool fresh) {
+  // the key part of the bias of the last step's keys, R_n - G_s [BH, rows] float64
+  Tensor bias_rows;
+
+  // K_{n+1} = [K_n Pt_n ; k_end_n]; returns the buffer's first (n+1)*c rows. column: write the bias into
+  // coordinate D (a forward that passes it as a mask skips it on the buffers it does not keep)
+  Tensor advance(bool fresh, bool column = true) {
     const int64_t next = n + 1, done = (next - 1) * c, rows = next * c;
     Tensor dst;
     if (fresh) {
@@ -82,7 +86,8 @@ struct KeyWalk {
     if (done) batched_mm(keys, false, Pt[next - 1], false, dst, done, D, D, 0.0);  // rows :done, columns :D
     dst.narrow(1, done, c).narrow(2, 0, D).copy_(k_end[next - 1]);
     if (bias) {  // b_ts = a_t + (R_n - G_s): the key part (float64 difference, then cast)
-      dst.narrow(1, 0, rows).select(2, D).copy_(R[next].unsqueeze(1) - G.narrow(1, 0, rows));
+      bias_rows = R[next].unsqueeze(1) - G.narrow(1, 0, rows);
+      if (column) dst.narrow(1, 0, rows).select(2, D).copy_(bias_rows);
     }
     keys = dst;
     n = next;
@@ -102,26 +107,33 @@ struct KeyWalk {
   }
 };
 
-// -> the walk's output per query chunk n >= 1 [N-1, BH, c, W], its natural-unit log-sum-exp [N-1, BH, c] and
-// the K_n buffers at n = 1 + keep, 1 + 2 keep, ... (none when keep is 0)
+// -> the walk's output per query chunk n >= 1 [N-1, BH, c, W or D], its natural-unit log-sum-exp [N-1, BH, c] and
+// the K_n buffers at n = 1 + keep, 1 + 2 keep, ... (none when keep is 0). With a bias and Dv <= D each flash call
+// runs at head size D with the bias as a broadcast [1, BH, 1, rows] mask (times ln 2: the mask is added after the
+// scale), which costs less than the extra coordinate; the kept buffers still get the coordinate, for the backward.
 std::tuple<Tensor, Tensor, std::vector<Tensor>> path_walk_forward(
     const Tensor& queries, const Tensor& values, const Tensor& k_end, const Tensor& Pt,
-    const std::optional<Tensor>& G, const std::optional<Tensor>& R, int64_t keep) {
+    const std::optional<Tensor>& G, const std::optional<Tensor>& R, int64_t keep, int64_t Dv) {
   TORCH_CHECK(queries.dim() == 4 && values.dim() == 3 && k_end.dim() == 4 && Pt.dim() == 4,
               "path_walk_forward: queries [N, BH, c, W], values [BH, N*c, W], k_end [N, BH, c, D], Pt [N, BH, D, D]");
   TORCH_CHECK(G.has_value() == R.has_value(), "path_walk_forward: G and R come together");
   KeyWalk walk(queries, values, k_end, Pt, G, R);
   const int64_t N = walk.N, BH = queries.size(1), c = walk.c;
-  Tensor outs = at::empty({std::max<int64_t>(N - 1, 0), BH, c, walk.W}, queries.options());
+  const bool masked = walk.bias && Dv <= walk.D;
+  const int64_t width = masked ? walk.D : walk.W;  // the flash calls' head size
+  Tensor outs = at::empty({std::max<int64_t>(N - 1, 0), BH, c, width}, queries.options());
   Tensor lses = at::empty({std::max<int64_t>(N - 1, 0), BH, c}, queries.options());
   std::vector<Tensor> kept;
   for (int64_t n = 1; n < N; ++n) {
     const bool keep_n = keep > 0 && n > 1 && (n - 1) % keep == 0;
-    Tensor keys = walk.advance(keep_n);
+    Tensor keys = walk.advance(keep_n, !masked || keep_n);
     if (keep_n) kept.push_back(keys);
+    std::optional<Tensor> mask;
+    if (masked) mask = walk.bias_rows.mul(kLn2).to(queries.scalar_type()).unsqueeze(1).unsqueeze(0);  // [1, BH, 1, rows]
     auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
-        queries[n].unsqueeze(0), keys.unsqueeze(0), values.narrow(1, 0, n * c).unsqueeze(0), 0.0, false,
-        std::nullopt, kLn2);  // log2-unit logits times ln 2
+        queries[n].narrow(-1, 0, width).unsqueeze(0), keys.narrow(-1, 0, width).unsqueeze(0),
+        values.narrow(1, 0, n * c).narrow(-1, 0, width).unsqueeze(0), 0.0, false, mask,
+        kLn2);  // log2-unit logits times ln 2
     outs[n - 1].copy_(o[0]);
     lses[n - 1].copy_(l[0]);
   }
@@ -471,7 +483,7 @@ std::vector<Tensor> path_core_backward(const Tensor& ds, const Tensor& dq_start,
 
 TORCH_LIBRARY_FRAGMENT(accrot_cpu, m) {
   m.def("path_walk_forward(Tensor queries, Tensor values, Tensor k_end, Tensor Pt, Tensor? G, Tensor? R, "
-        "int keep) -> (Tensor, Tensor, Tensor[])");
+        "int keep, int Dv) -> (Tensor, Tensor, Tensor[])");
   m.def("path_walk_backward(Tensor queries, Tensor values, Tensor k_end, Tensor Pt, Tensor? G, Tensor? R, "
         "Tensor grad, Tensor out, Tensor lse, Tensor[] kept, int[] kept_at, int seg, int Dv) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
