@@ -160,7 +160,7 @@ def _growth(rows: list[dict[str, Any]]) -> None:
 
 
 def bench_peer(lengths: Sequence[int], backward_lengths: Sequence[int], B: int, H: int, D: int, chunk: int,
-               log=print, seed: int = 0, repeats: int = 3, peer_repeats_from: int = 4096) -> dict[str, Any]:
+               log=print, seed: int = 0, repeats: int = 3, peer_repeats_from: int = 16384) -> dict[str, Any]:
     """accrot's chunked PaTH against fla's ``naive_path_attn``: time and peak live-tensor memory per (T, mode),
     and NoPE's time beside them. Returns ``{"peer", "rows"}`` (``rows`` empty when the peer is skipped)."""
     peer, what = load_peer(log)
@@ -177,7 +177,10 @@ def bench_peer(lengths: Sequence[int], backward_lengths: Sequence[int], B: int, 
         if T == min(lengths) and not backward:  # the two compute one function
             with torch.no_grad():
                 row["max_abs_diff"] = float((calls["accrot"]() - calls["fla"]()).abs().max())
-        n_peer = 1 if T >= peer_repeats_from or backward else repeats
+        # the peer's median too: one sample of it moved its ratio to NoPE from 25.8 to 30.2 between two runs at
+        # 8192 (2.5 s a call, so three cost 5 s more); only from 16384 (10 s and 12 GB a call) one sample
+        n_peer = 1 if T >= peer_repeats_from or (backward and T > 2048) else repeats
+        row["peer_samples"] = n_peer
         row.update(_measure(calls, ins, backward, repeats, n_peer))
         rows.append(row)
     _growth(rows)

@@ -684,12 +684,13 @@ EVAL_GROUP = 256  # tokens per innermost group of the evaluation walk (PATH.md ย
 def _eval_levels(T: int, c: int) -> tuple[int, ...]:
     """Chunks per group at each level of :func:`_grouped_walk` at length T, innermost first; empty: the one-level
     walk. Measured (PATH.md ยง6): groups pay from T = 4096 (at 2048 they tie), groups of 256 tokens there, and of
-    768 from T = 8192, where the fused kernel's 768-query calls take its 256-query blocks. A third level (256
-    inside 768) measured no faster at 8192 or 16384: the walk supports it, the lengths here do not choose it."""
+    1024 from T = 8192, where the fused kernel's long-query calls take its 256-query blocks (on a Xeon 1024 beat
+    768 by 7 % at 8192 and 16384). A third level measured no faster at 8192 or 16384: the walk supports it, the
+    lengths here do not choose it."""
     g = EVAL_GROUP // c
     if g < 2 or T < 16 * EVAL_GROUP:
         return ()
-    return (3 * g,) if T >= 32 * EVAL_GROUP else (g,)
+    return (4 * g,) if T >= 32 * EVAL_GROUP else (g,)
 
 
 def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, levels: tuple[int, ...]):

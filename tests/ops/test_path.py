@@ -261,13 +261,13 @@ def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dt
 
 
 def test_evaluation_levels_by_length():
-    """One level below 4096 tokens (groups do not pay there), groups of 256 tokens from 4096 and of 768 from 8192
+    """One level below 4096 tokens (groups do not pay there), groups of 256 tokens from 4096 and of 1024 from 8192
     (measured, PATH.md §6); a chunk too long for two per group keeps one level."""
     from accrot.ops.path import _eval_levels
 
     assert _eval_levels(512, 32) == () and _eval_levels(4095, 32) == ()
     assert _eval_levels(4096, 32) == (8,) and _eval_levels(8191, 32) == (8,)
-    assert _eval_levels(8192, 32) == (24,) and _eval_levels(65536, 16) == (48,)
+    assert _eval_levels(8192, 32) == (32,) and _eval_levels(65536, 16) == (64,)
     assert _eval_levels(65536, 200) == ()
 
 
