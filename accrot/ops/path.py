@@ -731,22 +731,24 @@ def _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels: tuple[int, ...])
     if G is not None:
         G_in = G.view(BH, Ng, C).transpose(0, 1).reshape(Ng * BH, C)  # [Ng·BH, C]
         R_in, a_in = by_group(R), by_group(a)  # [g, Ng·BH], [g, Ng·BH, c]
-    out, lse = _walk_levels(by_group(s_diag), by_group(q_hat), by_group(k_hat), by_group(Pt), by_group(vb), G_in,
-                            R_in, a_in, levels[:-1])
+    q_g, k_g, Pt_g = by_group(q_hat), by_group(k_hat), by_group(Pt)  # [g, Ng·BH, c|D, D]
+    out, lse = _walk_levels(by_group(s_diag), q_g, k_g, Pt_g, by_group(vb), G_in, R_in, a_in, levels[:-1])
     out, lse = out.view(Ng, BH, C, Dv), lse.view(Ng, BH, C)
     if Ng > 1:
         # across the groups: M_j = P_{j−1} ⋯ P_0 carries chunk j's queries to the group start, S_j = P_{j+1}ᵀ ⋯
-        # P_{g−1}ᵀ its keys (as rows) to the group end; the group's own transport is P_0ᵀ S_0
-        Pt = Pt.view(Ng, g, BH, D, D)
-        M, S = [torch.eye(D, dtype=Pt.dtype, device=Pt.device).expand(Ng, BH, D, D)], [None] * g
-        S[-1] = M[0]
+        # P_{g−1}ᵀ its keys (as rows) to the group end; the group's own transport is P_0ᵀ S_0. In the group-major
+        # layout chunk j of every group is one contiguous batch, so each product writes straight into its slot
+        M, S = Pt_g.new_empty(g, Ng * BH, D, D), Pt_g.new_empty(g, Ng * BH, D, D)  # [g, Ng·BH, D, D]
+        M[0] = S[-1] = torch.eye(D, dtype=Pt.dtype, device=Pt.device)
         for j in range(1, g):
-            M.append(Pt[:, j - 1].mT @ M[-1])
-            S[g - 1 - j] = Pt[:, g - j] @ S[g - j]
-        M, S = torch.stack(M, 1), torch.stack(S, 1)  # [Ng, g, BH, D, D]
-        q_start = (q_hat.view(Ng, g, BH, c, D) @ M).transpose(1, 2).reshape(Ng, BH, C, D)
-        k_end = (k_hat.view(Ng, g, BH, c, D) @ S).transpose(1, 2).reshape(Ng, BH, C, D)
-        P_group = Pt[:, 0] @ S[:, 0]  # [Ng, BH, D, D] (rows)
+            torch.bmm(Pt_g[j - 1].mT, M[j - 1], out=M[j])
+            torch.bmm(Pt_g[g - j], S[g - j], out=S[g - 1 - j])
+
+        def by_chunk(x: torch.Tensor) -> torch.Tensor:  # [g, Ng·BH, c, D] -> [Ng, BH, g·c, D]
+            return x.view(g, Ng, BH, c, -1).permute(1, 2, 0, 3, 4).reshape(Ng, BH, C, x.shape[-1])
+
+        q_start, k_end = by_chunk(q_g @ M), by_chunk(k_g @ S)
+        P_group = (Pt_g[0] @ S[0]).view(Ng, BH, D, D)  # (rows)
         v_group = vb.view(Ng, g, BH, c, Dv).transpose(1, 2).reshape(Ng, BH, C, Dv)
         R_group = a_group = None
         if G is not None:
