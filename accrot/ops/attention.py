@@ -119,8 +119,8 @@ def _blocks(T: int, blk: int):
 class _KeyBiasAttention(torch.autograd.Function):
     """Biased causal attention from fused CPU flash-attention calls (module docstring).
 
-    forward(q, k, v ``[B, H, T, D]`` float32/64, unit last stride (views of a fused projection are fine), c ``[B|1, H, T]`` float64 cumulative log f, blk)
-    → ``[B, H, T, D]``. The forward passes the key part of each block's bias as a broadcast ``[B|1, H, 1, S]``
+    forward(q, k, v ``[B, H, T, D]`` float32/64 with unit last stride (views of a fused projection are fine),
+    c ``[B|1, H, T]`` float64 cumulative log f, blk) → ``[B, H, T, D]``. The forward passes the key part of each block's bias as a broadcast ``[B|1, H, 1, S]``
     mask, read once per key tile: at head size D it costs 3–8 % over plain flash calls where the extra
     coordinate costs 15–20 %. Saves the merged output and log-sum-exp (O(T·D)). The backward needs the bias's
     gradient, Σ_t dℓ_ts per key, which the fused backward returns for no mask: it runs on q', k', v' augmented
