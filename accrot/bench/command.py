@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 6]
+    accrot bench schemes [--sizes tiny small] [--T 512] [--eval_lengths 4096 16384] [--repeats 8]
                          [--eval_repeats 3] [--batch '{small: 2}'] [--op_T 1024] [--op_eval_length 16384]
                          [--eval_all] [--device cpu] [--quick] [--out bench_schemes.json]
     accrot bench path    [--lengths 512 2048 8192] [--B 1] [--H 4] [--D 32] [--chunk 32] [--device cpu]
@@ -41,7 +41,8 @@ separate rows, rotate_values for rope/accum only, path cells when ``path`` is re
 * **the attention op** (:mod:`accrot.bench.ops`): one layer's position scheme alone, forward + backward at
   ``B 4 × H 4 × T --op_T (1024) × D 32``, and its evaluation forward (batch 1, ``--op_eval_length`` = 16384) with
   peak memory for one cell per kernel and increment kind: at tiny the whole step hides attention behind the MLP,
-  so the kernels' targets are judged here. A second table beside the schemes table.
+  so the kernels' targets are judged here, over twice ``--repeats`` rounds (an op call is ~20× cheaper than a
+  small step, and its ratios are read to 0.05). A second table beside the schemes table.
 
 Peak memory on CPU: torch's CPU allocations are invisible to :mod:`tracemalloc`, so every (variant, length, round)
 runs in its own forked child (:func:`eval_probe`). After its untimed and timed forwards, the child returns free

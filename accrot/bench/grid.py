@@ -19,7 +19,7 @@ SCHEMA = "accrot.bench/1"
 SIZES = ("tiny", "small")
 # training-step batch per size (the recipes train at 16 and 32), cut to keep the default run near 5 minutes
 BENCH_BATCH = {"tiny": 8, "small": 2}
-FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 6, "eval_repeats": 3,
+FULL = {"sizes": ["tiny", "small"], "T": 512, "eval_lengths": [4096, 16384], "repeats": 8, "eval_repeats": 3,
         "op_T": 1024, "op_eval_length": 16384}
 QUICK = {"sizes": ["tiny"], "T": 256, "eval_lengths": [1024], "repeats": 1, "eval_repeats": 1, "op_T": 256,
          "op_eval_length": 1024}
