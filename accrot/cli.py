@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         importlib.import_module("accrot.run.launch").check_environment()
         # before torch's first parallel region, so its intra-op threads inherit the mode (cpu_kernels.set_denormals)
-        importlib.import_module("accrot.ops.cpu_kernels").set_denormals()
+        kernels = importlib.import_module("accrot.ops.cpu_kernels")
+        kernels.set_denormals()
+        kernels.set_allocator()  # before the first tensor: glibc applies it to later allocations
         if argv and argv[0] in COMMANDS:
             module, _, func = COMMANDS[argv[0]].partition(":")
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

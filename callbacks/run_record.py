@@ -70,6 +70,7 @@ class RunRecord(L.Callback):
             # the compiled CPU rotation kernels and the eager formulas agree to rounding, not bit for bit
             "rotation_kernels": cpu_kernels.describe(trainer.strategy.root_device),
             "denormals": cpu_kernels.denormals(),  # flushed to zero (the accrot command's default) or IEEE
+            "allocator": cpu_kernels.allocator(),  # glibc malloc tuned (the accrot command's default) or default
             "seed": _seed(),
             "hparams": dict(pl_module.hparams),
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},

@@ -302,3 +302,4 @@ def test_evaluation_children_run_under_the_benchmarks_subnormal_mode(mode, monke
     finally:
         zygote.close()
     assert result["seconds"] > 0 and result["denormals"] == ("flushed" if mode == "flush" else "IEEE")
+    assert result["allocator"] == "tuned"  # ACCROT_MALLOC's default, as in the benchmark process

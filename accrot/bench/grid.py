@@ -186,7 +186,7 @@ def machine(device: torch.device | str = "cpu") -> dict[str, Any]:
     dev = torch.device(device)
     out = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "python": platform.python_version(), "kernels": cpu_kernels.describe(dev), "device": str(dev),
-           "denormals": cpu_kernels.denormals()}
+           "denormals": cpu_kernels.denormals(), "allocator": cpu_kernels.allocator()}
     if dev.type == "cuda" and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(dev)
         out["cuda"] = torch.version.cuda
@@ -198,4 +198,4 @@ def machine_line(info: dict[str, Any]) -> str:
     gpu = f"; {info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else ""
     return (f"machine: {info['cpu']}, {info['cores']} cores, {info['threads']} torch threads; torch {info['torch']}, "
             f"Python {info['python']}; rotation kernels: {info['kernels']} on {info['device']}; "
-            f"subnormals: {info.get('denormals', 'IEEE')}{gpu}")
+            f"subnormals: {info.get('denormals', 'IEEE')}; malloc: {info.get('allocator', 'default')}{gpu}")

@@ -125,7 +125,8 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
                 t0 = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - t0)
-            return {"seconds": statistics.median(times), "forwards": len(times), "denormals": cpu_kernels.denormals()}
+            return {"seconds": statistics.median(times), "forwards": len(times), "denormals": cpu_kernels.denormals(),
+                    "allocator": cpu_kernels.allocator()}
         _pin_allocator()
         run(min(T, 128))
         gc.collect()
@@ -146,10 +147,11 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
 def zygote_loop() -> None:
     """The helper interpreter: one JSON request per stdin line → fork a child that runs :func:`eval_probe` →
     one JSON result per stdout line. It never runs a tensor op itself, so each child starts OpenMP afresh (and its
-    threads inherit the subnormal mode the benchmark process runs under, set here first)."""
+    threads inherit the subnormal mode the benchmark process runs under, set here first, as is its allocator)."""
     from accrot.ops import cpu_kernels
 
     cpu_kernels.set_denormals()
+    cpu_kernels.set_allocator()  # the time probes allocate as the benchmark process does (memory probes re-pin)
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
     for line in sys.stdin:

@@ -45,10 +45,11 @@ def check_launch(trainer_cfg) -> None:
 
 
 def check_environment() -> None:
-    """Environment switches (``ACCROT_CPU_KERNELS``, ``ACCROT_DENORMALS``) fail before any work, like a bad
-    option."""
+    """Environment switches (``ACCROT_CPU_KERNELS``, ``ACCROT_DENORMALS``, ``ACCROT_MALLOC``) fail before any
+    work, like a bad option."""
     try:
         cpu_kernels.mode()
         cpu_kernels.denormal_mode()
+        cpu_kernels.allocator_mode()
     except ValueError as err:
         raise UsageError(str(err)) from None

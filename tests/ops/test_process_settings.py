@@ -1,0 +1,103 @@
+"""How the accrot command sets up its process before any tensor: subnormal floats flushed to zero in every intra-op
+thread (cpu_kernels.set_denormals) and glibc's malloc tuned to keep a step's memory mapped (set_allocator).
+
+A far-mass bias drives far keys' softmax weights below float32's normal range, and x86 computes on subnormals
+about a hundred times slower; the probe below multiplies subnormals across torch's threads and reads the result.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accrot.ops import cpu_kernels
+
+# a subnormal float32 broadcast to 2^20 elements (no parallel region before set_denormals: the pool is created
+# after it and inherits the mode), then one product split across 2 threads
+PROBE = """
+import torch
+torch.set_num_threads(2)
+x = torch.tensor([1e-39]).expand(1 << 20)
+from accrot.ops import cpu_kernels
+print(cpu_kernels.set_denormals(), cpu_kernels.denormals())
+y = x * 1.5
+print(int((y == 0).sum()), y.numel(), float(y[0]), float(y[-1]))
+"""
+
+
+def _probe(mode: str | None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "ACCROT_DENORMALS"}
+    if mode is not None:
+        env["ACCROT_DENORMALS"] = mode
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+@pytest.mark.parametrize("mode", [None, "flush"])
+def test_flushed_in_every_thread(mode):
+    applied, recorded, zeros, n, first, last = _probe(mode)
+    assert applied == recorded == "flushed"
+    assert int(zeros) == int(n) == 1 << 20 and float(first) == float(last) == 0.0
+
+
+def test_keep_leaves_ieee_subnormals():
+    applied, recorded, zeros, n, first, last = _probe("keep")
+    assert applied == recorded == "IEEE"
+    assert int(zeros) == 0 and float(first) == float(last) == pytest.approx(1.5e-39, rel=1e-6)
+
+
+def test_a_bad_switch_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("ACCROT_DENORMALS", "sometimes")
+    with pytest.raises(ValueError, match="ACCROT_DENORMALS='sometimes' is not valid; choose one of flush, keep"):
+        cpu_kernels.denormal_mode()
+
+
+# 64 MiB in blocks of 8 MiB (below the tuned mmap threshold, above glibc's default 128 KiB): allocated, freed, and
+# the resident set read before and after the free
+ALLOCATOR_PROBE = """
+import torch
+from accrot.ops import cpu_kernels
+print(cpu_kernels.set_allocator(), cpu_kernels.allocator())
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+blocks = [torch.ones(2 * 2**20) for _ in range(8)]
+held = rss()
+del blocks
+print(held - rss())
+"""
+
+
+def _allocator_probe(mode: str | None) -> tuple[str, str, int]:
+    env = {k: v for k, v in os.environ.items() if k != "ACCROT_MALLOC"}
+    if mode is not None:
+        env["ACCROT_MALLOC"] = mode
+    done = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    applied, recorded, released = done.stdout.split()
+    return applied, recorded, int(released)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc are Linux's")
+def test_tuned_allocator_keeps_freed_blocks_mapped():
+    applied, recorded, released = _allocator_probe(None)
+    assert applied == recorded == "tuned"
+    assert released < 8 * 2**20  # the 64 MiB stay in the heap for the next step
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and /proc are Linux's")
+def test_default_allocator_returns_freed_blocks():
+    applied, recorded, released = _allocator_probe("default")
+    assert applied == recorded == "default"
+    assert released > 48 * 2**20  # glibc unmapped (most of) them at once
+
+
+def test_a_bad_allocator_switch_is_a_value_error(monkeypatch):
+    monkeypatch.setenv("ACCROT_MALLOC", "fast")
+    with pytest.raises(ValueError, match="ACCROT_MALLOC='fast' is not valid; choose one of tuned, default"):
+        cpu_kernels.allocator_mode()
