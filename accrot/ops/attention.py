@@ -91,21 +91,21 @@ def _masked_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.T
     return torch.cat(outs, dim=2) if outs else q.new_empty(B, H, 0, v.shape[-1])  # [B, H, T, D]
 
 
+def widened(x: torch.Tensor, width: int, fill: float = 0.0) -> torch.Tensor:
+    """x padded on its last dimension to ``width`` with ``fill`` (one copy, and a fill of the new columns only)."""
+    out = x.new_empty(*x.shape[:-1], width)
+    out[..., : x.shape[-1]] = x
+    out[..., x.shape[-1] :] = fill
+    return out
+
+
 def _augmented(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, grad: torch.Tensor):
     """The backward's operands at head size D + 1: ``q' = [q, √D]``, ``k' = [k, ·]`` (the bias slot, filled per
     block), ``v' = [v, 0]``, ``out' = [out, 0]``, ``grad' = [grad, 0]`` (the fused kernel wants one head size),
     ``[B, H, T, D + 1]`` each."""
     D = q.shape[-1]
-
-    def widened(x: torch.Tensor, last: float | None) -> torch.Tensor:
-        y = x.new_empty(*x.shape[:-1], D + 1)
-        y[..., :D] = x
-        if last is not None:
-            y[..., D] = last
-        return y
-
-    return (widened(q, math.sqrt(D)), widened(k, None), widened(v, 0.0), widened(out, 0.0),
-            widened(grad.to(q.dtype), 0.0))
+    return (widened(q, D + 1, math.sqrt(D)), widened(k, D + 1), widened(v, D + 1), widened(out, D + 1),
+            widened(grad.to(q.dtype), D + 1))
 
 
 def _blocks(T: int, blk: int):

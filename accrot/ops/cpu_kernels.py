@@ -38,22 +38,23 @@ _lock = threading.Lock()
 _state: dict[str, object] = {}
 
 
-def mode() -> str:
-    value = os.environ.get("ACCROT_CPU_KERNELS", "auto").strip().lower() or "auto"
-    if value not in ("auto", "on", "off"):
-        raise ValueError(f"ACCROT_CPU_KERNELS={value!r} is not valid; choose one of auto, on, off")
+def _switch(name: str, choices: tuple[str, ...]) -> str:
+    """The environment switch ``name`` (case and spaces ignored; unset or empty: the first choice), or a
+    ValueError naming the choices."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
     return value
 
 
-DENORMAL_MODES = ("flush", "keep")
+def mode() -> str:
+    """``ACCROT_CPU_KERNELS``: ``auto`` (default), ``on`` or ``off`` (module docstring)."""
+    return _switch("ACCROT_CPU_KERNELS", ("auto", "on", "off"))
 
 
 def denormal_mode() -> str:
     """``ACCROT_DENORMALS``: ``flush`` (default) or ``keep`` (IEEE subnormals, e.g. to compare)."""
-    value = os.environ.get("ACCROT_DENORMALS", "flush").strip().lower() or "flush"
-    if value not in DENORMAL_MODES:
-        raise ValueError(f"ACCROT_DENORMALS={value!r} is not valid; choose one of {', '.join(DENORMAL_MODES)}")
-    return value
+    return _switch("ACCROT_DENORMALS", ("flush", "keep"))
 
 
 def set_denormals() -> str:
@@ -83,17 +84,13 @@ def denormals() -> str:
     return str(_state.get("denormals", "IEEE"))
 
 
-ALLOCATOR_MODES = ("tuned", "default")
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: blocks below it come from the heap
 TRIM_THRESHOLD = 2**30  # free heap kept before returning any of it to the OS
 
 
 def allocator_mode() -> str:
     """``ACCROT_MALLOC``: ``tuned`` (default) or ``default`` (glibc's own dynamic thresholds)."""
-    value = os.environ.get("ACCROT_MALLOC", "tuned").strip().lower() or "tuned"
-    if value not in ALLOCATOR_MODES:
-        raise ValueError(f"ACCROT_MALLOC={value!r} is not valid; choose one of {', '.join(ALLOCATOR_MODES)}")
-    return value
+    return _switch("ACCROT_MALLOC", ("tuned", "default"))
 
 
 def set_allocator() -> str:

@@ -39,6 +39,7 @@ from accrot.ops import cpu_kernels
 from accrot.ops.attention import (  # ATen's fused CPU flash attention (out, logsumexp), backward
     _CPU_BWD,
     _CPU_FWD,
+    widened,
 )
 
 Kernel = Literal["chunked", "recurrent", "fla"]
@@ -566,7 +567,7 @@ class _PathWalk(torch.autograd.Function):
         else:
             walk = _KeyWalk(q_start, k_end, Pt, vb, G, R, operands=(queries, values))
             width = walk.width
-            g_w, o_w = (_widened(dout, width), _widened(out, width)) if width > Dv else (dout, out)  # [N, BH, c, width]
+            g_w, o_w = (widened(dout, width), widened(out, width)) if width > Dv else (dout, out)  # [N, BH, c, width]
             lse_walk = lse - a * LN2 if a is not None else lse  # the flash op's own logits lack a_t
             kernels = _walk_kernels()
             if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
@@ -584,14 +585,6 @@ class _PathWalk(torch.autograd.Function):
                 row[0] = 0.0  # chunk 0 has no earlier keys
                 dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
         return dq, dk, dPt, ds_diag, dvb, dG, None, None
-
-
-def _widened(x: torch.Tensor, width: int) -> torch.Tensor:
-    """x zero-padded on its last dimension to ``width`` (one copy, and a fill of the new columns only)."""
-    out = x.new_empty(*x.shape[:-1], width)
-    out[..., : x.shape[-1]] = x
-    out[..., x.shape[-1] :] = 0.0
-    return out
 
 
 class _RowColumnBias(torch.autograd.Function):
