@@ -40,10 +40,85 @@ using at::Tensor;
 
 const double kLn2 = std::log(2.0);
 
+template <typename T>
+void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const T* alpha,
+               const T* a, const int* lda, const T* b, const int* ldb, const T* beta, T* c, const int* ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (sgemm_) return sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    if (dgemm_) return dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  // no BLAS symbol: the column-major product in plain loops
+  const bool tA = *ta == 'T', tB = *tb == 'T';
+  for (int j = 0; j < *n; ++j)
+    for (int i = 0; i < *m; ++i) {
+      T acc = 0;
+      for (int p = 0; p < *k; ++p)
+        acc += (tA ? a[p + i * *lda] : a[i + p * *lda]) * (tB ? b[j + p * *ldb] : b[p + j * *ldb]);
+      c[i + j * *ldc] = *alpha * acc + (*beta == T(0) ? T(0) : *beta * c[i + j * *ldc]);
+    }
+}
+
+// row-major C[m, n] = alpha op(A) op(B) + beta C with op(A) [m, k], op(B) [k, n] and row strides lda, ldb, ldc of
+// the matrices as stored (A is [k, m] when transposed): the column-major call on the transposes
+template <typename T>
+inline void mm(bool ta, const T* A, int lda, bool tb, const T* B, int ldb, T* C, int ldc, int m, int n, int k,
+               T alpha = 1, T beta = 0) {
+  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+  blas_gemm<T>(&cb, &ca, &n, &m, &k, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
+}
+
+// copy a [rows, cols] block between row strides
+template <typename T>
+inline void put(T* dst, int ldd, const T* src, int lds, int rows, int cols) {
+  for (int r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * ldd);
+}
+
+// BLAS inside at::parallel_for: one thread per call (restored afterwards)
+struct SerialBlas {
+  int previous = 0;
+  SerialBlas() { if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1); }
+  ~SerialBlas() { if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous); }
+};
+
 // per batch b: C_b = op(A_b) op(B_b) + beta C_b on 3-d views [BH, ·, ·] with unit last stride, row-major, one BLAS
-// call per batch (defined below, beside the chunk core's BLAS helpers)
+// call per batch (defined below)
 void batched_mm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t m, int64_t n, int64_t k,
                 double beta);
+
+// One step of the key walk for every head b, each head's whole step on one thread (the thread that wrote K_n's
+// rows of that head in the last step, and whose flash call reads them next: the partition over heads is ATen's):
+// dst[:done, :D] = keys[:done, :D] Pt (BLAS), dst[done:rows, :D] = k_end, and with a bias its key part R_n - G_s
+// (float64 difference, then one cast: the bits of the eager (R - G).to(dtype)) into coordinate D when column, and
+// times ln 2 into mask [BH, rows] when given. As separate ATen calls the copies ran on the other core's lines.
+template <typename T>
+void advance_impl(const Tensor& keys, const Tensor& Pt, const Tensor& k_end, const Tensor& dst, const Tensor& G,
+                  const Tensor& Rn, const Tensor& mask, int64_t done, int64_t rows, int64_t D, bool column) {
+  const int64_t BH = dst.size(0), c = rows - done;
+  const bool bias = G.defined(), masked = mask.defined();
+  const T *kp = done ? keys.data_ptr<T>() : nullptr, *pp = Pt.data_ptr<T>(), *ep = k_end.data_ptr<T>();
+  T *dp = dst.data_ptr<T>(), *mp = masked ? mask.data_ptr<T>() : nullptr;
+  const double *gp = bias ? G.data_ptr<double>() : nullptr, *rp = bias ? Rn.data_ptr<double>() : nullptr;
+  const int64_t ksb = done ? keys.stride(0) : 0, ldk = done ? keys.stride(1) : 0, psb = Pt.stride(0);
+  const int64_t ldp = Pt.stride(1), esb = k_end.stride(0), lde = k_end.stride(1), dsb = dst.stride(0);
+  const int64_t ldd = dst.stride(1), gsb = bias ? G.stride(0) : 0, gs = bias ? G.stride(1) : 0;
+  const int64_t rs = bias ? Rn.stride(0) : 0, msb = masked ? mask.stride(0) : 0;
+  at::parallel_for(0, BH, 1, [&](int64_t lo, int64_t hi) {
+    SerialBlas serial;
+    for (int64_t b = lo; b < hi; ++b) {
+      T* d = dp + b * dsb;
+      if (done) mm<T>(false, kp + b * ksb, ldk, false, pp + b * psb, ldp, d, ldd, done, D, D, T(1), T(0));
+      for (int64_t r = 0; r < c; ++r) std::copy(ep + b * esb + r * lde, ep + b * esb + r * lde + D, d + (done + r) * ldd);
+      if (!bias) continue;
+      const double R_b = rp[b * rs];
+      const double* g = gp + b * gsb;
+      if (column)
+        for (int64_t s = 0; s < rows; ++s) d[s * ldd + D] = static_cast<T>(R_b - g[s * gs]);
+      if (masked)
+        for (int64_t s = 0; s < rows; ++s) mp[b * msb + s] = static_cast<T>((R_b - g[s * gs]) * kLn2);
+    }
+  });
+}
 
 struct KeyWalk {
   int64_t N, c, D, W;
@@ -69,12 +144,10 @@ struct KeyWalk {
     return buf;
   }
 
-  // the key part of the bias of the last step's keys, R_n - G_s [BH, rows] float64
-  Tensor bias_rows;
-
   // K_{n+1} = [K_n Pt_n ; k_end_n]; returns the buffer's first (n+1)*c rows. column: write the bias into
-  // coordinate D (a forward that passes it as a mask skips it on the buffers it does not keep)
-  Tensor advance(bool fresh, bool column = true) {
+  // coordinate D (a forward that passes it as a mask skips it on the buffers it does not keep); mask (defined,
+  // [BH, rows]): write it there, times ln 2, as well
+  Tensor advance(bool fresh, bool column = true, const Tensor& mask = Tensor()) {
     const int64_t next = n + 1, done = (next - 1) * c, rows = next * c;
     Tensor dst;
     if (fresh) {
@@ -83,12 +156,11 @@ struct KeyWalk {
       if (pool.empty()) pool = {buffer(N * c), buffer(N * c)};
       dst = pool[keys.defined() && keys.is_same(pool[0]) ? 1 : 0];  // the one not being read
     }
-    if (done) batched_mm(keys, false, Pt[next - 1], false, dst, done, D, D, 0.0);  // rows :done, columns :D
-    dst.narrow(1, done, c).narrow(2, 0, D).copy_(k_end[next - 1]);
-    if (bias) {  // b_ts = a_t + (R_n - G_s): the key part (float64 difference, then cast)
-      bias_rows = R[next].unsqueeze(1) - G.narrow(1, 0, rows);
-      if (column) dst.narrow(1, 0, rows).select(2, D).copy_(bias_rows);
-    }
+    TORCH_CHECK(dst.stride(2) == 1 && k_end.stride(3) == 1 && Pt.stride(3) == 1, "the walk's rows have unit stride");
+    Tensor Rn = bias ? R[next] : Tensor(), Gr = bias ? G.narrow(1, 0, rows) : Tensor();
+    AT_DISPATCH_FLOATING_TYPES(dst.scalar_type(), "path_walk_advance", [&] {
+      advance_impl<scalar_t>(keys, Pt[next - 1], k_end[next - 1], dst, Gr, Rn, mask, done, rows, D, column);
+    });
     keys = dst;
     n = next;
     return dst.narrow(1, 0, rows);
@@ -126,10 +198,11 @@ std::tuple<Tensor, Tensor, std::vector<Tensor>> path_walk_forward(
   std::vector<Tensor> kept;
   for (int64_t n = 1; n < N; ++n) {
     const bool keep_n = keep > 0 && n > 1 && (n - 1) % keep == 0;
-    Tensor keys = walk.advance(keep_n, !masked || keep_n);
+    Tensor m = masked ? at::empty({BH, n * c}, queries.options()) : Tensor();
+    Tensor keys = walk.advance(keep_n, !masked || keep_n, m);
     if (keep_n) kept.push_back(keys);
     std::optional<Tensor> mask;
-    if (masked) mask = walk.bias_rows.mul(kLn2).to(queries.scalar_type()).unsqueeze(1).unsqueeze(0);  // [1, BH, 1, rows]
+    if (masked) mask = m.unsqueeze(1).unsqueeze(0);  // [1, BH, 1, rows]
     auto [o, l] = at::_scaled_dot_product_flash_attention_for_cpu(
         queries[n].narrow(-1, 0, width).unsqueeze(0), keys.narrow(-1, 0, width).unsqueeze(0),
         values.narrow(1, 0, n * c).narrow(-1, 0, width).unsqueeze(0), 0.0, false, mask,
@@ -138,6 +211,43 @@ std::tuple<Tensor, Tensor, std::vector<Tensor>> path_walk_forward(
     lses[n - 1].copy_(l[0]);
   }
   return {outs, lses, kept};
+}
+
+// One flash backward's results into the walk's gradients, one pass per head: dq_n = dq[..., :D], dvals[:, :rows] +=
+// dV[..., :Dv] and (bias, dcol defined) dcol[:, :rows] += dK[..., D], the sum over t of dl_ts, the gradient of the
+// bias's key part. The same additions as the eager loop's add_ calls; ATen makes three strided passes of them.
+template <typename T>
+void take_step_impl(const Tensor& dq, const Tensor& dq_, const Tensor& dvals, const Tensor& dV, const Tensor& dcol,
+                    const Tensor& dK, int64_t D, int64_t Dv) {
+  const int64_t BH = dV.size(0), rows = dV.size(1), c = dq.size(1);
+  const bool bias = dcol.numel() > 0;
+  T *q = dq.data_ptr<T>(), *vals = dvals.data_ptr<T>(), *col = bias ? dcol.data_ptr<T>() : nullptr;
+  const T *q_ = dq_.data_ptr<T>(), *v = dV.data_ptr<T>(), *k = dK.data_ptr<T>();
+  const int64_t qb = dq.stride(0), qr = dq.stride(1), q_b = dq_.stride(0), q_r = dq_.stride(1);
+  const int64_t ab = dvals.stride(0), ar = dvals.stride(1), vb = dV.stride(0), vr = dV.stride(1);
+  const int64_t cb = bias ? dcol.stride(0) : 0, kb = dK.stride(0), kr = dK.stride(1);
+  // by heads, split as ATen's flash backward splits them: each head's gradients are read by the core that wrote them
+  at::parallel_for(0, BH, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      for (int64_t t = 0; t < c; ++t) std::copy(q_ + b * q_b + t * q_r, q_ + b * q_b + t * q_r + D, q + b * qb + t * qr);
+      T* acc = vals + b * ab;
+      const T* src = v + b * vb;
+      for (int64_t s = 0; s < rows; ++s)
+        for (int64_t j = 0; j < Dv; ++j) acc[s * ar + j] += src[s * vr + j];
+      if (bias)
+        for (int64_t s = 0; s < rows; ++s) col[b * cb + s] += k[b * kb + s * kr + D];
+    }
+  });
+}
+
+void take_step(const Tensor& dq, const Tensor& dq_, const Tensor& dvals, const Tensor& dV, const Tensor& dcol,
+               const Tensor& dK, int64_t D, int64_t Dv) {
+  TORCH_CHECK(dq.stride(2) == 1 && dq_.stride(2) == 1 && dvals.stride(2) == 1 && dV.stride(2) == 1 &&
+                  dK.stride(2) == 1 && (dcol.numel() == 0 || dcol.stride(1) == 1),
+              "take_step: unit last strides");
+  AT_DISPATCH_FLOATING_TYPES(dq.scalar_type(), "take_step", [&] {
+    take_step_impl<scalar_t>(dq, dq_, dvals, dV, dcol, dK, D, Dv);
+  });
 }
 
 // -> dq [N, BH, c, D], dk [N, BH, c, D], dPt [N, BH, D, D], dvalues [BH, N*c, Dv] and (bias) the column sums of
@@ -184,10 +294,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
     auto [dq_, dK, dV] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         grad[n].unsqueeze(0), queries[n].unsqueeze(0), K.unsqueeze(0), values.narrow(1, 0, rows).unsqueeze(0),
         out[n].unsqueeze(0), lse[n].unsqueeze(0), 0.0, false, std::nullopt, kLn2);
-    dq[n].copy_(dq_[0].narrow(-1, 0, D));
-    dvals.narrow(1, 0, rows).add_(dV[0].narrow(-1, 0, Dv));
     Tensor dKn = dK[0];  // [BH, n*c, W]
-    if (walk.bias) dcol.narrow(1, 0, rows).add_(dKn.select(-1, D));  // sum over t of dl_ts: the key part
+    take_step(dq[n], dq_[0], dvals, dV[0], dcol, dKn, D, Dv);
     if (!A.defined()) {
       A = dKn.narrow(-1, 0, D);
     } else {  // K_{n+1} = [K_n Pt_n ; k_end_n]
@@ -214,46 +322,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
 // Layout (row-major, per chunk i of the N*BH): q, k, w [c, D] (q scaled), b [c]; s [c, c] (-inf above the
 // diagonal), q_start, k_end [c, D], Pt [D, D]; the backward's operands T = L^-1 [c, c], U [c, D], Y [c, c], QW [c, c].
 
-template <typename T>
-void blas_gemm(const char* ta, const char* tb, const int* m, const int* n, const int* k, const T* alpha,
-               const T* a, const int* lda, const T* b, const int* ldb, const T* beta, T* c, const int* ldc) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (sgemm_) return sgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    if (dgemm_) return dgemm_(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  // no BLAS symbol: the column-major product in plain loops
-  const bool tA = *ta == 'T', tB = *tb == 'T';
-  for (int j = 0; j < *n; ++j)
-    for (int i = 0; i < *m; ++i) {
-      T acc = 0;
-      for (int p = 0; p < *k; ++p)
-        acc += (tA ? a[p + i * *lda] : a[i + p * *lda]) * (tB ? b[j + p * *ldb] : b[p + j * *ldb]);
-      c[i + j * *ldc] = *alpha * acc + (*beta == T(0) ? T(0) : *beta * c[i + j * *ldc]);
-    }
-}
-
-// row-major C[m, n] = alpha op(A) op(B) + beta C with op(A) [m, k], op(B) [k, n] and row strides lda, ldb, ldc of
-// the matrices as stored (A is [k, m] when transposed): the column-major call on the transposes
-template <typename T>
-inline void mm(bool ta, const T* A, int lda, bool tb, const T* B, int ldb, T* C, int ldc, int m, int n, int k,
-               T alpha = 1, T beta = 0) {
-  const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
-  blas_gemm<T>(&cb, &ca, &n, &m, &k, &alpha, B, &ldb, A, &lda, &beta, C, &ldc);
-}
-
-// copy a [rows, cols] block between row strides
-template <typename T>
-inline void put(T* dst, int ldd, const T* src, int lds, int rows, int cols) {
-  for (int r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * ldd);
-}
-
-// BLAS inside at::parallel_for: one thread per call (restored afterwards)
-struct SerialBlas {
-  int previous = 0;
-  SerialBlas() { if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1); }
-  ~SerialBlas() { if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous); }
-};
 
 template <typename T>
 void batched_mm_impl(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int m, int n, int k,
