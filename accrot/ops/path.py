@@ -402,21 +402,9 @@ class _KeyWalk:
         if operands is not None:
             self.queries, self.values = operands
             return
-        v_rows = vb.transpose(0, 1).reshape(BH, N * c, Dv)  # [BH, N·c, Dv]
-        if W == Dv:
-            self.values = v_rows
-        else:
-            self.values = v_rows.new_empty(BH, N * c, W)
-            self.values[..., :Dv] = v_rows
-            self.values[..., Dv:] = 0.0
-        if W == D:
-            self.queries = q_start
-        else:
-            self.queries = q_start.new_empty(N, BH, c, W)
-            self.queries[..., :D] = q_start
-            if self.bias:
-                self.queries[..., D] = 1.0
-            self.queries[..., D + self.bias :] = 0.0
+        self.values = widened(vb.transpose(0, 1), W).view(BH, N * c, W)  # [BH, N·c, W]
+        queries = widened(q_start, D + 1, 1.0) if self.bias else q_start  # [N, BH, c, D (+1)]
+        self.queries = queries if W == queries.shape[-1] else widened(queries, W)
 
     def restore(self, n: int, keys: torch.Tensor | None) -> None:
         """Set the walk to K_n (``[BH, n·c, width]``, not copied: advance ``fresh`` from here, so it stays as it
@@ -567,7 +555,8 @@ class _PathWalk(torch.autograd.Function):
         else:
             walk = _KeyWalk(q_start, k_end, Pt, vb, G, R, operands=(queries, values))
             width = walk.width
-            g_w, o_w = (widened(dout, width), widened(out, width)) if width > Dv else (dout, out)  # [N, BH, c, width]
+            g_w = _tokens_major(dout, width)  # [N, BH, c, width]
+            o_w = widened(out, width) if width > Dv else out
             lse_walk = lse - a * LN2 if a is not None else lse  # the flash op's own logits lack a_t
             kernels = _walk_kernels()
             if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
@@ -585,6 +574,13 @@ class _PathWalk(torch.autograd.Function):
                 row[0] = 0.0  # chunk 0 has no earlier keys
                 dG = (row.transpose(0, 1).reshape(BH, N * c) - dcol).to(torch.float64)
         return dq, dk, dPt, ds_diag, dvb, dG, None, None
+
+
+def _tokens_major(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x [N, BH, c, Dv]`` zero-padded to ``width``, stored token-major (``[N, c, BH, width]`` in memory) and
+    returned as the ``[N, BH, c, width]`` view. ATen's fused CPU backward reads its output gradient in
+    ``[B, T, H, D]`` order and copies any other layout on every call: one copy here instead of one per chunk."""
+    return widened(x.transpose(1, 2), width).transpose(1, 2)
 
 
 class _RowColumnBias(torch.autograd.Function):
