@@ -158,7 +158,9 @@ class _KeyBiasAttention(torch.autograd.Function):
         qa, ka, va, oa, ga = _augmented(q, k, v, out, grad)
         # every row of these is written before it is added to: query block t0's diagonal tile comes first and
         # assigns its rows (and its keys' rows); the keys before t0 were assigned by their own block earlier
-        dqa, dka, dva = torch.empty_like(qa), torch.empty_like(ka), torch.empty_like(va)
+        # token-major ([B, T, H, D + 1] in memory), the order of the fused backward's own results, so the copies
+        # and sums below run along memory, not across it (and so does the stacking into the projection's gradient)
+        dqa, dka, dva = (x.new_empty(B, T, H, D + 1).transpose(1, 2) for x in (qa, ka, va))
         for t0, t1, parts in _blocks(T, ctx.blk):
             ka[..., :t1, D] = (c[..., t0 : t0 + 1] - c[..., :t1]).to(ka.dtype)  # c_t0 − c_s, keys of this block
             for s0, s1, causal in parts:
