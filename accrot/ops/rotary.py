@@ -238,6 +238,17 @@ def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -
     return _AccumulateWrap.apply(delta, offset)
 
 
+def accumulate_drawn(z: torch.Tensor, mean: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """θ of drawn increments δ = mean + sigma·z: ``accumulate_angles((mean + sigma * z).to(float32))`` to the bit,
+    without a gradient (``z [B, H, T, P]`` float32, ``mean, sigma [P]`` float64). On the CPU one kernel pass: the
+    map, the float32 rounding, the float64 sum and the wrap, where the eager form makes float64 temporaries of
+    the whole draw in three passes before the sum."""
+    kernels = _kernels(z) if z.device.type == "cpu" and z.dtype == torch.float32 else None
+    if kernels is not None:
+        return kernels.accumulate_drawn(z, mean, sigma)
+    return accumulate_angles((mean + sigma * z).to(torch.float32))
+
+
 def accumulate_angles_reference(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
     """Test twin of :func:`accumulate_angles`, differentiated by autograd."""
     theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P]

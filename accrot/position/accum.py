@@ -57,7 +57,7 @@ from torch import nn
 
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
-from accrot.ops.rotary import accumulate_angles, accumulate_bounded, wrap_angle
+from accrot.ops.rotary import accumulate_angles, accumulate_bounded, accumulate_drawn, wrap_angle
 from accrot.position.base import RotationPart
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.rope import rope_frequencies
@@ -247,6 +247,15 @@ class RandomPositionIncrements(nn.Module):
             z = counter_rng.standard_uniform(key, counter)
         c = self.consts.on(z.device)
         return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32, as :meth:`draw`
+
+    def fresh_angles(self, B: int, T: int) -> torch.Tensor:
+        """θ of the next training draw for this rank's ``B`` rows, on the CPU: ``[B, H, T, P]`` float32, the bits
+        of ``accumulate_angles(forward(x, tokens))`` with the map to δ and the sum in one pass
+        (:func:`~accrot.ops.rotary.accumulate_drawn`)."""
+        rank, world = self.shard
+        z = _standard_noise((B * world, self.n_heads, T, self.P), self.cfg.increment_family, self.next_generator())
+        c = self.consts.on(z.device)
+        return accumulate_drawn(z if world == 1 else z[rank::world], c["mean"], c["sigma"])  # [B, H, T, P]
 
     def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
         """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
@@ -444,8 +453,11 @@ class AccumulatedRotation(RotationPart):
         return delta if self.floor is None else delta + self.floor(x, tokens)  # [B, H, T, P]
 
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.source, RandomPositionIncrements) and not self.source.fresh:
-            return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
+        if isinstance(self.source, RandomPositionIncrements):
+            if not self.source.fresh:
+                return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
+            if x.device.type == "cpu":  # a fresh draw, mapped and summed in one pass
+                return self.source.fresh_angles(*tokens.shape)  # [B, H, T, P]
         if isinstance(self.source, LearnedIncrements):  # the bound, the floor and the sum in one node
             return self.source.angles(x, None if self.floor is None else self.floor(x, tokens))  # [B, H, T, P]
         return accumulate_angles(self.increments(x, tokens))  # [B|1, H, T, P]

@@ -20,6 +20,7 @@ from accrot.ops.rotary import (
     accumulate_angles_reference,
     accumulate_bounded,
     accumulate_bounded_reference,
+    accumulate_drawn,
     cos_sin,
     rotate_pairs_cs,
     rotate_pairs_many,
@@ -189,6 +190,25 @@ def test_rotation_of_strided_inputs_matches_reference(layout, angle_layout, dtyp
         for a, b in zip(torch.autograd.grad(fast, [x, theta], g), ref_grads):
             assert a.shape == b.shape
             torch.testing.assert_close(a.cpu(), b, rtol=0, atol=20 * tol)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "uniform"])
+def test_drawn_accumulation_is_the_eager_map_then_sum(family, monkeypatch):
+    """Random increments mapped and summed in one pass: the bits of δ = (mean + σ·z).to(float32) then the sum, for
+    the draw as made, one DDP rank's rows of it (strided) and a token-major view; and the eager fallback agrees."""
+    from accrot.position.accum import _standard_noise
+
+    kernels_or_skip()
+    gen = torch.Generator().manual_seed(4)
+    z = _standard_noise((4, 3, 300, 8), family, gen)  # [B, H, T, P] float32, as the scheme draws it
+    mean = torch.rand(8, generator=gen, dtype=torch.float64)
+    sigma = 2 * torch.rand(8, generator=gen, dtype=torch.float64)  # large enough to wrap often
+    for zz in (z, z[1::2], z.transpose(1, 2).contiguous().transpose(1, 2)):
+        eager = accumulate_angles_reference((mean + sigma * zz).to(torch.float32))
+        fused = accumulate_drawn(zz, mean, sigma)
+        assert fused.dtype == torch.float32 and torch.equal(fused, eager)
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "off")
+    assert torch.equal(accumulate_drawn(z, mean, sigma), accumulate_angles_reference((mean + sigma * z).float()))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)

@@ -199,37 +199,68 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> rotate_many_backward(at::TensorL
   return {dxs, dtheta};
 }
 
+// θ_t = wrap(offset + Σ_{j≤t} δ_j) for the rows of D (a Strided view of [B, H, T, P]) into theta, summed in float64
+// in the order torch.cumsum sums and wrapped to [-π, π); increment(row, p) gives δ_j's entry p as a double.
+template <typename Rows, typename Increment>
+void wrapped_sums(const Rows& D, const at::Tensor& theta, const double* po, Increment increment) {
+  const int64_t B = theta.size(0), H = theta.size(1), T = theta.size(2), P = theta.size(3);
+  const Strided<float> Th(theta.mutable_data_ptr<float>(), theta);
+  for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
+    std::vector<double> sums((h1 - h0) * P, 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const auto* __restrict__ row = D.at(b, h, t);
+        const double* __restrict__ o = po ? po + (b * H + h) * P : nullptr;
+        double* __restrict__ acc = sums.data() + (h - h0) * P;
+        float* __restrict__ out = Th.at(b, h, t);
+        _Pragma("omp simd")  // inside a macro argument, so not #pragma
+        for (int64_t p = 0; p < P; ++p) {
+          acc[p] += increment(row, p);
+          const double v = (o ? acc[p] + o[p] : acc[p]) + kPi;
+          out[p] = static_cast<float>(v - kTwoPi * std::floor(v * kInvTwoPi) - kPi);  // remainder, [-π, π)
+        }
+      }
+    }
+  });
+}
+
+// θ as float32 in x's memory order when x is dense (else contiguous)
+at::Tensor angles_like(const at::Tensor& x) {
+  at::Tensor theta = at::empty_like(x, x.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
+  return theta.stride(3) == 1 ? theta : at::empty(x.sizes(), theta.options());
+}
+
 // θ_t = wrap(offset + Σ_{j≤t} δ_j) along dimension 2 of δ [B, H, T, P] (any strides), summed in float64 in
 // the order torch.cumsum sums, wrapped to [-π, π), written as float32 in δ's memory order when δ is dense.
 at::Tensor accumulate_wrap(const at::Tensor& delta, const c10::optional<at::Tensor>& offset) {
   TORCH_CHECK(delta.dim() == 4 && delta.device().is_cpu(), "delta must be a 4-d CPU tensor [B, H, T, P]");
-  const int64_t B = delta.size(0), H = delta.size(1), T = delta.size(2), P = delta.size(3);
+  const int64_t B = delta.size(0), H = delta.size(1), P = delta.size(3);
   at::Tensor d = delta.stride(3) == 1 ? delta : delta.contiguous();
   at::Tensor off;
   if (offset.has_value() && offset->defined()) off = offset->to(at::kDouble).expand({B, H, 1, P}).contiguous();
-  at::Tensor theta = at::empty_like(d, d.options().dtype(at::kFloat), at::MemoryFormat::Preserve);
-  if (theta.stride(3) != 1) theta = at::empty({B, H, T, P}, theta.options());
+  at::Tensor theta = angles_like(d);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, d.scalar_type(), "accrot_accumulate_wrap", [&] {
-    const Strided<const scalar_t> Dl(d.const_data_ptr<scalar_t>(), d);
-    const Strided<float> Th(theta.mutable_data_ptr<float>(), theta);
-    const double* po = off.defined() ? off.const_data_ptr<double>() : nullptr;
-    for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
-      std::vector<double> sums((h1 - h0) * P, 0.0);
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t h = h0; h < h1; ++h) {
-          const scalar_t* __restrict__ row = Dl.at(b, h, t);
-          const double* __restrict__ o = po ? po + (b * H + h) * P : nullptr;
-          double* __restrict__ acc = sums.data() + (h - h0) * P;
-          float* __restrict__ out = Th.at(b, h, t);
-          _Pragma("omp simd")  // inside a macro argument, so not #pragma
-          for (int64_t p = 0; p < P; ++p) {
-            acc[p] += static_cast<double>(row[p]);
-            const double v = (o ? acc[p] + o[p] : acc[p]) + kPi;
-            out[p] = static_cast<float>(v - kTwoPi * std::floor(v * kInvTwoPi) - kPi);  // remainder, [-π, π)
-          }
-        }
-      }
-    });
+    wrapped_sums(Strided<const scalar_t>(d.const_data_ptr<scalar_t>(), d), theta,
+                 off.defined() ? off.const_data_ptr<double>() : nullptr,
+                 [](const scalar_t* row, int64_t p) { return static_cast<double>(row[p]); });
+  });
+  return theta;
+}
+
+// Random increments drawn as z and mapped in the same pass: δ_j = (mean + sigma · z_j) in float64, rounded to
+// float32 (the bits of the eager (mean + sigma * z).to(float32)), then θ as accumulate_wrap. z [B, H, T, P]
+// float32, any strides with a contiguous last dimension; mean, sigma [P] float64. No gradient (drawn, not learned).
+at::Tensor accumulate_drawn(const at::Tensor& z, const at::Tensor& mean, const at::Tensor& sigma) {
+  TORCH_CHECK(z.dim() == 4 && z.device().is_cpu() && z.scalar_type() == at::kFloat,
+              "z must be a 4-d float32 CPU tensor [B, H, T, P]");
+  const int64_t P = z.size(3);
+  at::Tensor zz = z.stride(3) == 1 ? z : z.contiguous();
+  at::Tensor mu = mean.to(at::kDouble).contiguous(), sd = sigma.to(at::kDouble).contiguous();
+  TORCH_CHECK(mu.numel() == P && sd.numel() == P, "mean and sigma have one entry per pair");
+  const double *pm = mu.const_data_ptr<double>(), *ps = sd.const_data_ptr<double>();
+  at::Tensor theta = angles_like(zz);
+  wrapped_sums(Strided<const float>(zz.const_data_ptr<float>(), zz), theta, nullptr, [pm, ps](const float* row, int64_t p) {
+    return static_cast<double>(static_cast<float>(pm[p] + ps[p] * static_cast<double>(row[p])));
   });
   return theta;
 }
@@ -351,6 +382,7 @@ at::Tensor accumulate_bounded_backward(const at::Tensor& grad, const at::Tensor&
 
 TORCH_LIBRARY(accrot_cpu, m) {
   m.def("accumulate_wrap(Tensor delta, Tensor? offset) -> Tensor");
+  m.def("accumulate_drawn(Tensor z, Tensor mean, Tensor sigma) -> Tensor");
   m.def("suffix_sum(Tensor grad, int[]? strides) -> Tensor");
   m.def("rotate_many(Tensor[] xs, Tensor cos, Tensor sin, float sign) -> Tensor[]");
   m.def("rotate_many_backward(Tensor[] grads, Tensor[] ys, Tensor cos, Tensor sin, float sign, bool want_dx) -> (Tensor[], Tensor)");
@@ -360,6 +392,7 @@ TORCH_LIBRARY(accrot_cpu, m) {
 
 TORCH_LIBRARY_IMPL(accrot_cpu, CPU, m) {
   m.impl("accumulate_wrap", &accumulate_wrap);
+  m.impl("accumulate_drawn", &accumulate_drawn);
   m.impl("suffix_sum", &suffix_sum);
   m.impl("rotate_many", &rotate_many);
   m.impl("rotate_many_backward", &rotate_many_backward);
