@@ -2,9 +2,10 @@
 (``csrc/rotary_cpu.cpp``), and PaTH's chunk core and the chunk loop of its key walk (``csrc/path_cpu.cpp``).
 
 :func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate_many``, ``rotate_many_backward``, ``accumulate_wrap``,
-``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``, ``path_walk_forward``,
-``path_walk_backward``, ``path_core_forward``, ``path_core_backward``) or None, in which case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager
-twins: the same math in more passes or in a Python loop (the kernels are tested against them).
+``accumulate_drawn``, ``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``,
+``path_walk_forward``, ``path_walk_backward``, ``path_core_forward``, ``path_core_backward``) or None, in which
+case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager twins: the same math in more passes or in
+a Python loop (the kernels are tested against them).
 ``ACCROT_CPU_KERNELS`` chooses:
 
 * ``auto`` (default): build with torch's C++ extension tooling (a C++ compiler and ninja) on first use; if that

@@ -110,9 +110,12 @@ def _online_update(
     return m_new, acc
 
 
-def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1):
+def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1,
+                    grouped: bool = False):
     """What both chunked walks start from: the work dtype, chunk length c, chunk count N, the chunk-major blocks
-    ``(qb, kb, vb, wb, bb)`` and the far-mass split ``(G, R, a)`` (all None without a bias).
+    ``(qb, kb, vb, wb, bb)`` and the far-mass split ``(G, R, a)`` (all None without a bias). With ``grouped``
+    the blocks and ``a`` come in :func:`_blocks`' group-major order for groups of ``multiple`` chunks (G and R
+    stay in token order).
 
     N = ⌈T/c⌉ rounded up to a ``multiple``; a ragged tail is padded with H = I and zero keys, which causality hides. Logits are kept in log2
     units (scale·log2 e folded into q and the bias) so the softmax runs on exp2, several times cheaper than exp on
@@ -125,13 +128,16 @@ def _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, 
     c = min(chunk_size, T)
     N = -(-T // c)
     N = -(-N // multiple) * multiple
-    qb = _blocks(q, N, c, dt) * (scale * LOG2E)  # [N, BH, c, D]
-    kb, vb, wb, bb = (_blocks(x, N, c, dt) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
+    g = multiple if grouped else 1
+    qb = _blocks(q, N, c, dt, g) * (scale * LOG2E)  # [N, BH, c, D]
+    kb, vb, wb, bb = (_blocks(x, N, c, dt, g) for x in (k, v, w, beta))  # [N, BH, c, D|Dv|-]
     G = R = a = None
     if log_decay is not None:
         G = _cumulative_log_decay(log_decay, B, N * c).flatten(0, 1) * LOG2E  # [B·H, N·c] float64
         R = F.pad(G[:, c - 1 :: c][:, :-1], (1, 0)).T  # [N, BH] float64
         a = (G.unflatten(1, (N, c)).transpose(0, 1) - R[..., None]).to(dt)  # [N, BH, c]
+        if grouped:
+            a = _by_group(a, multiple)  # [g, Ng·BH, c]
     return dt, c, N, (qb, kb, vb, wb, bb), (G, R, a)
 
 
@@ -635,12 +641,13 @@ def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int,
     return dq, dk, dPt, dvals, dcol
 
 
-def _core_operands(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1):
+def _core_operands(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, multiple: int = 1,
+                   grouped: bool = False):
     """:func:`_chunked_inputs`, then the chunk core (:class:`_ChunkCore`) with the bias inside each chunk: the work
     dtype, c, N, ``(s_diag [N, BH, c, c], q̂, k̂ [N, BH, c, D], Pᵀ [N, BH, D, D], vb [N, BH, c, Dv])`` and the
     far-mass split ``(G, R, a)``, what both CPU walks start from."""
     dt, c, N, (qb, kb, vb, wb, bb), (G, R, a) = _chunked_inputs(q, k, v, w, beta, log_decay, chunk_size, scale,
-                                                                multiple)
+                                                                multiple, grouped)
     s_diag, q_start, k_end, Pt = _ChunkCore.apply(qb, kb, wb, bb)
     if a is not None:
         s_diag = _RowColumnBias.apply(s_diag, a)  # the bias inside the chunk
@@ -687,10 +694,11 @@ def _grouped_walk(q, k, v, w, beta, log_decay, chunk_size: int, scale: float, le
     ``levels[0]`` chunks, those inside groups of ``levels[1]`` chunks, and so on (each a multiple of the one
     before). :func:`_walk_levels` does the work from the chunk core's operands."""
     B, H, T, D = q.shape
+    # the chunk core runs on the outer level's group-major layout, so the walk needs no regrouping copies
     _, c, N, (s_diag, q_hat, k_hat, Pt, vb), (G, R, a) = _core_operands(q, k, v, w, beta, log_decay,
                                                                         min(chunk_size, T), scale,
-                                                                        multiple=levels[-1])
-    out = _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels)[0]  # [BH, N·c, Dv]
+                                                                        multiple=levels[-1], grouped=True)
+    out = _walk_groups(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels, B * H)[0]  # [BH, N·c, Dv]
     return out.view(B, H, N * c, -1)[:, :, :T].to(q.dtype)
 
 
@@ -698,37 +706,47 @@ def _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels: tuple[int, ...])
     """PaTH attention without a gradient from the chunk core's operands (``[N, BH, ...]`` chunk-major, the
     far-mass split ``G [BH, N·c], R [N, BH], a [N, BH, c]`` or None), walking groups of g = ``levels[-1]`` chunks
     (N a multiple of g). Returns the output ``[BH, N·c, Dv]`` and the natural-unit log-sum-exp ``[BH, N·c]``,
-    token-major. Inside the groups: every group at once as a batch of Ng·BH sequences of g chunks, by the levels
-    below (none: :func:`_walk_forward`). Across groups: each group's queries carried to the group's start
-    (q̂ P_{j−1} ⋯ P_0), its keys to its end (P_{g−1} ⋯ P_{j+1} k̂) and its transport (the product of its g chunk
-    transports, D × D), so the walk of :func:`_walk_chunks` steps a group at a time: its flash calls see g·c
-    queries, not c, and its key transports cost g times less. Same sums, another order."""
-    N, BH, c, D = q_hat.shape
+    token-major. No levels: :func:`_walk_forward`; else the operands regrouped (:func:`_by_group`) for
+    :func:`_walk_groups`."""
+    N, BH, c, _ = q_hat.shape
     Dv = vb.shape[-1]
     if not levels:
         out, lse = _walk_forward(q_hat, k_hat, Pt, s_diag, vb, G, R, a)[:2]  # [N, BH, c, Dv], [N, BH, c]
         return out.transpose(0, 1).reshape(BH, N * c, Dv), lse.transpose(0, 1).reshape(BH, N * c)
     g = levels[-1]
-    Ng, C = N // g, g * c
+    s_g, q_g, k_g, Pt_g, v_g = (_by_group(x, g) for x in (s_diag, q_hat, k_hat, Pt, vb))
+    return _walk_groups(s_g, q_g, k_g, Pt_g, v_g, G, R, None if a is None else _by_group(a, g), levels, BH)
 
-    def by_group(x: torch.Tensor) -> torch.Tensor:  # [N, BH, *] -> [g, Ng·BH, *]: chunk j of every group
-        return x.unflatten(0, (Ng, g)).transpose(0, 1).reshape(g, Ng * BH, *x.shape[2:])
 
+def _by_group(x: torch.Tensor, g: int) -> torch.Tensor:
+    """``[N, BH, *]`` chunk-major -> ``[g, Ng·BH, *]`` group-major: chunk j of every group of g chunks, as one batch
+    (the layout :func:`_blocks` gives directly with ``groups=g``)."""
+    return x.unflatten(0, (x.shape[0] // g, g)).transpose(0, 1).reshape(g, -1, *x.shape[2:])
+
+
+def _walk_groups(s_g, q_g, k_g, Pt_g, v_g, G, R, a_g, levels: tuple[int, ...], BH: int):
+    """:func:`_walk_levels` from operands already in the group-major layout of g = ``levels[-1]`` chunks per group
+    (``[g, Ng·BH, ...]``, :func:`_by_group`; ``a_g`` too, G and R in token order). Inside the groups: every group
+    at once as a batch of Ng·BH sequences of g chunks, by the levels below. Across groups: each group's queries
+    carried to the group's start (q̂ P_{j−1} ⋯ P_0), its keys to its end (P_{g−1} ⋯ P_{j+1} k̂) and its transport
+    (the product of its g chunk transports, D × D), so the walk of :func:`_walk_chunks` steps a group at a time:
+    its flash calls see g·c queries, not c, and its key transports cost g times less. Same sums, another order."""
+    g, NgBH, c, D = q_g.shape
+    Ng, N, C, Dv = NgBH // BH, g * (NgBH // BH), g * c, v_g.shape[-1]
     # inside the groups: Ng·BH sequences of g chunks (G and R keep their global values: only differences within a
     # group are used); token-major [Ng·BH, C] is [Ng, BH, C], this level's group-major layout, as it is
-    G_in = R_in = a_in = None
+    G_in = R_in = None
     if G is not None:
         G_in = G.view(BH, Ng, C).transpose(0, 1).reshape(Ng * BH, C)  # [Ng·BH, C]
-        R_in, a_in = by_group(R), by_group(a)  # [g, Ng·BH], [g, Ng·BH, c]
-    q_g, k_g, Pt_g = by_group(q_hat), by_group(k_hat), by_group(Pt)  # [g, Ng·BH, c|D, D]
-    out, lse = _walk_levels(by_group(s_diag), q_g, k_g, Pt_g, by_group(vb), G_in, R_in, a_in, levels[:-1])
+        R_in = _by_group(R, g)  # [g, Ng·BH]
+    out, lse = _walk_levels(s_g, q_g, k_g, Pt_g, v_g, G_in, R_in, a_g, levels[:-1])
     out, lse = out.view(Ng, BH, C, Dv), lse.view(Ng, BH, C)
     if Ng > 1:
         # across the groups: M_j = P_{j−1} ⋯ P_0 carries chunk j's queries to the group start, S_j = P_{j+1}ᵀ ⋯
         # P_{g−1}ᵀ its keys (as rows) to the group end; the group's own transport is P_0ᵀ S_0. In the group-major
         # layout chunk j of every group is one contiguous batch, so each product writes straight into its slot
         M, S = Pt_g.new_empty(g, Ng * BH, D, D), Pt_g.new_empty(g, Ng * BH, D, D)  # [g, Ng·BH, D, D]
-        M[0] = S[-1] = torch.eye(D, dtype=Pt.dtype, device=Pt.device)
+        M[0] = S[-1] = torch.eye(D, dtype=Pt_g.dtype, device=Pt_g.device)
         for j in range(1, g):
             torch.bmm(Pt_g[j - 1].mT, M[j - 1], out=M[j])
             torch.bmm(Pt_g[g - j], S[g - j], out=S[g - 1 - j])
@@ -736,9 +754,8 @@ def _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels: tuple[int, ...])
         def by_chunk(x: torch.Tensor) -> torch.Tensor:  # [g, Ng·BH, c, D] -> [Ng, BH, g·c, D]
             return x.view(g, Ng, BH, c, -1).permute(1, 2, 0, 3, 4).reshape(Ng, BH, C, x.shape[-1])
 
-        q_start, k_end = by_chunk(q_g @ M), by_chunk(k_g @ S)
+        q_start, k_end, v_group = by_chunk(q_g @ M), by_chunk(k_g @ S), by_chunk(v_g)
         P_group = (Pt_g[0] @ S[0]).view(Ng, BH, D, D)  # (rows)
-        v_group = vb.view(Ng, g, BH, c, Dv).transpose(1, 2).reshape(Ng, BH, C, Dv)
         R_group = a_group = None
         if G is not None:
             R_group = R[::g]  # [Ng, BH] G just before each group
@@ -748,15 +765,19 @@ def _walk_levels(s_diag, q_hat, k_hat, Pt, vb, G, R, a, levels: tuple[int, ...])
     return out.transpose(0, 1).reshape(BH, N * c, Dv), lse.transpose(0, 1).reshape(BH, N * c)
 
 
-def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype) -> torch.Tensor:
-    """``[B, H, T, *]`` -> chunk-major ``[N, B·H, c, *]`` in the work dtype, zero-padded to N·c tokens.
+def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype, groups: int = 1) -> torch.Tensor:
+    """``[B, H, T, *]`` -> chunk-major ``[N, B·H, c, *]`` in the work dtype, zero-padded to N·c tokens; with
+    ``groups`` g > 1, group-major ``[g, (N/g)·B·H, c, *]`` (:func:`_by_group`'s layout) in the same one copy.
 
     Chunk-major because the walk slices leading chunks: every batched matmul then sees a contiguous batch."""
     x = x.to(dt).flatten(0, 1)  # [B·H, T, *]
     pad = N * c - x.shape[1]
     if pad:
         x = F.pad(x, (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
-    return x.unflatten(1, (N, c)).transpose(0, 1).contiguous()
+    if groups == 1:
+        return x.unflatten(1, (N, c)).transpose(0, 1).contiguous()
+    y = x.unflatten(1, (N // groups, groups, c))  # [B·H, Ng, g, c, *]
+    return y.permute(2, 1, 0, *range(3, y.dim())).reshape(groups, -1, c, *x.shape[2:])
 
 
 def _normalise(acc: torch.Tensor) -> torch.Tensor:
