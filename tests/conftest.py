@@ -40,6 +40,18 @@ def _hygiene():
         torch.distributed.destroy_process_group()
 
 
+@pytest.fixture(params=["compiled", "eager"])
+def kernels_mode(request, monkeypatch) -> str:
+    """The CPU kernels both ways: compiled (``accrot/ops/csrc``) and their eager Python twins. A machine that
+    cannot build the kernels skips the compiled half with the reason (under CI=true it fails)."""
+    from tests.kernels import kernels_or_skip
+
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
+    if request.param == "compiled":
+        kernels_or_skip()
+    return request.param
+
+
 @pytest.fixture
 def one_thread():
     """Tiny shapes: one intra-op thread is fastest, and steady when other processes share the cores."""

@@ -31,6 +31,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from accrot.ops import cpu_kernels
+
 # ATen's fused CPU flash attention returning (out, logsumexp), and its backward (private ops, present since
 # torch 2.3; the masked path below is the fallback when they are missing)
 _CPU_FWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -130,23 +132,12 @@ class _KeyBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, c, blk):
-        B, H, T, D = q.shape
-        out = torch.empty_like(q)
-        lse = q.new_empty(B, H, T)
-        for t0, t1, parts in _blocks(T, blk):
-            col = (c[..., t0 : t0 + 1] - c[..., :t1]).to(q.dtype)[..., None, :]  # [B|1, H, 1, t1]  c_t0 − c_s
-            merged_o = merged_l = None
-            for s0, s1, causal in parts:
-                o, l = _CPU_FWD(q[:, :, t0:t1], k[:, :, s0:s1], v[:, :, s0:s1], 0.0, causal,
-                                attn_mask=col[..., s0:s1], scale=D**-0.5)
-                if merged_o is None:
-                    merged_o, merged_l = o, l
-                else:  # softmax over the union of two key sets, from each set's normalised output and LSE
-                    both = torch.logaddexp(merged_l, l)  # [B, H, blk]
-                    merged_o = merged_o.mul_((merged_l - both).exp_().unsqueeze(-1))
-                    merged_o.add_(o.mul_((l - both).exp_().unsqueeze(-1)))
-                    merged_l = both
-            out[:, :, t0:t1], lse[:, :, t0:t1] = merged_o, merged_l
+        D = q.shape[-1]
+        kernels = cpu_kernels.ops()
+        if kernels is not None:  # the same loop in C++ (csrc/attention_cpu.cpp)
+            out, lse = kernels.key_bias_forward(q, k, v, c, blk, D**-0.5)
+        else:
+            out, lse = _key_bias_forward_loop(q, k, v, c, blk)
         ctx.save_for_backward(q, k, v, c, out, lse)
         ctx.blk = blk
         return out
@@ -156,24 +147,11 @@ class _KeyBiasAttention(torch.autograd.Function):
         q, k, v, c, out, lse = ctx.saved_tensors
         B, H, T, D = q.shape
         qa, ka, va, oa, ga = _augmented(q, k, v, out, grad)
-        # every row of these is written before it is added to: query block t0's diagonal tile comes first and
-        # assigns its rows (and its keys' rows); the keys before t0 were assigned by their own block earlier
-        # token-major ([B, T, H, D + 1] in memory), the order of the fused backward's own results, so the copies
-        # and sums below run along memory, not across it (and so does the stacking into the projection's gradient)
-        dqa, dka, dva = (x.new_empty(B, T, H, D + 1).transpose(1, 2) for x in (qa, ka, va))
-        for t0, t1, parts in _blocks(T, ctx.blk):
-            ka[..., :t1, D] = (c[..., t0 : t0 + 1] - c[..., :t1]).to(ka.dtype)  # c_t0 − c_s, keys of this block
-            for s0, s1, causal in parts:
-                # each part's share of the gradient, from the *merged* output and LSE (its softmax weights are
-                # exp(score − merged LSE), exactly its entries of the full softmax)
-                dq_, dk_, dv_ = _CPU_BWD(ga[:, :, t0:t1], qa[:, :, t0:t1], ka[:, :, s0:s1], va[:, :, s0:s1],
-                                         oa[:, :, t0:t1], lse[:, :, t0:t1], 0.0, causal, scale=D**-0.5)
-                if causal:
-                    dqa[:, :, t0:t1], dka[:, :, s0:s1], dva[:, :, s0:s1] = dq_, dk_, dv_
-                else:
-                    dqa[:, :, t0:t1] += dq_
-                    dka[:, :, s0:s1] += dk_
-                    dva[:, :, s0:s1] += dv_
+        kernels = cpu_kernels.ops()
+        if kernels is not None:  # the same loop in C++ (csrc/attention_cpu.cpp)
+            dqa, dka, dva = kernels.key_bias_backward(ga, qa, ka, va, oa, lse, c, ctx.blk, D**-0.5)
+        else:
+            dqa, dka, dva = _key_bias_backward_loop(ga, qa, ka, va, oa, lse, c, ctx.blk)
         # bias slot c_t0 − c_s: dka[..., D] holds Σ_t dℓ_ts over every block, so −that to each c_s. The share of
         # c_t0 (+Σ_s dℓ_ts per row) is exactly 0, since c_t0 shifts every logit of a row alike; leaving it out
         # keeps float32 cancellation noise out of it
@@ -181,6 +159,57 @@ class _KeyBiasAttention(torch.autograd.Function):
         if c.shape[0] != B:
             dc = dc.sum(0, keepdim=True)
         return dqa[..., :D], dka[..., :D], dva[..., :D], dc, None
+
+
+def _key_bias_forward_loop(q, k, v, c, blk):
+    """The eager twin of ``key_bias_forward`` (``csrc/attention_cpu.cpp``): per query block its diagonal tile
+    (causal) and the keys before it, each one fused flash call with the key part of the bias as a mask, merged by
+    log-sum-exp. Returns the output ``[B, H, T, D]`` and the natural-unit log-sum-exp ``[B, H, T]``."""
+    B, H, T, D = q.shape
+    out = torch.empty_like(q)
+    lse = q.new_empty(B, H, T)
+    for t0, t1, parts in _blocks(T, blk):
+        col = (c[..., t0 : t0 + 1] - c[..., :t1]).to(q.dtype)[..., None, :]  # [B|1, H, 1, t1]  c_t0 − c_s
+        merged_o = merged_l = None
+        for s0, s1, causal in parts:
+            o, l = _CPU_FWD(q[:, :, t0:t1], k[:, :, s0:s1], v[:, :, s0:s1], 0.0, causal,
+                            attn_mask=col[..., s0:s1], scale=D**-0.5)
+            if merged_o is None:
+                merged_o, merged_l = o, l
+            else:  # softmax over the union of two key sets, from each set's normalised output and LSE
+                both = torch.logaddexp(merged_l, l)  # [B, H, blk]
+                merged_o = merged_o.mul_((merged_l - both).exp_().unsqueeze(-1))
+                merged_o.add_(o.mul_((l - both).exp_().unsqueeze(-1)))
+                merged_l = both
+        out[:, :, t0:t1], lse[:, :, t0:t1] = merged_o, merged_l
+    return out, lse
+
+
+def _key_bias_backward_loop(ga, qa, ka, va, oa, lse, c, blk):
+    """The eager twin of ``key_bias_backward`` (``csrc/attention_cpu.cpp``): the fused backward of each part of
+    every query block on the operands augmented to D + 1 (:func:`_augmented`; ``ka``'s last coordinate is filled
+    per block). Returns dq', dk', dv' ``[B, H, T, D + 1]``."""
+    B, H, T, W = qa.shape
+    D = W - 1
+    # every row of these is written before it is added to: query block t0's diagonal tile comes first and
+    # assigns its rows (and its keys' rows); the keys before t0 were assigned by their own block earlier.
+    # Token-major ([B, T, H, D + 1] in memory), the order of the fused backward's own results, so the copies
+    # and sums below run along memory, not across it (and so does the stacking into the projection's gradient)
+    dqa, dka, dva = (x.new_empty(B, T, H, W).transpose(1, 2) for x in (qa, ka, va))
+    for t0, t1, parts in _blocks(T, blk):
+        ka[..., :t1, D] = (c[..., t0 : t0 + 1] - c[..., :t1]).to(ka.dtype)  # c_t0 − c_s, keys of this block
+        for s0, s1, causal in parts:
+            # each part's share of the gradient, from the *merged* output and LSE (its softmax weights are
+            # exp(score − merged LSE), exactly its entries of the full softmax)
+            dq_, dk_, dv_ = _CPU_BWD(ga[:, :, t0:t1], qa[:, :, t0:t1], ka[:, :, s0:s1], va[:, :, s0:s1],
+                                     oa[:, :, t0:t1], lse[:, :, t0:t1], 0.0, causal, scale=D**-0.5)
+            if causal:
+                dqa[:, :, t0:t1], dka[:, :, s0:s1], dva[:, :, s0:s1] = dq_, dk_, dv_
+            else:
+                dqa[:, :, t0:t1] += dq_
+                dka[:, :, s0:s1] += dk_
+                dva[:, :, s0:s1] += dv_
+    return dqa, dka, dva
 
 
 def naive_decay_bias(log_decay: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """The compiled CPU kernels, built once per install and source: the SO(2) path's fused passes
-(``csrc/rotary_cpu.cpp``), and PaTH's chunk core and the chunk loop of its key walk (``csrc/path_cpu.cpp``).
+(``csrc/rotary_cpu.cpp``), PaTH's chunk core and the chunk loop of its key walk (``csrc/path_cpu.cpp``), and the
+block loop of the far-mass kernel (``csrc/attention_cpu.cpp``).
 
 :func:`ops` returns ``torch.ops.accrot_cpu`` (``rotate_many``, ``rotate_many_backward``, ``accumulate_wrap``,
 ``accumulate_drawn``, ``suffix_sum``, ``accumulate_bounded``, ``accumulate_bounded_backward``,
-``path_walk_forward``, ``path_walk_backward``, ``path_core_forward``, ``path_core_backward``) or None, in which
-case :mod:`accrot.ops.rotary` and :mod:`accrot.ops.path` run their eager twins: the same math in more passes or in
+``path_walk_forward``, ``path_walk_backward``, ``path_core_forward``, ``path_core_backward``,
+``key_bias_forward``, ``key_bias_backward``) or None, in which case :mod:`accrot.ops.rotary`,
+:mod:`accrot.ops.path` and :mod:`accrot.ops.attention` run their eager twins: the same math in more passes or in
 a Python loop (the kernels are tested against them).
 ``ACCROT_CPU_KERNELS`` chooses:
 
@@ -31,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rotary_cpu.cpp", "path_cpu.cpp"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rotary_cpu.cpp", "path_cpu.cpp",
+                                                                   "attention_cpu.cpp"))
 # -fopenmp: at::parallel_for is inline OpenMP code (without it, one thread); -ffp-contract=off: no fused
 # multiply-adds, so every machine computes the same bits (the baseline ISA has none, but a distro's default may)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")

@@ -51,9 +51,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])]
 
 @pytest.mark.parametrize("device", DEVICES, ids=lambda d: d)
 @pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_blockwise_matches_naive_float64(case, device):
-    """The biased kernel (CPU: fused flash parts; CUDA: per-block SDPA with a float mask) against the float64 CPU
-    twin, outputs and the gradients of q, k, v and log f."""
+def test_blockwise_matches_naive_float64(case, device, kernels_mode):
+    """The biased kernel (CPU: fused flash parts, the block loop compiled and eager; CUDA: per-block SDPA with a
+    float mask) against the float64 CPU twin, outputs and the gradients of q, k, v and log f."""
     B, T, H, D, blk, Bd = case
     q, k, v, log_f = make_inputs(B, T, H, D, decay_batch=Bd)
     inputs = [t.requires_grad_() for t in (q, k, v, log_f)]
@@ -65,6 +65,30 @@ def test_blockwise_matches_naive_float64(case, device):
     g = torch.randn_like(ref)
     for name, a, b in zip("q k v log_f".split(), grads(ref, inputs, g), grads(fast, fast_inputs, g.to(device))):
         assert_close(a, b, 1e-10, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", CASES[:3], ids=case_id)
+def test_compiled_block_loop_is_the_eager_loop(case, dtype, monkeypatch):
+    """The C++ block loop makes the eager loop's ATen calls in the same order, so the two agree to the bit: the
+    output and the gradients of q, k, v (strided views of one projection, as the model passes them) and log f."""
+    from tests.kernels import kernels_or_skip
+
+    kernels_or_skip()
+    B, T, H, D, blk, Bd = case
+    gen = torch.Generator().manual_seed(7)
+    qkv = torch.randn(B, T, 3, H, D, generator=gen, dtype=torch.float64).to(dtype)
+    log_f = -3 * torch.rand(Bd, H, T, generator=gen, dtype=torch.float64).float()
+    g = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64).to(dtype)
+    results = []
+    for mode in ("on", "off"):
+        monkeypatch.setenv("ACCROT_CPU_KERNELS", mode)
+        leaves = [qkv.clone().requires_grad_(), log_f.clone().requires_grad_()]
+        q, k, v = leaves[0].permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] views
+        out = causal_attention(q, k, v, leaves[1], block_size=blk)
+        results.append([out, *torch.autograd.grad(out, leaves, g)])
+    for name, a, b in zip(["out", "dqkv", "dlog_f"], *results):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -85,7 +109,7 @@ def test_masked_fallback_matches_naive_float64(case):
     "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], ids=lambda d: d
 )
 @pytest.mark.parametrize("case", [(2, 45, 4, 16, 16, 2), (1, 30, 2, 32, 64, 1)], ids=case_id)
-def test_blockwise_matches_naive_float32(case, device):
+def test_blockwise_matches_naive_float32(case, device, kernels_mode):
     B, T, H, D, blk, Bd = case
     q, k, v, log_f = make_inputs(B, T, H, D, dtype=torch.float32, decay_batch=Bd, max_decay=3.0, device=device)
     inputs = [t.requires_grad_() for t in (q, k, v, log_f)]

@@ -30,17 +30,6 @@ DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
 
-@pytest.fixture(params=["compiled", "eager"])
-def kernels_mode(request, monkeypatch) -> str:
-    """The CPU kernel's chunk core and key-walk loop both ways: compiled (``csrc/path_cpu.cpp``) and their eager
-    Python twins. A machine that cannot build the kernels skips the compiled half with the reason (under CI=true it
-    fails)."""
-    monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
-    if request.param == "compiled":
-        kernels_or_skip()
-    return request.param
-
-
 def make_inputs(
     B: int,
     H: int,
