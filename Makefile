@@ -30,7 +30,7 @@ QUIET ?=
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt accrot/ops/csrc/rotary_cpu.cpp accrot/ops/csrc/path_cpu.cpp accrot/ops/cpu_kernels.py
+$(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp) accrot/ops/cpu_kernels.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
