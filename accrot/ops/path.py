@@ -767,17 +767,24 @@ def _walk_groups(s_g, q_g, k_g, Pt_g, v_g, G, R, a_g, levels: tuple[int, ...], B
 
 def _blocks(x: torch.Tensor, N: int, c: int, dt: torch.dtype, groups: int = 1) -> torch.Tensor:
     """``[B, H, T, *]`` -> chunk-major ``[N, B·H, c, *]`` in the work dtype, zero-padded to N·c tokens; with
-    ``groups`` g > 1, group-major ``[g, (N/g)·B·H, c, *]`` (:func:`_by_group`'s layout) in the same one copy.
+    ``groups`` g > 1, group-major ``[g, (N/g)·B·H, c, *]`` (:func:`_by_group`'s layout).
 
-    Chunk-major because the walk slices leading chunks: every batched matmul then sees a contiguous batch."""
-    x = x.to(dt).flatten(0, 1)  # [B·H, T, *]
-    pad = N * c - x.shape[1]
+    Chunk-major because the walk slices leading chunks: every batched matmul then sees a contiguous batch. One
+    copy, by one permutation from x's own dimensions: q, k, v arrive as views of the fused projection, which a
+    ``flatten(0, 1)`` first would copy once more (as would its backward)."""
+    x = x.to(dt)
+    pad = N * c - x.shape[2]
     if pad:
-        x = F.pad(x, (0, 0, 0, pad) if x.dim() == 3 else (0, pad))
+        x = F.pad(x, (0, 0, 0, pad) if x.dim() == 4 else (0, pad))
+    rest = x.shape[3:]
     if groups == 1:
-        return x.unflatten(1, (N, c)).transpose(0, 1).contiguous()
-    y = x.unflatten(1, (N // groups, groups, c))  # [B·H, Ng, g, c, *]
-    return y.permute(2, 1, 0, *range(3, y.dim())).reshape(groups, -1, c, *x.shape[2:])
+        y = x.unflatten(2, (N, c))  # [B, H, N, c, *]
+        order = (2, 0, 1, 3)
+    else:
+        y = x.unflatten(2, (N // groups, groups, c))  # [B, H, Ng, g, c, *]
+        order = (3, 2, 0, 1, 4)
+    y = y.permute(*order, *range(len(order), y.dim()))
+    return y.reshape(y.shape[0], -1, c, *rest).contiguous()
 
 
 def _normalise(acc: torch.Tensor) -> torch.Tensor:
