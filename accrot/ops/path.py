@@ -793,9 +793,12 @@ def _normalise(acc: torch.Tensor) -> torch.Tensor:
 
 
 def _unblock(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
-    """``[N, B·H, c, Dv]`` -> ``[B, H, T, Dv]`` (drops the padded tail)."""
+    """``[N, B·H, c, Dv]`` -> ``[B, H, T, Dv]`` (drops the padded tail), stored token-major (``[B, T, H, Dv]`` in
+    memory, as ATen's fused attention returns NoPE's): the attention module's ``transpose(1, 2).reshape`` to
+    ``[B, T, H·Dv]`` is then a view, not a second copy (nor is its backward)."""
     N, _, c, Dv = x.shape
-    return x.transpose(0, 1).reshape(B, H, N * c, Dv)[:, :, :T]
+    y = x.view(N, B, H, c, Dv).permute(1, 0, 3, 2, 4).reshape(B, N * c, H, Dv)  # [B, N·c, H, Dv], one copy
+    return y[:, :T].transpose(1, 2)
 
 
 # -- naive twins ------------------------------------------------------------------------------------
