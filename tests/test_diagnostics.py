@@ -215,6 +215,26 @@ def test_diagnose_bundle_is_json_and_consistent():
     assert not model.training
 
 
+@pytest.mark.parametrize("scheme", [{"rotation": "none"}, {"rotation": "path", "chunk_size": 16},
+                                    {"rotation": "accum", "rotate_values": True}], ids=["nope", "path", "accum+v"])
+def test_diagnose_bundle_is_the_same_in_several_batches(scheme):
+    """Blocks split over several batches (max_batch_tokens, as at the small and paper sizes) give the single
+    batch's bundle: far sums add, coherence replicates stack (one per block, or per block and fresh draw). Both
+    sum families carry a count of their own, so merging them per layer must not mix them up (it once crashed the
+    small ablation). Random increments' fresh draws are keyed by the batch, so only their count is compared."""
+    model = tiny(**scheme)
+    blocks = {n: torch.randint(0, 256, (4, n + 1), generator=torch.Generator().manual_seed(n)) for n in (64, 128)}
+    whole = diagnose(model, blocks, train_length=64, eps=0.05, draws=2)
+    split = diagnose(model, blocks, train_length=64, eps=0.05, draws=2, max_batch_tokens=128)  # 2 blocks a batch
+    for a, b in zip(whole["layers"], split["layers"]):
+        for x, y in zip(a["far_mass"], b["far_mass"]):
+            assert x["length"] == y["length"] and x["mass"] == pytest.approx(y["mass"], rel=1e-9, abs=1e-12)
+        for x, y in zip(a["coherence"], b["coherence"]):
+            assert x["replicates"] == y["replicates"] >= 4
+            assert scheme["rotation"] == "accum" or torch.allclose(torch.tensor(x["curve"], dtype=torch.float64),
+                                  torch.tensor(y["curve"], dtype=torch.float64), rtol=1e-9, atol=1e-12)
+
+
 # -- the command ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fitted_run(tmp_path_factory):

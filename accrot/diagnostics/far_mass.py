@@ -77,7 +77,8 @@ def scheme_far_sums(
     window: int,
     n_queries: int = 32,
 ) -> dict[str, torch.Tensor]:
-    """Per-head sums over blocks and the last ``n_queries`` queries, each ``[H]`` float64, plus ``count``:
+    """Per-head sums over blocks and the last ``n_queries`` queries, each ``[H]`` float64, plus ``far_rows`` (the
+    query rows summed):
     ``far_mass`` Σ_{t−s>W} a_ts, and for SO(2) rotations the far output norms ``rotated``, ``unrotated`` and
     ``incoherent`` (see module doc)."""
     B, H, T, D = q.shape
@@ -117,7 +118,8 @@ def scheme_far_sums(
             out["rotated"] += (far @ v_back).double().norm(dim=-1).sum((0, 2)).cpu()
             out["unrotated"] += (far @ v).double().norm(dim=-1).sum((0, 2)).cpu()
             out["incoherent"] += (far.pow(2) @ v_sq[..., None]).double().sqrt().sum((0, 2, 3)).cpu()
-    out["count"] = torch.tensor(float(B * rows_all.numel()), dtype=torch.float64)
+    # not "count": the coherence sums have their own [B, H, n] count, and layer_sums merges both into one dict
+    out["far_rows"] = torch.tensor(float(B * rows_all.numel()), dtype=torch.float64)
     if not so2:
         for name in ("rotated", "unrotated", "incoherent"):
             del out[name]

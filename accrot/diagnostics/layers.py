@@ -65,7 +65,7 @@ def layer_sums(
 
 def far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     names = ("far_mass", "rotated", "unrotated", "incoherent")
-    out = {name: acc[name] / acc["count"] for name in names if name in acc}
+    out = {name: acc[name] / acc["far_rows"] for name in names if name in acc}
     if "near_sum" in acc:  # the score gap (T5), per head
         near = ratio(acc["near_sum"], acc["near_count"])
         far = ratio(acc["far_sum"], acc["far_count"])
