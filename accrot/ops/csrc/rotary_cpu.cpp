@@ -199,23 +199,24 @@ std::tuple<std::vector<at::Tensor>, at::Tensor> rotate_many_backward(at::TensorL
   return {dxs, dtheta};
 }
 
-// θ_t = wrap(offset + Σ_{j≤t} δ_j) for the rows of D (a Strided view of [B, H, T, P]) into theta, summed in float64
-// in the order torch.cumsum sums and wrapped to [-π, π); increment(row, p) gives δ_j's entry p as a double.
-template <typename Rows, typename Increment>
-void wrapped_sums(const Rows& D, const at::Tensor& theta, const double* po, Increment increment) {
+// θ_t = wrap(offset + Σ_{j≤t} δ_j) into theta [B, H, T, P], summed in float64 in the order torch.cumsum sums and
+// wrapped to [-π, π): row(b, h, t) gives the increments of that row as a callable p -> δ_j[p] (a double), so the
+// kernels that build δ on the fly (random draws, learned increments) share the sum and the wrap.
+template <typename Row>
+void wrapped_sums(const at::Tensor& theta, const double* po, Row row) {
   const int64_t B = theta.size(0), H = theta.size(1), T = theta.size(2), P = theta.size(3);
   const Strided<float> Th(theta.mutable_data_ptr<float>(), theta);
   for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
     std::vector<double> sums((h1 - h0) * P, 0.0);
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = h0; h < h1; ++h) {
-        const auto* __restrict__ row = D.at(b, h, t);
+        const auto delta = row(b, h, t);
         const double* __restrict__ o = po ? po + (b * H + h) * P : nullptr;
         double* __restrict__ acc = sums.data() + (h - h0) * P;
         float* __restrict__ out = Th.at(b, h, t);
         _Pragma("omp simd")  // inside a macro argument, so not #pragma
         for (int64_t p = 0; p < P; ++p) {
-          acc[p] += increment(row, p);
+          acc[p] += delta(p);
           const double v = (o ? acc[p] + o[p] : acc[p]) + kPi;
           out[p] = static_cast<float>(v - kTwoPi * std::floor(v * kInvTwoPi) - kPi);  // remainder, [-π, π)
         }
@@ -240,9 +241,11 @@ at::Tensor accumulate_wrap(const at::Tensor& delta, const c10::optional<at::Tens
   if (offset.has_value() && offset->defined()) off = offset->to(at::kDouble).expand({B, H, 1, P}).contiguous();
   at::Tensor theta = angles_like(d);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, d.scalar_type(), "accrot_accumulate_wrap", [&] {
-    wrapped_sums(Strided<const scalar_t>(d.const_data_ptr<scalar_t>(), d), theta,
-                 off.defined() ? off.const_data_ptr<double>() : nullptr,
-                 [](const scalar_t* row, int64_t p) { return static_cast<double>(row[p]); });
+    const Strided<const scalar_t> Dl(d.const_data_ptr<scalar_t>(), d);
+    wrapped_sums(theta, off.defined() ? off.const_data_ptr<double>() : nullptr, [&](int64_t b, int64_t h, int64_t t) {
+      const scalar_t* r = Dl.at(b, h, t);
+      return [r](int64_t p) { return static_cast<double>(r[p]); };
+    });
   });
   return theta;
 }
@@ -259,8 +262,10 @@ at::Tensor accumulate_drawn(const at::Tensor& z, const at::Tensor& mean, const a
   TORCH_CHECK(mu.numel() == P && sd.numel() == P, "mean and sigma have one entry per pair");
   const double *pm = mu.const_data_ptr<double>(), *ps = sd.const_data_ptr<double>();
   at::Tensor theta = angles_like(zz);
-  wrapped_sums(Strided<const float>(zz.const_data_ptr<float>(), zz), theta, nullptr, [pm, ps](const float* row, int64_t p) {
-    return static_cast<double>(static_cast<float>(pm[p] + ps[p] * static_cast<double>(row[p])));
+  const Strided<const float> Z(zz.const_data_ptr<float>(), zz);
+  wrapped_sums(theta, nullptr, [&](int64_t b, int64_t h, int64_t t) {
+    const float* r = Z.at(b, h, t);
+    return [r, pm, ps](int64_t p) { return static_cast<double>(static_cast<float>(pm[p] + ps[p] * static_cast<double>(r[p]))); };
   });
   return theta;
 }
@@ -318,29 +323,19 @@ at::Tensor accumulate_bounded(const at::Tensor& t, const at::Tensor& scale, cons
   at::Tensor theta = at::empty_like(t, at::MemoryFormat::Preserve);
   if (theta.stride(3) != 1) theta = at::empty({B, H, T, P}, t.options());
   const Strided<const float> Tt(t.const_data_ptr<float>(), t);
-  const Strided<float> Th(theta.mutable_data_ptr<float>(), theta);
   const float* ps = sc.const_data_ptr<float>();
   const float* pm = mu.defined() ? mu.const_data_ptr<float>() : nullptr;
   const bool has_extra = ex.defined();
   const Strided<const float> Ex(has_extra ? ex.const_data_ptr<float>() : nullptr, has_extra ? ex : t);
-  for_head_runs(B, H, [&](int64_t b, int64_t h0, int64_t h1) {
-    std::vector<double> sums((h1 - h0) * P, 0.0);
-    for (int64_t s = 0; s < T; ++s) {
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* __restrict__ row = Tt.at(b, h, s);
-        const float* __restrict__ e = has_extra ? Ex.at(b, h, s) : nullptr;
-        double* __restrict__ acc = sums.data() + (h - h0) * P;
-        float* __restrict__ out = Th.at(b, h, s);
-        for (int64_t p = 0; p < P; ++p) {
-          float d = row[p] * ps[p];
-          if (pm) d = d + pm[p];
-          if (e) d = d + e[p];
-          acc[p] += static_cast<double>(d);
-          const double v = acc[p] + kPi;
-          out[p] = static_cast<float>(v - kTwoPi * std::floor(v * kInvTwoPi) - kPi);  // remainder, [-π, π)
-        }
-      }
-    }
+  wrapped_sums(theta, nullptr, [&](int64_t b, int64_t h, int64_t s) {
+    const float* r = Tt.at(b, h, s);
+    const float* e = has_extra ? Ex.at(b, h, s) : nullptr;
+    return [r, e, ps, pm](int64_t p) {
+      float d = r[p] * ps[p];
+      if (pm) d = d + pm[p];
+      if (e) d = d + e[p];
+      return static_cast<double>(d);
+    };
   });
   return theta;
 }
