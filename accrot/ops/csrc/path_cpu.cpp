@@ -81,10 +81,37 @@ struct SerialBlas {
   ~SerialBlas() { if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous); }
 };
 
+template <typename T>
+void batched_mm_impl(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int m, int n, int k,
+                     T beta) {
+  const T *a0 = A.data_ptr<T>(), *b0 = B.data_ptr<T>();
+  T* c0 = C.data_ptr<T>();
+  const int64_t sa = A.stride(0), sb = B.stride(0), sc = C.stride(0);
+  const int lda = A.stride(1), ldb = B.stride(1), ldc = C.stride(1);
+  at::parallel_for(0, C.size(0), 1, [&](int64_t lo, int64_t hi) {
+    SerialBlas serial;
+    for (int64_t b = lo; b < hi; ++b)
+      mm<T>(ta, a0 + b * sa, lda, tb, b0 + b * sb, ldb, c0 + b * sc, ldc, m, n, k, T(1), beta);
+  });
+}
+
 // per batch b: C_b = op(A_b) op(B_b) + beta C_b on 3-d views [BH, ·, ·] with unit last stride, row-major, one BLAS
-// call per batch (defined below)
+// call per batch. Why not at::bmm_out / baddbmm_: the walk's operands are row ranges of wider buffers (not
+// contiguous as a whole), for which ATen splits the batch into one addmm_ dispatch per matrix (about twice the time
+// at training shapes)
 void batched_mm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t m, int64_t n, int64_t k,
-                double beta);
+                double beta) {
+  TORCH_CHECK(A.dim() == 3 && B.dim() == 3 && C.dim() == 3 && A.stride(2) == 1 && B.stride(2) == 1 &&
+                  C.stride(2) == 1 && A.size(0) == C.size(0) && B.size(0) == C.size(0),
+              "batched_mm: 3-d operands with unit last stride and one batch size");
+  TORCH_CHECK(A.scalar_type() == C.scalar_type() && B.scalar_type() == C.scalar_type(), "batched_mm: one dtype");
+  if (C.scalar_type() == at::kFloat) {
+    batched_mm_impl<float>(A, ta, B, tb, C, m, n, k, static_cast<float>(beta));
+  } else {
+    TORCH_CHECK(C.scalar_type() == at::kDouble, "batched_mm: float32 or float64");
+    batched_mm_impl<double>(A, ta, B, tb, C, m, n, k, beta);
+  }
+}
 
 // One step of the key walk for every head b, each head's whole step on one thread (the thread that wrote K_n's
 // rows of that head in the last step, and whose flash call reads them next: the partition over heads is ATen's):
@@ -321,37 +348,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
 //
 // Layout (row-major, per chunk i of the N*BH): q, k, w [c, D] (q scaled), b [c]; s [c, c] (-inf above the
 // diagonal), q_start, k_end [c, D], Pt [D, D]; the backward's operands T = L^-1 [c, c], U [c, D], Y [c, c], QW [c, c].
-
-
-template <typename T>
-void batched_mm_impl(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int m, int n, int k,
-                     T beta) {
-  const T *a0 = A.data_ptr<T>(), *b0 = B.data_ptr<T>();
-  T* c0 = C.data_ptr<T>();
-  const int64_t sa = A.stride(0), sb = B.stride(0), sc = C.stride(0);
-  const int lda = A.stride(1), ldb = B.stride(1), ldc = C.stride(1);
-  at::parallel_for(0, C.size(0), 1, [&](int64_t lo, int64_t hi) {
-    SerialBlas serial;
-    for (int64_t b = lo; b < hi; ++b)
-      mm<T>(ta, a0 + b * sa, lda, tb, b0 + b * sb, ldb, c0 + b * sc, ldc, m, n, k, T(1), beta);
-  });
-}
-
-// Why not at::bmm_out / baddbmm_: the walk's operands are row ranges of wider buffers (not contiguous as a whole),
-// for which ATen splits the batch into one addmm_ dispatch per matrix (about twice the time at training shapes)
-void batched_mm(const Tensor& A, bool ta, const Tensor& B, bool tb, const Tensor& C, int64_t m, int64_t n, int64_t k,
-                double beta) {
-  TORCH_CHECK(A.dim() == 3 && B.dim() == 3 && C.dim() == 3 && A.stride(2) == 1 && B.stride(2) == 1 &&
-                  C.stride(2) == 1 && A.size(0) == C.size(0) && B.size(0) == C.size(0),
-              "batched_mm: 3-d operands with unit last stride and one batch size");
-  TORCH_CHECK(A.scalar_type() == C.scalar_type() && B.scalar_type() == C.scalar_type(), "batched_mm: one dtype");
-  if (C.scalar_type() == at::kFloat) {
-    batched_mm_impl<float>(A, ta, B, tb, C, m, n, k, static_cast<float>(beta));
-  } else {
-    TORCH_CHECK(C.scalar_type() == at::kDouble, "batched_mm: float32 or float64");
-    batched_mm_impl<double>(A, ta, B, tb, C, m, n, k, beta);
-  }
-}
 
 template <typename T>
 void core_forward_impl(const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb, const Tensor& s_,
