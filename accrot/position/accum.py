@@ -224,9 +224,19 @@ class RandomPositionIncrements(nn.Module):
                                       error_msgs)
 
     def draw(self, shape: tuple[int, ...], generator: torch.Generator | None = None, device=None) -> torch.Tensor:
-        z = _standard_noise(shape, self.cfg.increment_family, generator, device)  # [..., P] float32
+        return self._increments(_standard_noise(shape, self.cfg.increment_family, generator, device))
+
+    def _increments(self, z: torch.Tensor) -> torch.Tensor:
+        """δ = μ + σ·z from standard noise ``z [..., P]``, computed in float64 and rounded to float32."""
         c = self.consts.on(z.device)
-        return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32
+        return (c["mean"] + c["sigma"] * z).to(torch.float32)
+
+    def _training_noise(self, B: int, T: int) -> torch.Tensor:
+        """Standard noise of the next training draw on the CPU: the global batch's ``[B·W, H, T, P]`` from the
+        draw's generator, of which this rank keeps its rows, ``[B, H, T, P]``."""
+        rank, world = self.shard
+        z = _standard_noise((B * world, self.n_heads, T, self.P), self.cfg.increment_family, self.next_generator())
+        return z if world == 1 else z[rank::world]
 
     def counter_draw(self, key: int, B: int, T: int, device: torch.device | str) -> torch.Tensor:
         """The training draw of key ``key`` for this rank's ``B`` rows, made on ``device``: ``[B, H, T, P]`` float32.
@@ -245,17 +255,14 @@ class RandomPositionIncrements(nn.Module):
             z = counter_rng.standard_normal(key, counter)
         else:
             z = counter_rng.standard_uniform(key, counter)
-        c = self.consts.on(z.device)
-        return (c["mean"] + c["sigma"] * z).to(torch.float32)  # δ rounded to float32, as :meth:`draw`
+        return self._increments(z)  # δ rounded to float32, as :meth:`draw`
 
     def fresh_angles(self, B: int, T: int) -> torch.Tensor:
         """θ of the next training draw for this rank's ``B`` rows, on the CPU: ``[B, H, T, P]`` float32, the bits
         of ``accumulate_angles(forward(x, tokens))`` with the map to δ and the sum in one pass
         (:func:`~accrot.ops.rotary.accumulate_drawn`)."""
-        rank, world = self.shard
-        z = _standard_noise((B * world, self.n_heads, T, self.P), self.cfg.increment_family, self.next_generator())
-        c = self.consts.on(z.device)
-        return accumulate_drawn(z if world == 1 else z[rank::world], c["mean"], c["sigma"])  # [B, H, T, P]
+        c = self.consts.on(torch.device("cpu"))
+        return accumulate_drawn(self._training_noise(B, T), c["mean"], c["sigma"])  # [B, H, T, P]
 
     def fixed_chunks(self, first: int, stop: int) -> torch.Tensor:
         """Fixed increments of chunks ``first..stop-1``, ``[n, H, POSITION_CHUNK, P]`` float32 on the CPU."""
@@ -308,9 +315,7 @@ class RandomPositionIncrements(nn.Module):
             return self.fixed_increments(T, x.device)  # [1, H, T, P]
         if x.device.type != "cpu":  # drawn where x lives, only this rank's rows
             return self.counter_draw(self.next_key(), B, T, x.device)  # [B, H, T, P]
-        rank, world = self.shard
-        delta = self.draw((B * world, self.n_heads, T, self.P), generator=self.next_generator())  # [B·W, H, T, P]
-        return delta if world == 1 else delta[rank::world]  # [B, H, T, P] this rank's rows
+        return self._increments(self._training_noise(B, T))  # [B, H, T, P] this rank's rows
 
 
 class RandomTokenIncrements(nn.Module):
