@@ -26,7 +26,8 @@ class DiagnosticsCallback(Periodic):
     Args:
         every_n_steps: diagnose every N optimiser steps (0: only at the end of training).
         multipliers: lengths as multiples of the training length ``datamodule.seq_len``.
-        blocks: evaluation blocks per length (queries are subsampled inside each block).
+        blocks: blocks per length, spread over the validation split: the replicates of the model's own transport
+            (its windows' jackknife error bars) and of the far mass (queries are subsampled inside each block).
         eps: ε of the mixing window.
         far_window: far = keys more than this many tokens back (None: training length / 4).
         dirname: folder inside the run directory.
@@ -41,7 +42,7 @@ class DiagnosticsCallback(Periodic):
         self,
         every_n_steps: int = 0,
         multipliers: list[float] = [1, 8, 32],  # noqa: B006 - jsonargparse shows the default
-        blocks: int = 2,
+        blocks: int = 16,
         eps: float = 0.05,
         far_window: int | None = None,
         dirname: str = "diagnostics",
@@ -69,6 +70,7 @@ class DiagnosticsCallback(Periodic):
     def cut(self, dm) -> None:
         """``blocks`` blocks of every length."""
         lengths = sorted({max(2, round(m * self.train_length)) for m in self.multipliers})
+        # spread over the whole validation split, as the evaluation's own blocks are
         self._blocks = {n: dm.eval_blocks(n, self.blocks * n, record=False)[:, :n] for n in lengths}  # [N, n] each
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict:

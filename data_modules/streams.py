@@ -331,8 +331,12 @@ class TokenStreamDataModule(L.LightningDataModule):
     # --- evaluation --------------------------------------------------------------------------------
 
     def eval_blocks(self, length: int, budget_tokens: int, record: bool = True) -> torch.Tensor:
-        """The fixed evaluation set for one length: ``[N, length + 1]`` int64, block i = val[i(L+1) : (i+1)(L+1)].
+        """The fixed evaluation set for one length: ``[N, length + 1]`` int64, non-overlapping blocks spread evenly
+        over the whole validation stream: block i is slot ⌊i·S/N⌋ of the S = ⌊len(val) / (length + 1)⌋ slots,
+        val[s(length+1) : (s+1)(length+1)] (block 0 starts the stream).
 
+        Spread, not the first N blocks: a verdict read on the evaluation then generalises to the validation split
+        (every file of it at short lengths), not to its first few files.
         N = max(1, budget_tokens // length) blocks, so every length scores about ``budget_tokens`` targets.
         When the validation stream holds fewer than N blocks (but at least one), all that fit are used and
         the count is recorded in :attr:`eval_counts` (and :meth:`describe`): with a budget above the stream,
@@ -362,7 +366,9 @@ class TokenStreamDataModule(L.LightningDataModule):
             )
         if record:
             self.eval_counts[length] = {"requested": requested, "blocks": n, "tokens": n * length}
-        return stream[: n * (length + 1)].view(n, length + 1).long()  # [N, L + 1], a fresh copy
+        slots = torch.div(torch.arange(n) * fit, n, rounding_mode="floor")  # [N] distinct, ascending, from 0
+        starts = slots * (length + 1)
+        return stream[starts[:, None] + torch.arange(length + 1)].long()  # [N, L + 1], a fresh copy
 
     # --- records -----------------------------------------------------------------------------------
 

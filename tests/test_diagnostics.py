@@ -210,7 +210,12 @@ def test_diagnose_bundle_is_json_and_consistent():
             assert c["curve"][0][0] == pytest.approx(1.0) and c["stderr"][0][0] == pytest.approx(0.0, abs=1e-6)
             assert max(c["distances"]) <= 7 * c["length"] // 8
         assert layer["predicted"]["window"] == pytest.approx([97.0] * 4, abs=1)  # DEFAULT_WINDOW = 96 at ε
-        assert [f["length"] for f in layer["far_mass"]] == [64, 256]
+        assert [f["length"] for f in layer["far"]] == [64, 256]
+        assert all(len(f["mass_blocks"]) == 2 and len(f["mass_blocks"][0]) == 4 for f in layer["far"])
+        assert layer["far_window"] == [97] * 4 and layer["far_window_source"][0].startswith("predicted 97")
+        prediction = layer["far_prediction"]
+        assert prediction["from_length"] == 64 and prediction["multiples"] == [1.0, 2.0, 4.0]
+        assert len(prediction["mass"]) == 3 and all(len(m) == 4 for m in prediction["mass"])
         assert [len(v["rotated"]) for v in layer["value_far_norm"]] == [4, 4]
     assert not model.training
 
@@ -227,7 +232,7 @@ def test_diagnose_bundle_is_the_same_in_several_batches(scheme):
     whole = diagnose(model, blocks, train_length=64, eps=0.05, draws=2)
     split = diagnose(model, blocks, train_length=64, eps=0.05, draws=2, max_batch_tokens=128)  # 2 blocks a batch
     for a, b in zip(whole["layers"], split["layers"]):
-        for x, y in zip(a["far_mass"], b["far_mass"]):
+        for x, y in zip(a["far"], b["far"]):
             assert x["length"] == y["length"] and x["mass"] == pytest.approx(y["mass"], rel=1e-9, abs=1e-12)
         for x, y in zip(a["coherence"], b["coherence"]):
             assert x["replicates"] == y["replicates"] >= 4
@@ -264,7 +269,7 @@ def test_diagnose_main_writes_json_and_pngs(fitted_run, tmp_path, capsys):
                         "--blocks", "1", f"--out={out}"])
     assert rc == 0
     doc = json.loads((out / "diagnostics.json").read_text())
-    assert doc["schema"] == "accrot.diagnostics/1" and doc["train_length"] == 128 and doc["lengths"] == [128, 512]
+    assert doc["schema"] == "accrot.diagnostics/2" and doc["train_length"] == 128 and doc["lengths"] == [128, 512]
     assert doc["blocks"] == {"128": 1, "512": 1} and doc["checkpoint"].endswith("last.ckpt")
     assert len(doc["layers"]) == 2 and doc["layers"][0]["predicted"] is not None
     for name in ("coherence.png", "far_mass.png", "value_far_norm.png"):

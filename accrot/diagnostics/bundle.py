@@ -14,12 +14,14 @@ from accrot.diagnostics.coherence import (
     mixing_window_measured,
     predicted_coherence,
     prediction_basis,
+    ratio,
     replicate_window,
     sums_curve,
     sums_stderr,
 )
+from accrot.diagnostics.far_mass import predicted_far_mass
 from accrot.diagnostics.inputs import SCHEMA, backbone, default_distances
-from accrot.diagnostics.layers import far_means, layer_sums
+from accrot.diagnostics.layers import far_means, fresh_draws_apply, layer_sums
 
 
 # -- the bundle -----------------------------------------------------------------------------------------------------
@@ -45,74 +47,82 @@ def diagnose(
     far_window: int | None = None,
     n_queries: int = 32,
     max_queries: int | None = 512,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int = 65536,
     draws: int = FRESH_DRAWS,
+    fresh_blocks: int = 2,
+    fresh_max_multiple: float = 8.0,
+    window_multiple: float = 8.0,
 ) -> dict:
-    """All diagnostics of one model, JSON-serialisable (lists; null for inf / undefined).
+    """All diagnostics of one model, JSON-serialisable (lists; null for inf / undefined). Two passes per length:
 
-    Coherence and windows at the training length (or the shortest length given) and at the longest; far mass
-    and value far norms at every length. ``far_window`` defaults to ``train_length // 4``.
+    1. **coherence** at every length, each head's mixing window fitted over 1 ≤ Δ ≤ 7/8 of that length with a
+       jackknife error bar over the blocks (:func:`~accrot.diagnostics.coherence.replicate_window`). The model's
+       own transport (learned or token increments, PaTH; every block a replicate) — what T1 and T2 judge; or,
+       for random position increments, fresh draws of their distribution on the first ``fresh_blocks`` blocks at
+       lengths up to ``fresh_max_multiple`` × L: a calibration of the instrument, whose answer |φ|^Δ is known.
+    2. **far keys** per head beyond W_h = max(``far_window`` (default L/4), the head's own window): the window
+       fitted at ``window_multiple`` × L (the nearest length diagnosed), the predicted one for random position
+       increments, none for NoPE, RoPE and ALiBi. At every length: far attention mass (per block too), the score
+       gap's pieces and the value far norms; from L's statistics alone, the far mass the lower bound predicts at
+       every power-of-two multiple up to the longest length (:func:`~accrot.diagnostics.far_mass.predicted_far_mass`).
 
-    Layout: ``{"schema", "train_length", "lengths", "eps", "window_fit_range", "far_window", "n_queries",
-    "scheme" (describe() of layer 0), "prediction" (:func:`prediction_basis`), "layers": [{"layer",
-    "coherence": [{"length", "distances", "curve" [H][n], "stderr" [H][n] (across replicates), "replicates",
-    "fresh_draws", "window" [H] (fitted; null when censored), "window_se" [H], "window_censored" [H],
-    "window_first_crossing" [H], "window_sustained" [H], "predicted" [H][n] | null}], "predicted": {"distances",
-    "curve",
-    "window", "window_sustained"} | null, "far_mass": [{"length", "mass" [H]}], "score_gap": [{"length", "near_score",
-    "far_score", "far_spread", "gap", "concentration" [H] each}], "value_far_norm": [{"length",
-    "rotated", "unrotated", "incoherent"}]}]}``.
+    Layout: ``{"schema", "train_length", "lengths", "blocks" {length: N}, "eps", "far_window" (the base),
+    "n_queries", "scheme" (describe() of layer 0), "prediction" (:func:`prediction_basis`), "layers": [{"layer",
+    "coherence": [{"length", "instrument" ("own transport" | "fresh draws"), "distances", "curve" [H][n],
+    "stderr" [H][n], "replicates", "fresh_draws", "fit_range", "window" [H] (null when censored),
+    "window_se" [H] (jackknife), "window_censored" [H], "window_first_crossing" [H], "window_sustained" [H],
+    "predicted" [H][n] | null}], "predicted": {"distances", "curve", "window", "window_sustained"} | null,
+    "far_window" [H], "far_window_source" [H], "far": [{"length", "mass" [H], "mass_blocks" [N][H], "near_score",
+    "far_score", "far_spread", "gap", "concentration", "concentration_ratio" [H] each}], "far_prediction":
+    {"from_length", "e_far" [H], "log_gate" [H], "multiples", "lengths", "mass" [[H] per length]} | null,
+    "value_far_norm": [{"length", "rotated", "unrotated", "incoherent"}]}]}``.
     """
     if not blocks_by_length:
         raise ValueError("blocks_by_length is empty; give at least one length")
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps={eps!r} must lie in (0, 1)")
     lengths = sorted(int(n) for n in blocks_by_length)
-    window = max(1, train_length // 4) if far_window is None else int(far_window)
-    coherence_lengths = sorted({train_length if train_length in lengths else lengths[0], lengths[-1]})
-    fit_range = max(1, 7 * min(coherence_lengths) // 8)  # the windows' Δ range, the same at every length
+    base = max(1, train_length // 4) if far_window is None else int(far_window)
     schemes = backbone(model).schemes()
-    layers = [{"layer": i, "coherence": [], "far_mass": [], "value_far_norm": []} for i in range(len(schemes))]
+    layers = [{"layer": i, "coherence": [], "far": [], "value_far_norm": []} for i in range(len(schemes))]
     grid = list(range(lengths[-1]))  # the prediction on every Δ the longest block holds
     predictions = [predicted_coherence(scheme, grid) for scheme in schemes]  # [H, len(grid)] or None each
-
-    for length in lengths:
+    fresh = any(fresh_draws_apply(s) for s in schemes)
+    reference = _reference_length(lengths, window_multiple * train_length)
+    own = not fresh and any(s.cfg.rotation in ("accum", "path") for s in schemes)  # windows read off pass 1
+    windows = None if own else _far_windows(schemes, layers, predictions, grid, eps, base, reference)
+    at_l, near_l = None, min(lengths, key=lambda n: abs(n - train_length))
+    # the reference length first: the far keys of a model's own transport begin at the windows fitted there
+    for length in sorted(lengths, key=lambda n: n != reference):
         tokens = blocks_by_length[length][:, :length]
-        dist = default_distances(length) if length in coherence_lengths else None
-        sums = layer_sums(model, tokens, dist, window, n_queries, max_queries, max_batch_tokens, draws)
-        for i, acc in sums.items():
-            if dist is not None:
-                curve, stderr = sums_curve(acc), sums_stderr(acc)  # [H, n] each
-                fit = replicate_window(acc, dist, eps, fit_range)
-                layers[i]["coherence"].append({
-                    "length": length,
-                    "distances": dist,
-                    "curve": curve,
-                    "stderr": stderr,
-                    "replicates": int(acc["num"].shape[0]),
-                    "fresh_draws": draws if getattr(schemes[i].rotation, "random", False) else 0,
-                    "window": fit["window"],
-                    "window_se": fit["window_se"],
-                    "window_censored": fit["censored"].tolist(),
-                    "window_first_crossing": mixing_window_measured(curve, dist, eps),
-                    "window_sustained": mixing_window_measured(curve, dist, eps, sustained=True),
-                    # the prediction at the measured distances (T1 compares them point by point)
-                    "predicted": None if predictions[i] is None else predictions[i][:, dist],
-                })
-            stats = far_means(acc)
-            layers[i]["far_mass"].append({"length": length, "mass": stats["far_mass"]})
-            layers[i].setdefault("score_gap", []).append({"length": length, **{k: stats[k] for k in (
-                "near_score", "far_score", "far_spread", "gap", "concentration")}})
-            if "rotated" in stats:
-                layers[i]["value_far_norm"].append({"length": length, **{k: stats[k] for k in
-                                                                          ("rotated", "unrotated", "incoherent")}})
-
-    for i, pred in enumerate(predictions):
-        if pred is None:
-            layers[i]["predicted"] = None
-            continue
+        dist, top = default_distances(length), max(1, 7 * length // 8)
+        coherent = length <= fresh_max_multiple * train_length if fresh else True
+        if fresh or windows is None:  # the coherence on its own: a calibration's few blocks, or the windows first
+            if coherent:
+                sums = layer_sums(model, tokens[:fresh_blocks] if fresh else tokens, dist, None, n_queries,
+                                  max_queries, max_batch_tokens, draws)
+                _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions)
+            if windows is None:
+                windows = _far_windows(schemes, layers, predictions, grid, eps, base, reference)
+            sums = layer_sums(model, tokens, None, windows, n_queries, max_queries, max_batch_tokens, draws)
+        else:  # one walk over the layers for both
+            sums = layer_sums(model, tokens, dist, windows, n_queries, max_queries, max_batch_tokens, draws)
+            _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions)
+        _add_far(layers, sums, length)
+        if length == near_l:
+            at_l = (length, sums)
+    for layer in layers:
+        layer["coherence"].sort(key=lambda c: c["length"])
+        layer["far"].sort(key=lambda f: f["length"])
+        layer["value_far_norm"].sort(key=lambda f: f["length"])
+    multiples = sorted({2.0**e for e in range(0, int(math.log2(lengths[-1] / train_length)) + 1)}
+                       | {n / train_length for n in lengths})
+    for i in range(len(schemes)):
+        layers[i]["far_prediction"] = None if at_l is None else _far_prediction(
+            at_l[1][i], windows[i], at_l[0], train_length, multiples, n_queries)
+        pred = predictions[i]
         shown = default_distances(lengths[-1])
-        layers[i]["predicted"] = {
+        layers[i]["predicted"] = None if pred is None else {
             "distances": shown,
             "curve": pred[:, shown],
             "window": mixing_window_measured(pred, grid, eps),
@@ -122,14 +132,112 @@ def diagnose(
         "schema": SCHEMA,
         "train_length": int(train_length),
         "lengths": lengths,
+        "blocks": {str(n): int(blocks_by_length[n].shape[0]) for n in lengths},
         "eps": eps,
-        "window_fit_range": [1, fit_range],
-        "far_window": window,
+        "far_window": base,
         "n_queries": n_queries,
         "scheme": schemes[0].describe(),
         "prediction": prediction_basis(schemes[0]),
         "layers": layers,
     })
+
+
+def _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions) -> None:
+    for i, acc in sums.items():
+        if "num" in acc:
+            layers[i]["coherence"].append(_coherence_entry(acc, dist, eps, top, length, schemes[i], draws,
+                                                           predictions[i]))
+
+
+def _add_far(layers, sums, length) -> None:
+    for i, acc in sums.items():
+        stats = far_means(acc)
+        layers[i]["far"].append({"length": length, "mass": stats["far_mass"], "mass_blocks": stats["far_mass_blocks"],
+                                 **{k: stats[k] for k in GAP_STATS}})
+        if "rotated" in stats:
+            layers[i]["value_far_norm"].append({"length": length, **{k: stats[k] for k in
+                                                                      ("rotated", "unrotated", "incoherent")}})
+
+
+def _far_windows(schemes, layers, predictions, grid, eps, base, reference) -> dict[int, torch.Tensor]:
+    """Every layer's far windows (:func:`far_windows`), recorded in its entry; ``{layer: [H]}``."""
+    out = {}
+    for i, scheme in enumerate(schemes):
+        window, source = far_windows(scheme, layers[i], predictions[i], grid, eps, base, reference)
+        layers[i].update(far_window=window, far_window_source=source)
+        out[i] = torch.tensor(window)
+    return out
+
+
+GAP_STATS = ("near_score", "far_score", "far_spread", "gap", "concentration", "concentration_ratio")
+
+
+def _coherence_entry(acc, dist, eps, top, length, scheme, draws, prediction) -> dict:
+    curve, stderr = sums_curve(acc), sums_stderr(acc)  # [H, n] each
+    fit = replicate_window(acc, dist, eps, top)
+    drawn = fresh_draws_apply(scheme) and draws > 0
+    return {
+        "length": length,
+        "instrument": "fresh draws" if drawn else "own transport",
+        "distances": dist,
+        "curve": curve,
+        "stderr": stderr,
+        "replicates": int(acc["num"].shape[0]),
+        "fresh_draws": draws if drawn else 0,
+        "fit_range": [1, top],
+        "window": fit["window"],
+        "window_se": fit["window_se"],
+        "window_censored": fit["censored"].tolist(),
+        "window_first_crossing": mixing_window_measured(curve, dist, eps),
+        "window_sustained": mixing_window_measured(curve, dist, eps, sustained=True),
+        # the prediction at the measured distances (the calibration compares them point by point)
+        "predicted": None if prediction is None else prediction[:, dist],
+    }
+
+
+def _reference_length(lengths: Sequence[int], target: float) -> int:
+    """The diagnosed length nearest ``target`` (on a log scale): where the far windows are read."""
+    return min(lengths, key=lambda n: (abs(math.log(n / target)), -n))
+
+
+def far_windows(scheme: nn.Module, layer: Mapping, prediction, grid: Sequence[int], eps: float, base: int,
+                reference: int) -> tuple[list[int], list[str]]:
+    """Per head, where the far keys begin: W_h = max(``base``, the head's own window), and why.
+
+    Random position increments: the window their distribution predicts (every head alike). The model's own
+    transport (learned or token increments, PaTH): the window fitted at the ``reference`` length, rounded up;
+    a censored one (the curve never placed under ε) leaves ``base``. NoPE, RoPE and a bias alone: ``base``."""
+    H = scheme.rotation.n_heads
+    if fresh_draws_apply(scheme) and prediction is not None:
+        w = float(mixing_window_measured(prediction[0], grid, eps, sustained=True))
+        own = [w] * H
+        why = f"predicted {w:.0f}" if math.isfinite(w) else "predicted: none"
+        sources = [why] * H
+    elif scheme.cfg.rotation in ("accum", "path"):
+        entry = next((c for c in layer["coherence"] if c["length"] == reference), None)
+        own, sources = [], []
+        for h in range(H):
+            w = math.nan if entry is None else float(entry["window"][h])
+            own.append(w)
+            sources.append(f"fitted at {reference}" if math.isfinite(w) else f"censored at {reference}")
+    else:
+        own, sources = [math.nan] * H, ["none"] * H
+    windows = [max(base, math.ceil(w)) if math.isfinite(w) else base for w in own]
+    return windows, [f"{s}; W = {w}" for s, w in zip(sources, windows)]
+
+
+def _far_prediction(acc: Mapping[str, torch.Tensor], window: torch.Tensor, length: int, train_length: int,
+                    multiples: Sequence[float], n_queries: int) -> dict:
+    """The lower bound's far mass at every multiple, from the far sums at L (:func:`predicted_far_mass`)."""
+    e_far = ratio(acc["far_exp"], acc["far_count"])  # [H] NaN where L had no far pairs
+    if "decay_sum" in acc:
+        log_gate = ratio(acc["decay_sum"], acc["decay_count"]).clamp_min(1e-300).log()
+    else:
+        log_gate = torch.zeros_like(e_far)
+    lengths = [int(round(m * train_length)) for m in multiples]
+    mass = [predicted_far_mass(acc["z_near"], e_far, log_gate, window, n, n_queries) for n in lengths]
+    return {"from_length": length, "e_far": e_far, "log_gate": log_gate, "multiples": list(multiples),
+            "lengths": lengths, "mass": mass}
 
 
 def or_nan(x) -> float:
@@ -138,7 +246,7 @@ def or_nan(x) -> float:
 
 def summary(result: Mapping) -> list[dict]:
     """Per layer (means over heads, inf for a window that never fell below ε): ``window@{length}``,
-    ``predicted_window``, ``far_mass@{length}``; used for the table and for logged scalars."""
+    ``predicted_window``, ``far_mass@{length}``, ``predicted_far_mass@{length}``; the table and logged scalars."""
     rows = []
     for layer in result["layers"]:
         row: dict = {"layer": layer["layer"]}
@@ -146,8 +254,11 @@ def summary(result: Mapping) -> list[dict]:
             row[f"window@{c['length']}"] = _mean_window(c["window"])
         pred = layer.get("predicted")
         row["predicted_window"] = _mean_window(pred["window"]) if pred else math.nan
-        for f in layer["far_mass"]:
+        for f in layer["far"]:
             row[f"far_mass@{f['length']}"] = sum(map(or_nan, f["mass"])) / max(1, len(f["mass"]))
+        prediction = layer.get("far_prediction") or {}
+        for n, mass in zip(prediction.get("lengths", []), prediction.get("mass", [])):
+            row[f"predicted_far_mass@{n}"] = sum(map(or_nan, mass)) / max(1, len(mass))
         rows.append(row)
     return rows
 

@@ -14,7 +14,6 @@ from accrot.diagnostics.inputs import (
     check_distances,
     path_walk,
     spread_indices,
-    spread_many,
 )
 from accrot.ops.rotary import rotate_pairs
 from accrot.position.accum import char_fn_abs, increment_distribution, mix_seed
@@ -40,7 +39,8 @@ def scheme_coherence_sums(
         scheme: a :class:`~accrot.position.PositionScheme` (eval mode).
         q, k: ``[B, H, T, D]``; x: ``[B, T, d_model]``; tokens: ``[B, T]``.
         distances: Δ values in [0, T).
-        max_queries: query positions per Δ (evenly spaced over t ∈ [Δ, T)); None for all of them.
+        max_queries: query positions (evenly spaced over [0, T), one set for every Δ: each Δ uses those with
+            t ≥ Δ); None for all of them.
         theta: SO(2) angles ``[B|1, H, T, D/2]`` to transport with instead of ``scheme.angles`` (a fresh draw
             of random increments, :meth:`~accrot.position.accum.AccumulatedRotation.independent_angles`).
     """
@@ -60,7 +60,7 @@ def scheme_coherence_sums(
         w, beta = w.float().contiguous(), beta.float().contiguous()
         rows = spread_indices(0, T, max_queries, q.device)  # one query set; each Δ uses the queries with t ≥ Δ
         column = {int(d): i for i, d in enumerate(dist.tolist())}
-        for d, start, lm in path_walk(q, k, w, beta, rows, int(dist.max())):
+        for d, start, lm in path_walk(q, k, w, beta, rows, int(dist.max()), wanted=set(column)):
             if d in column:
                 r = rows[start:]
                 li = (q[:, :, r] * k[:, :, r - d]).sum(-1).double()  # [B, H, R']
@@ -80,16 +80,26 @@ def scheme_coherence_sums(
     else:
         qm, km = q, k
     dist = dist.to(q.device)
-    t_all, valid_all = spread_many(dist, T, max_queries)  # [n, R] queries t ∈ [Δ, T) per distance
-    # a group of distances per step: few large ops rather than many tiny ones (CPU threads idle on tiny ops)
-    group = max(1, ROW_BUDGET // max(1, draws * B * H * t_all.shape[1] * D))
-    for g in range(0, dist.numel(), group):
-        t, valid = t_all[g : g + group], valid_all[g : g + group]  # [n', R]
-        s = t - dist[g : g + group, None]  # [n', R] keys s = t − Δ
-        li = (q[:, :, t] * k[:, :, s]).sum(-1).double() * valid  # [B, H, n', R], the same for every draw
-        lm = li if kind == "none" else (qm[:, :, t] * km[:, :, s]).sum(-1).double() * valid
-        add(slice(g, g + group), lm, li.repeat(draws, 1, 1, 1), (3,))
-        out["count"][..., g : g + group] = valid.sum(-1).double().cpu()  # [n'] broadcast over B, H
+    rows = spread_indices(0, T, max_queries, q.device)  # [R] one query set; each Δ uses the queries with t ≥ Δ
+    keys = rows[:, None] - dist[None, :]  # [R, n] key s = t − Δ of each (query, distance)
+    valid = keys >= 0
+    keys = keys.clamp(min=0)
+    # every query's scores against every key by one GEMM, then the n diagonals Δ picked out of it: the pairs
+    # needed are a sliver of the product, but a GEMM reads q and k once where gathering pairs moves D floats each
+    chunk = max(1, ROW_BUDGET // max(1, draws * B * H * T))
+    for r0 in range(0, rows.numel(), chunk):
+        r = rows[r0 : r0 + chunk]
+        upto = int(r.max()) + 1  # keys past the last query are never read
+        idx, ok = keys[r0 : r0 + chunk], valid[r0 : r0 + chunk].double()  # [R', n]
+        li = (q[:, :, r] @ k[:, :, :upto].transpose(-1, -2)).gather(-1, idx.expand(B, H, -1, -1))  # [B, H, R', n]
+        li = li.double() * ok
+        lm = li if kind == "none" else (qm[:, :, r] @ km[:, :, :upto].transpose(-1, -2)).gather(
+            -1, idx.expand(qm.shape[0], H, -1, -1)).double() * ok
+        li = li.repeat(draws, 1, 1, 1)  # the same for every draw
+        out["num"] += (lm * li).sum(2).cpu()
+        out["den"] += (li * li).sum(2).cpu()
+        out["msq"] += (lm * lm).sum(2).cpu()
+    out["count"][...] = valid.sum(0).double().cpu()  # [n] broadcast over B, H
     return out
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from accrot.diagnostics.inputs import GAP_SUMS, ROW_BUDGET, path_walk
+from accrot.diagnostics.inputs import FAR_SUMS, ROW_BUDGET, path_walk
 from accrot.ops.rotary import cos_sin, rotate_pairs, rotate_pairs_cs
 
 
@@ -34,13 +34,19 @@ def attention_rows(
 def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
                    rows: torch.Tensor) -> torch.Tensor:
     """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) plus the far-mass bias, causal."""
+    return _logits(scheme, scores, x, tokens, rows).softmax(-1).float()
+
+
+def _logits(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+            rows: torch.Tensor) -> torch.Tensor:
+    """The logits ℓ_ts = s_ts + b_ts of query ``rows`` (float64 ``[B, H, R, T]``), −inf for keys s > t."""
     T = scores.shape[-1]
     logits = scores
     if scheme.far_mass is not None:
         c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
         logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
     future = torch.arange(T, device=scores.device)[None, :] > rows[:, None]  # [R, T]
-    return logits.masked_fill(future, -math.inf).softmax(-1).float()
+    return logits.masked_fill(future, -math.inf)
 
 
 def _scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
@@ -74,50 +80,75 @@ def scheme_far_sums(
     v: torch.Tensor,
     x: torch.Tensor,
     tokens: torch.Tensor,
-    window: int,
+    window: int | torch.Tensor,
     n_queries: int = 32,
 ) -> dict[str, torch.Tensor]:
-    """Per-head sums over blocks and the last ``n_queries`` queries, each ``[H]`` float64, plus ``far_rows`` (the
-    query rows summed):
-    ``far_mass`` Σ_{t−s>W} a_ts, and for SO(2) rotations the far output norms ``rotated``, ``unrotated`` and
-    ``incoherent`` (see module doc)."""
+    """Sums over the last ``n_queries`` queries of each block, split at a per-head window W_h (near: 0 ≤ Δ ≤ W_h,
+    far: Δ > W_h). Each ``[H]`` float64 (summed over blocks and rows) unless marked:
+
+    * ``far_mass`` Σ_t Σ_far a_ts; ``far_mass_blocks`` ``[B, H]`` (per block: blocks are the replicates);
+    * the score gap (T5), on the transported scores s_ts = D^−1/2 q_tᵀ M_ts k_s without the bias: ``near_as``,
+      ``near_a`` (Σ_near a·s and Σ_near a: the attention-weighted near score), ``far_sum``, ``far_sq``,
+      ``far_count`` (the far scores' mean and spread) and ``far_norm_sq`` Σ_far (‖q_t‖‖k_s‖/D)² (the spread
+      concentration predicts for incoherent pairs);
+    * the lower bound's inputs (T3): ``far_exp`` Σ_far e^{s} (the far keys' mean weight before the bias),
+      ``z_near`` ``[B·R, H]`` Σ_near e^{s + b} per query (its near partition), and for a far-mass scheme
+      ``decay_sum``, ``decay_count`` (Σ f_j over the block's tokens: the mean gate);
+    * for SO(2) rotations the far output norms ``rotated``, ``unrotated`` and ``incoherent`` (see module doc);
+    * ``far_rows``: the query rows summed (B·R).
+
+    ``window``: an int (every head) or ``[H]`` integers."""
     B, H, T, D = q.shape
-    if window < 0:
+    wins = torch.as_tensor(window, dtype=torch.long, device=q.device).expand(H).clone()  # [H]
+    if bool((wins < 0).any()):
         raise ValueError(f"window={window} must be >= 0")
     rows_all = torch.arange(max(0, T - n_queries), T, device=q.device)
     chunk = max(1, ROW_BUDGET // max(1, B * H * T))
     so2 = scheme.rotation.kind == "so2"
-    out = {name: torch.zeros(H, dtype=torch.float64) for name in ("far_mass", "rotated", "unrotated", "incoherent",
-                                                                     *GAP_SUMS)}
+    out = {name: torch.zeros(H, dtype=torch.float64) for name in FAR_SUMS}
+    out["far_mass_blocks"] = torch.zeros(B, H, dtype=torch.float64)
+    z_near = []
     q_norm, k_norm = q.float().norm(dim=-1), k.float().norm(dim=-1)  # [B, H, T]
     if so2:
         cos, sin = cos_sin(scheme.angles(x, tokens))  # [B, H, T, P]
         v = v.float()
         v_back = rotate_pairs_cs(v, cos, -sin)  # R(−θ_s) v_s: Σ a R(θ_t − θ_s) v_s = R(θ_t) Σ a R(−θ_s) v_s
         v_sq = v.pow(2).sum(-1)  # [B, H, T]
+    if scheme.far_mass is not None:
+        f = scheme.log_decay(x, tokens).double().exp()  # [B|1, H, T] the gates f_j
+        out["decay_sum"] = f.sum((0, 2)).cpu()
+        out["decay_count"] = torch.full((H,), float(f.shape[0] * T), dtype=torch.float64)
     keys = torch.arange(T, device=q.device)
     for i in range(0, rows_all.numel(), chunk):
         rows = rows_all[i : i + chunk]
         scores = _scores(scheme, q, k, x, tokens, rows)  # [B, H, R, T] transported, no bias
-        a = _probabilities(scheme, scores, x, tokens, rows)  # [B, H, R, T]
+        logits = _logits(scheme, scores, x, tokens, rows)  # [B, H, R, T] with the bias, −inf for s > t
+        a = logits.softmax(-1)  # [B, H, R, T] float64
         dist = rows[:, None] - keys[None, :]  # [R, T] Δ = t − s
-        far_keys = dist > window
-        far = a * far_keys  # [B, H, R, T] weights of keys t − s > W
-        # score gap (T5): near keys 0 ≤ Δ ≤ W against the far keys' mean and spread
-        near_keys = (dist >= 0) & ~far_keys
-        out["near_sum"] += (scores * near_keys).sum((0, 2, 3)).cpu()
-        out["near_count"] += float(B) * float(near_keys.sum())
-        out["far_sum"] += (scores * far_keys).sum((0, 2, 3)).cpu()
-        out["far_sq"] += (scores.pow(2) * far_keys).sum((0, 2, 3)).cpu()
-        out["far_count"] += float(B) * float(far_keys.sum())
+        far_keys = dist[None] > wins[:, None, None]  # [H, R, T]
+        near_keys = (dist >= 0)[None] & ~far_keys  # [H, R, T]
+        far = a * far_keys  # [B, H, R, T] weights of keys t − s > W_h
+        out["far_mass"] += far.sum((0, 2, 3)).cpu()
+        out["far_mass_blocks"] += far.sum((2, 3)).cpu()
+        out["near_as"] += (a * scores * near_keys).sum((0, 2, 3)).cpu()
+        out["near_a"] += (a * near_keys).sum((0, 2, 3)).cpu()
+        far_scores = torch.where(far_keys, scores, 0.0)  # [B, H, R, T]
+        out["far_sum"] += far_scores.sum((0, 2, 3)).cpu()
+        out["far_sq"] += far_scores.pow(2).sum((0, 2, 3)).cpu()
+        out["far_count"] += float(B) * far_keys.sum((1, 2)).double().cpu()
+        # e^s in float64 (scores of a trained model stay far below the 709 where it overflows)
+        out["far_exp"] += (far_scores.clamp(max=700).exp() * far_keys).sum((0, 2, 3)).cpu()
+        z_near.append((logits.clamp(max=700).exp() * near_keys).sum(-1).transpose(1, 2).cpu())  # [B, R, H]
         norms = q_norm[:, :, rows, None].double() * k_norm[:, :, None, :].double() / D  # [B, H, R, T] ‖q‖‖k‖/D
-        out["far_concentration"] += (norms * far_keys).sum((0, 2, 3)).cpu()
-        out["far_mass"] += far.double().sum((0, 2, 3)).cpu()
+        out["far_norm_sq"] += (norms.pow(2) * far_keys).sum((0, 2, 3)).cpu()
         if so2:
+            far = far.float()
             # ‖R(θ_t) y‖ = ‖y‖: the rotated far part needs no output rotation for its norm
             out["rotated"] += (far @ v_back).double().norm(dim=-1).sum((0, 2)).cpu()
             out["unrotated"] += (far @ v).double().norm(dim=-1).sum((0, 2)).cpu()
             out["incoherent"] += (far.pow(2) @ v_sq[..., None]).double().sqrt().sum((0, 2, 3)).cpu()
+    # per query [B·R, H], blocks in order (rows of a block together)
+    out["z_near"] = torch.cat(z_near, 1).reshape(-1, H) if z_near else torch.zeros(0, H, dtype=torch.float64)
     # not "count": the coherence sums have their own [B, H, n] count, and layer_sums merges both into one dict
     out["far_rows"] = torch.tensor(float(B * rows_all.numel()), dtype=torch.float64)
     if not so2:
@@ -126,3 +157,40 @@ def scheme_far_sums(
     return out
 
 
+# -- the lower bound's prediction (T3) --------------------------------------------------------------------------
+def predicted_far_mass(
+    z_near: torch.Tensor,
+    e_far: torch.Tensor,
+    decay: torch.Tensor,
+    window: torch.Tensor,
+    length: int,
+    n_queries: int = 32,
+) -> torch.Tensor:
+    """The far attention mass the lower bound predicts at ``length`` from statistics measured at L, ``[H]``.
+
+    For a query at t, the far keys Δ ∈ (W, t] each weigh e^{s + b}: their unbiased scores s, beyond the window,
+    do not depend on Δ (the theory's incoherence), so each contributes E[e^s] (``e_far``, the mean over the far
+    pairs at L) times the bias's mean factor E[e^{b(Δ)}] = f̄^Δ (``decay`` = log f̄, the log of the mean gate: exact
+    for ALiBi's constant f, and for i.i.d. gates; 0 without a far-mass bias). The near keys keep their measured
+    partition Z (``z_near``, per query at L: the same near set at any length). So
+
+        mass(t) = F(t) / (Z + F(t)),    F(t) = E[e^s] · Σ_{Δ=W+1}^{t} f̄^Δ,
+
+    averaged over the last ``n_queries`` queries of a block of ``length`` tokens and over the measured Z (the
+    same queries the measured far mass averages). Without a bias F grows linearly in t and the mass tends to 1;
+    with one F converges, and the mass stays bounded.
+
+    Args:
+        z_near: ``[Nq, H]`` near partitions Σ_{Δ≤W} e^{s+b} of the queries measured at L.
+        e_far: ``[H]`` mean e^s over far pairs at L (NaN where L had none: no prediction).
+        decay: ``[H]`` log f̄ ≤ 0.
+        window: ``[H]`` W per head (tokens).
+    """
+    t = torch.arange(max(0, length - n_queries), length, dtype=torch.float64)  # [R]
+    w = window.double()[:, None]  # [H, 1]
+    n_far = (t[None, :] - w).clamp(min=0)  # [H, R] far keys of query t
+    g = decay.double()[:, None].clamp(max=0.0)  # [H, 1]
+    geometric = torch.exp(g * (w + 1)) * torch.expm1(g * n_far) / torch.expm1(g).clamp(max=-1e-300)
+    far = e_far.double()[:, None] * torch.where(g < -1e-12, geometric, n_far)  # [H, R] F(t)
+    z = z_near.double()[:, :, None]  # [Nq, H, 1]
+    return (far[None] / (z + far[None])).mean((0, 2))  # [H]

@@ -11,8 +11,9 @@ from accrot.io import atomic_savefig, pyplot
 
 # -- figures -----------------------------------------------------------------------------------------------------------
 def plot_diagnostics(result: Mapping, out_dir: str | Path) -> list[Path]:
-    """PNGs (written atomically): ``coherence.png`` (c vs Δ per layer: measured solid at L, dotted at the longest
-    length, predicted dashed, ε line), ``far_mass.png`` (vs length, log x) and, for SO(2) rotations,
+    """PNGs (written atomically): ``coherence.png`` (c vs Δ per layer: measured solid at the first length, dotted at
+    the others, predicted dashed, ε line), ``far_mass.png`` (vs length, log x, with the lower bound's prediction)
+    and, for SO(2) rotations,
     ``value_far_norm.png``. Returns the paths written."""
     plt = pyplot()
     out_dir = Path(out_dir)
@@ -61,25 +62,30 @@ def _coherence(plt, result: Mapping):
 
 
 def _far_mass(plt, result: Mapping):
+    """Far mass vs length per layer (mean over heads, each head faint), and the lower bound's prediction from L's
+    statistics dashed."""
     layers, L = result["layers"], result["train_length"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for layer in layers:
-        xs = [f["length"] for f in layer["far_mass"]]
-        per_head = list(zip(*[[or_nan(m) for m in f["mass"]] for f in layer["far_mass"]]))
+        xs = [f["length"] for f in layer["far"]]
+        per_head = list(zip(*[[or_nan(m) for m in f["mass"]] for f in layer["far"]]))
         mean = [sum(col) / len(col) for col in zip(*per_head)]
         line = ax.plot(xs, mean, marker="o", label=f"layer {layer['layer']} (mean over heads)")[0]
         for ys in per_head:
             ax.plot(xs, ys, color=line.get_color(), alpha=0.3, linewidth=0.8)
+        pred = layer.get("far_prediction")
+        if pred:
+            ys = [sum(map(or_nan, m)) / len(m) for m in pred["mass"]]
+            ax.plot(pred["lengths"], ys, "--", color=line.get_color(), label=f"layer {layer['layer']} predicted from L")
     ax.set_xscale("log", base=2)
     ax.axvline(L, color="grey", linestyle="--", linewidth=1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel(f"attention mass on keys > {result['far_window']} back")
+    ax.set_ylabel(f"attention mass beyond each head's window (≥ {result['far_window']})")
     ax.set_title("far mass (last queries of each block)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
-
 
 
 def _value_far_norm(plt, result: Mapping):

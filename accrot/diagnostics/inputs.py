@@ -10,11 +10,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-SCHEMA = "accrot.diagnostics/1"
+SCHEMA = "accrot.diagnostics/2"
 DENSE_DISTANCES = 256  # every Δ below this is measured; beyond, a log-spaced grid
 LOG_DISTANCES = 32
 ROW_BUDGET = 1 << 22  # elements of one [B, H, rows, T] probability chunk
-GAP_SUMS = ("near_sum", "near_count", "far_sum", "far_sq", "far_count", "far_concentration")
+# the far pass's per-head sums ([H] each; see far_mass.scheme_far_sums)
+FAR_SUMS = ("far_mass", "rotated", "unrotated", "incoherent", "near_as", "near_a", "far_sum", "far_sq",
+            "far_count", "far_exp", "far_norm_sq")
 
 
 # -- per-layer inputs -------------------------------------------------------------------------------------------
@@ -68,13 +70,15 @@ def layer_inputs(model: nn.Module, tokens: torch.Tensor) -> Iterator[LayerInputs
     device = next(net.parameters()).device
     tokens = tokens.to(device=device, dtype=torch.long)
     h = net.embed(tokens)  # [B, T, d_model]
-    for block in net.blocks:
+    last = len(net.blocks) - 1
+    for i, block in enumerate(net.blocks):
         x = block.attn_norm(h)  # [B, T, d_model] the scheme sees the normalised input
         q, k, v = block.attn.project(x)  # [B, H, T, D] each
         # contiguous: the diagnostics gather query / key rows, which is slow on project()'s strided views
         q, k, v = (t.float().contiguous() for t in (q, k, v))
         yield LayerInputs(block.attn.scheme, q, k, v, x, tokens)
-        h = block(h, tokens)
+        if i < last:  # the last block's output feeds no layer: its attention at 64× L is the costliest op
+            h = block(h, tokens)
 
 
 def batches(tokens: torch.Tensor, max_batch_tokens: int) -> Iterator[torch.Tensor]:
@@ -123,14 +127,16 @@ def spread_many(lo: torch.Tensor, hi: int, n: int | None) -> tuple[torch.Tensor,
 
 # -- PaTH transport by the per-query recurrence -------------------------------------------------------------------
 def path_walk(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: torch.Tensor, max_steps: int
+    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: torch.Tensor, max_steps: int,
+    wanted: set[int] | None = None,
 ) -> Iterator[tuple[int, int, torch.Tensor]]:
     """For ascending queries ``rows [R]`` walk back d = 0..max_steps keys: yield ``(d, start, ℓᴹ [B, H, R − start])``
     for the queries ``rows[start:]`` that still have a key t − d ≥ 0, with ℓᴹ = q_tᵀ H_t ⋯ H_{t−d+1} k_{t−d}
     (unscaled), computed as u·k_{t−d} with u ← H_{t−d+1} u, u_0 = q_t.
 
     The w, β and k rows of a stretch of steps are gathered at once (the walk is thousands of small steps, so
-    per-step op count is what costs); queries that have reached key 0 drop out at the next stretch."""
+    per-step op count is what costs); queries that have reached key 0 drop out at the next stretch. ``wanted``:
+    the distances to yield (the walk still takes every step; None: all of them)."""
     from bisect import bisect_left
 
     B, H, _, D = q.shape
@@ -154,7 +160,10 @@ def path_walk(
         for j, d in enumerate(steps.tolist()):
             if d > 0:
                 wj = wj_all[j]  # [B, H, R', D]
-                coef = bj_all[j] * torch.linalg.vecdot(u, wj)  # [B, H, R']
-                u = torch.addcmul(u, coef[..., None], wj, value=-1.0)  # [B, H, R', D]  u ← H_{t−d+1} u
+                # (a·b).sum(-1), not linalg.vecdot or addcmul: on these small rows both are many times slower
+                coef = bj_all[j] * (u * wj).sum(-1)  # [B, H, R']
+                u = u - coef[..., None] * wj  # [B, H, R', D]  u ← H_{t−d+1} u
+            if wanted is not None and d not in wanted:
+                continue
             lo = bisect_left(row_list, d) - start  # rows with t < d have no key at distance d
-            yield d, start + lo, torch.linalg.vecdot(u[:, :, lo:], kj_all[j, :, :, lo:])  # [B, H, R' − lo]
+            yield d, start + lo, (u[:, :, lo:] * kj_all[j, :, :, lo:]).sum(-1)  # [B, H, R' − lo]

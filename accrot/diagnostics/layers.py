@@ -24,7 +24,7 @@ def layer_sums(
     model: nn.Module,
     tokens: torch.Tensor,
     distances: Sequence[int] | None = None,
-    window: int | None = None,
+    window: int | Mapping[int, torch.Tensor] | None = None,
     n_queries: int = 32,
     max_queries: int | None = 512,
     max_batch_tokens: int = 16384,
@@ -32,12 +32,13 @@ def layer_sums(
 ) -> dict[int, dict[str, torch.Tensor]]:
     """One walk over the layers, micro-batch by micro-batch: per layer the coherence sums of
     :func:`scheme_coherence_sums` per replicate (``[N, H, n]``, when ``distances`` is given) and the far sums of
-    :func:`scheme_far_sums` with their ``count`` summed over blocks (when ``window`` is given).
+    :func:`scheme_far_sums` summed over blocks (when ``window`` is given: one int, or ``{layer: [H]}`` windows).
 
-    For random increments the replicates are (block, fresh draw) pairs: ``draws`` independent draws of the
-    scheme's own increment distribution transport each block's q, k (N = blocks × draws), so the curve is the
-    distribution's coherence on the model's q, k, and its error bar covers the draw-to-draw spread that a single
-    fixed evaluation draw hides. Otherwise a replicate is a block.
+    For random position increments (an instrument check: their coherence is known) the replicates are (block,
+    fresh draw) pairs: ``draws`` independent draws of the scheme's own increment distribution transport each
+    block's q, k (N = blocks × draws), so the curve is the distribution's coherence on the model's q, k, and its
+    error bar covers the draw-to-draw spread that a single fixed evaluation draw hides. Every other transport
+    (learned or token increments, PaTH) is the model's own, deterministic one, and a replicate is a block.
     """
     sums: dict[int, dict[str, torch.Tensor]] = {}
     with eval_mode(model):
@@ -45,33 +46,54 @@ def layer_sums(
             for i, li in enumerate(layer_inputs(model, batch)):
                 part: dict[str, torch.Tensor] = {}
                 if distances is not None:
-                    rotation = li.scheme.rotation
-                    if getattr(rotation, "random", False) and draws > 0:
+                    if fresh_draws_apply(li.scheme) and draws > 0:
                         part.update(scheme_coherence_fresh(li.scheme, li.q, li.k, li.x, li.tokens, distances,
                                                            max_queries, draws, layer=i, batch=b))
                     else:
                         part.update(scheme_coherence_sums(li.scheme, li.q, li.k, li.x, li.tokens, distances,
                                                           max_queries))
                 if window is not None:
-                    part.update(scheme_far_sums(li.scheme, li.q, li.k, li.v, li.x, li.tokens, window, n_queries))
+                    w = window[i] if isinstance(window, Mapping) else window
+                    part.update(scheme_far_sums(li.scheme, li.q, li.k, li.v, li.x, li.tokens, w, n_queries))
                 acc = sums.setdefault(i, {})
                 for name, t in part.items():
-                    if name in COHERENCE_SUMS:  # replicates side by side
+                    if name in REPLICATED:  # replicates side by side
                         acc[name] = t if name not in acc else torch.cat((acc[name], t))
                     else:
                         acc[name] = t if name not in acc else acc[name] + t
     return sums
 
 
+# sums kept per replicate (block, or block × draw), stacked along dim 0 across micro-batches
+REPLICATED = (*COHERENCE_SUMS, "far_mass_blocks", "z_near")
+
+
+def fresh_draws_apply(scheme: nn.Module) -> bool:
+    """Random *position* increments: a new draw per training batch, so no single draw is "the model's" transport;
+    their coherence is measured under fresh draws of the distribution (a calibration of the instrument). Token
+    increments are a fixed table, learned ones a function of x: the model's own transport, measured as it is."""
+    rotation = scheme.rotation
+    return bool(getattr(rotation, "random", False)) and getattr(scheme.cfg, "increments", None) == "random_position"
+
+
 def far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-head means of the far pass's sums (:func:`scheme_far_sums`), ``[H]`` each (``far_mass_blocks``:
+    ``[N, H]``): far mass, value far norms, and the score gap's pieces — ``near_score`` (attention-weighted),
+    ``far_score`` and ``far_spread`` (mean and standard deviation of the far scores), ``gap`` = (near − far) /
+    spread, ``concentration`` √E[(‖q‖‖k‖/D)²] over far pairs and ``concentration_ratio`` = spread /
+    concentration (1 for incoherent pairs in high dimension)."""
     names = ("far_mass", "rotated", "unrotated", "incoherent")
     out = {name: acc[name] / acc["far_rows"] for name in names if name in acc}
-    if "near_sum" in acc:  # the score gap (T5), per head
-        near = ratio(acc["near_sum"], acc["near_count"])
+    if "far_mass_blocks" in acc:
+        rows_per_block = acc["far_rows"] / acc["far_mass_blocks"].shape[0]
+        out["far_mass_blocks"] = acc["far_mass_blocks"] / rows_per_block
+    if "near_as" in acc:  # the score gap (T5), per head
+        near = ratio(acc["near_as"], acc["near_a"])
         far = ratio(acc["far_sum"], acc["far_count"])
         spread = (ratio(acc["far_sq"], acc["far_count"]) - far**2).clamp_min(0).sqrt()
+        conc = ratio(acc["far_norm_sq"], acc["far_count"]).sqrt()
         out.update(near_score=near, far_score=far, far_spread=spread, gap=ratio(near - far, spread),
-                   concentration=ratio(acc["far_concentration"], acc["far_count"]))
+                   concentration=conc, concentration_ratio=ratio(spread, conc))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,19 +32,21 @@ def diagnostics_table(result: Mapping):
     L, lengths = result["train_length"], result["lengths"]
     coh_lengths = [c["length"] for c in result["layers"][0]["coherence"]] if result["layers"] else []
     mass_lengths = sorted({lengths[0], lengths[-1]})
-    table = Table(title=f"diagnostics (ε = {result['eps']:g}, far = keys > {result['far_window']} back)")
+    table = Table(title=f"diagnostics (ε = {result['eps']:g}; far: beyond each head's window, ≥ {result['far_window']})")
     table.add_column("layer", justify="right")
     for n in coh_lengths:
         table.add_column(f"window @{n / L:g}×", justify="right")
     table.add_column("predicted", justify="right")
     for n in mass_lengths:
         table.add_column(f"far mass @{n / L:g}×", justify="right")
+    table.add_column(f"bound @{lengths[-1] / L:g}×", justify="right")  # the far mass predicted from L alone
     for row in summary(result):
         table.add_row(
             str(row["layer"]),
             *(_fmt_window(row[f"window@{n}"]) for n in coh_lengths),
             _fmt_window(row["predicted_window"]),
             *(f"{row[f'far_mass@{n}']:.3f}" for n in mass_lengths),
+            f"{row.get(f'predicted_far_mass@{lengths[-1]}', math.nan):.3f}",
         )
     return table
 
@@ -67,7 +70,8 @@ def main(argv: list[str]) -> int:
                         help="the run's config.yaml (default: found next to the checkpoint's run directory)")
     parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "8", "32"],
                         help="lengths as multiples of the training length: 1 8 32 or [1,8,32]")
-    parser.add_argument("--blocks", type=int, default=4, help="evaluation blocks per length")
+    parser.add_argument("--blocks", type=int, default=16,
+                        help="blocks per length, spread over the validation split (the replicates of every error bar)")
     parser.add_argument("--eps", type=float, default=0.05, help="ε of the mixing window")
     parser.add_argument("--far_window", type=int | None, default=None, help="far = keys more than this many tokens back "
                         "(default: training length / 4)")
@@ -111,6 +115,6 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     plot_diagnostics(result, out)
     atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))
-    Console().print(diagnostics_table(result))
+    Console(width=None if sys.stdout.isatty() else 120).print(diagnostics_table(result))  # a log: no wrapping
     print(out / "diagnostics.json")
     return 0

@@ -10,7 +10,7 @@ import io
 import json
 from pathlib import Path
 
-from accrot.study.claims import Results, Run
+from accrot.study.results import Results, Run
 
 # row label -> rope_scaling; the label says what the row is everywhere a variant name is printed
 EXTENSIONS = {"RoPE+PI (eval-time extension)": "pi", "RoPE+NTK (eval-time extension)": "ntk",

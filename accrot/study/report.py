@@ -16,46 +16,34 @@ from typing import Any
 
 from accrot.io import atomic_savefig, atomic_write_text, pyplot
 from accrot.metrics import mean_std
-from accrot.study.claims import (
-    HORIZON_TOLERANCE,
-    Results,
-    Run,
-    check_claims,
-    collect,
-    diag_layers,
-    far_mass,
-    fit_range,
-    horizon,
-    mean_of,
-    times,
-)
+from accrot.study.claims import HORIZON_TOLERANCE, check_calibration, check_claims
+from accrot.study.results import Results, Run, collect, diag_layers, horizon, mean_of, times
+from accrot.study.stats import RULES as STATS_RULES
 from accrot.study.stats import Claim, fmt
+from accrot.study.theory import (
+    by_seed,
+    head_windows,
+    kind,
+    measured_far_mass,
+    predicted_far_mass,
+    t3_rows,
+    variants_of,
+    window_lengths,
+)
 from accrot.study.variants import ANSWER_TASKS
 
 # ---------------------------------------------------------------------------------------------------
 # writing the report
 # ---------------------------------------------------------------------------------------------------
-RULES = """How a verdict is decided. Every comparison is over seeds (each seed: a new initialisation, data order
-and random-increment realisation) and uses a 95 % Student-t interval:
+RULES = STATS_RULES + """
 
-- two variants at one length: with the same seeds on both sides, the per-seed differences (paired) and the
-  interval mean ± t·s/√n; otherwise Welch's interval for the difference of means. *Resolved* — *for* or
-  *against* the claim — when the interval excludes 0, *inside* the noise otherwise;
-- one variant against itself (NLL at the longest length vs its best up to 16×, far mass and windows at the
-  longest length vs 1×): the per-seed differences, resolved when their interval excludes 0;
-- a threshold (within 5 %, flat within 2 %, ...): *for* when the interval lies on the claim's side of the limit,
-  *against* when it lies on the other side, *inside* when it straddles it.
-
-A claim is *supported* when every comparison is *for*, *not supported* when any is *against*, and
-*inconclusive* otherwise: a difference inside the noise, one seed (no interval), a censored mixing window, or a
-variant or length that was not run. With two seeds t = 12.7 and little resolves; three seeds (t = 4.3) or more
-are what a verdict needs.
-
-The instruments: coherence of random increments under fresh draws of their own distribution (32 per block at
-the default size, 8 for the tiny quick look; each run's diagnostics.json says how many), so |φ|^Δ is exact in
-expectation, with standard errors across (block, draw) replicates; mixing windows fitted log-linearly over
-1 ≤ Δ ≤ 7L/8 at every length, *censored* when the fit cannot place them in that range. Both are tested on
-synthetic truth at the default size's geometry (tests/test_verdicts.py)."""
+The instruments. Coherence is measured on the model's own transports (learned and token increments, PaTH) with
+every diagnostics block a replicate, at 1×, 8× and 64× L; the window of each head is a log-linear fit of the decay
+over 1 ≤ Δ ≤ 7/8 of the length, *censored* when the fit cannot place it there, with a jackknife error bar over the
+blocks. Random position increments are measured under fresh draws of their own distribution instead (32 per block
+at the default size): their coherence is |φ|^Δ whatever the model, so they calibrate the estimator (the instrument
+checks) and decide nothing. Far keys of a head are those beyond its own window (never nearer than L/4). Every
+instrument and every rule is tested on synthetic truth at the default size's geometry (tests/test_verdicts.py)."""
 
 
 def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
@@ -79,22 +67,88 @@ def _horizon_cell(res: Results, dataset: str, variant: str) -> str:
     return " ".join(f"{'≥' if h == longest else ''}{h:g}×" for h in hs) or "–"
 
 
-def _claims_md(claims: Sequence[Claim]) -> str:
-    lines = ["| # | claim | test | verdict | why |", "|---|---|---|---|---|"]
-    def cell(text: str) -> str:  # |φ|^Δ and |Δ| would split a markdown table's cells
-        return text.replace("|", "\\|")
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # |φ|^Δ and |Δ| would split a markdown table's cells
 
+
+def _claims_md(claims: Sequence[Claim]) -> str:
+    """The claims table (claim, the rule in one sentence, the quantity that decides it, verdict, why) and every
+    claim's comparisons, each with its numbers and outcome."""
+    lines = ["| # | claim | rule | decided by | verdict | why |", "|---|---|---|---|---|---|"]
     for c in claims:
-        lines.append(f"| {c.id} | {cell(c.claim)} | {cell(c.test)} | **{c.verdict}** | {cell(c.why())} |")
+        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.rule)} | {_cell(c.test)} | **{c.verdict}** | "
+                     f"{_cell(c.why())} |")
     lines.append("")
     for c in claims:
-        lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Test: {c.test}.")
+        lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Rule: {c.rule}. Decided by: {c.test}.")
         for comp in c.comparisons:
-            lines.append(f"- {comp.what}: {comp.numbers} → *{comp.outcome}*")
+            lines.append(f"- {comp.line()}")
         if c.note:
             lines.append(f"- {c.note}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _calibration_md(checks: Sequence[Claim]) -> str:
+    """The instrument checks: they hold by construction of the instrument, so they say the instrument is right,
+    not that the theory is."""
+    if not any(c.comparisons for c in checks):
+        return ""
+    lines = ["## Instrument checks (not findings)", "",
+             "Random position increments have a known coherence, |φ|^Δ, under fresh draws of their distribution "
+             "whatever the model has learned: these rows check that the estimator and the window fit recover it on "
+             "the trained models' own q and k. They hold by construction and support no claim.", "",
+             "| check | rule | verdict |", "|---|---|---|"]
+    lines += [f"| {c.id}: {_cell(c.claim)} | {_cell(c.rule)} | **{c.verdict}** |" for c in checks]
+    lines.append("")
+    for c in checks:
+        lines += [f"- {comp.line()}" for comp in c.comparisons]
+    return "\n".join(lines) + "\n"
+
+
+def _windows_md(res: Results) -> str:
+    """T1/T2's evidence: per variant with its own transport, the mean window over heads at 8× and the longest
+    length (mean ± std over seeds) and the heads placed."""
+    rows = []
+    for v in variants_of(res, "own"):
+        runs = res.diagnosed(v)
+        pair = window_lengths(runs[0])
+        if pair is None:
+            continue
+        cells = []
+        for n in pair:
+            means = [mean_of(w for _, w, _ in head_windows(r, n)) for r in runs]
+            cells.append(fmt([m for m in means if m is not None], 1))
+        placed = [f"{sum(w is not None for _, w, _ in head_windows(r, pair[1]))}/{len(head_windows(r, pair[1]))}"
+                  for r in runs]
+        rows.append(f"| {v} | {cells[0]} | {cells[1]} | {' '.join(placed)} |")
+    if not rows:
+        return ""
+    L = res.diagnosed(variants_of(res, "own")[0])[0].train_length
+    head = ["Mixing windows of the trained transports (T1, T2): mean over the heads placed, tokens, mean ± std over "
+            "seeds; heads placed at the longest length, per seed.", "",
+            f"| variant | window at {times(pair[0] / L)} | window at {times(pair[1] / L)} | placed |", "|---|---|---|---|"]
+    return "\n".join(head + rows) + "\n"
+
+
+def _far_md(res: Results) -> str:
+    """T3's table: far mass measured and predicted (from L alone) per variant, and the horizons."""
+    rows = t3_rows(res)
+    if not rows:
+        return ""
+    longest = res.longest()
+    lines = ["The lower bound (T3): far attention mass (beyond each head's window, at least L/4; last queries of each "
+             "block), measured and predicted from statistics at L alone, mean ± std over seeds; the extrapolation "
+             "horizon measured (NLL within 5 % of 1×) and predicted (near share lost, in nats, within 5 % of "
+             "NLL(1×)), per seed.", "",
+             f"| variant | role | measured 1× | 8× measured | 8× predicted | {times(longest)} measured | "
+             f"{times(longest)} predicted | horizon | predicted horizon |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['role']} | {fmt(r['measured@1'])} | {fmt(r['measured@8'])} | "
+                     f"{fmt(r['predicted@8'])} | {fmt(r[f'measured@{longest:g}'])} | "
+                     f"{fmt(r[f'predicted@{longest:g}'])} | {by_seed(r['horizon'])} | "
+                     f"{by_seed(r['predicted_horizon'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def _color(variant: str):
@@ -290,19 +344,19 @@ def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
 
 
 def plot_theory(res: Results, folder: Path) -> list[Path]:
-    """``coherence.png``: small multiples, one panel per accumulated variant — the measured coherence at L (mean
-    over layers, heads and seeds, ± 1.96 standard errors) and at the longest length (dotted), the prediction
-    dashed, Δ from 1 on a log axis; ``far_mass.png``: far mass vs length."""
+    """``coherence.png``: small multiples, one panel per accumulated variant — the measured coherence (mean over
+    layers, heads and seeds) at each length diagnosed, with its ± 1.96 standard-error band at the first, and the
+    prediction dashed where the theory gives one; ``far_mass.png``: far mass vs length, measured (solid, ± std
+    over seeds) and predicted from L alone (dashed)."""
     plt = pyplot()
     out = []
-    accumulated = [v for v in res.variants("corpus") if v.startswith(("accum", "PaTH"))
-                   and any(r.diagnostics for r in res.by.get(("corpus", v), []))]
+    accumulated = [v for v in res.variants(res.corpus) if (runs := res.diagnosed(v)) and kind(runs[0]) != "none"]
     if accumulated:
         cols = min(4, len(accumulated))
         rows = -(-len(accumulated) // cols)
         fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, sharey=True)
         for ax, v in zip(axes.flat, accumulated):
-            _coherence_panel(ax, v, [r for r in res.by.get(("corpus", v), []) if r.diagnostics])
+            _coherence_panel(ax, v, res.diagnosed(v))
         for ax in list(axes.flat)[len(accumulated):]:
             ax.set_visible(False)
         axes[0][0].legend(fontsize=6, loc="lower left")
@@ -313,58 +367,73 @@ def plot_theory(res: Results, folder: Path) -> list[Path]:
         atomic_savefig(fig, path)
         out.append(path)
         plt.close(fig)
+    path = _plot_far_mass(plt, res, folder / "far_mass.png")
+    return out + ([path] if path else [])
 
+
+def _plot_far_mass(plt, res: Results, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     drawn = False
-    for v in res.variants("corpus"):
-        runs = [r for r in res.by.get(("corpus", v), []) if r.diagnostics]
+    for v in res.variants(res.corpus):
+        runs = res.diagnosed(v)
         if not runs:
             continue
-        lengths = runs[0].diagnostics["lengths"]
-        _band(ax, v, [(length / runs[0].train_length,
-                       [x for x in (far_mass(r, length) for r in runs) if x is not None]) for length in lengths])
+        L = runs[0].train_length
+        mults = [n / L for n in runs[0].diag["lengths"]]
+        _band(ax, v, [(m, [x for r in runs if (x := measured_far_mass(r, m)) is not None]) for m in mults])
+        pred = next((layer["far_prediction"] for layer in diag_layers(runs[0]) if layer.get("far_prediction")), None)
+        if pred:
+            xs = pred["multiples"]
+            ys = [mean_of(predicted_far_mass(r, m) for r in runs) for m in xs]
+            ax.plot(xs, [math.nan if y is None else y for y in ys], "--", lw=1, color=_color(v))
         drawn = True
-    if drawn:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("length / L")
-        ax.set_ylabel("attention mass beyond L/4 (last queries)")
-        ax.set_title("far mass vs length (mean over layers and heads; ± std over seeds)")
-        ax.legend(fontsize=7, ncol=2)
-        path = folder / "far_mass.png"
-        atomic_savefig(fig, path)
-        out.append(path)
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.02)
+    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("length / L")
+    ax.set_ylabel("attention mass on far keys (beyond the window; last queries)")
+    ax.set_title("far mass vs length: measured (solid, ± std over seeds), predicted from L alone (dashed)",
+                 fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    atomic_savefig(fig, path)
     plt.close(fig)
-    return out
+    return path
 
 
 def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
-    """One variant: measured at L with its band, at the longest length dotted, prediction dashed."""
-    diag = runs[0].diagnostics
-    L, top = diag["train_length"], fit_range(runs[0]) or diag["train_length"]
+    """One variant: the coherence at every length diagnosed (solid at the first, then dashed, dotted), the band
+    at the first, the prediction in black where the theory has one."""
+    diag = runs[0].diag
+    L = diag["train_length"]
     color = _color(variant)
-    for which, style in ((L, "-"), (max(diag["lengths"]), ":")):
-        per_seed, errs, dist = [], [], None
+    styles = ("-", "--", ":", "-.")
+    lengths = sorted({c["length"] for layer in diag_layers(runs[0]) for c in layer["coherence"]})
+    for j, which in enumerate(lengths):
+        per_seed, errs, dist, top = [], [], None, which
         for r in runs:
-            entries = [c for layer in diag_layers(r) for c in layer["coherence"] if c["length"] == which]
-            if not entries:
+            found = [c for layer in diag_layers(r) for c in layer["coherence"] if c["length"] == which]
+            if not found:
                 continue
-            dist = entries[0]["distances"]
-            per_seed.append([mean_of(_head_mean(e["curve"], i) for e in entries) for i in range(len(dist))])
-            errs.append([mean_of(_head_mean(e["stderr"], i) for e in entries) for i in range(len(dist))])
+            dist, top = found[0]["distances"], (found[0].get("fit_range") or [1, which])[1]
+            per_seed.append([mean_of(_head_mean(e["curve"], i) for e in found) for i in range(len(dist))])
+            errs.append([mean_of(_head_mean(e["stderr"], i) for e in found) for i in range(len(dist))])
         if not per_seed or dist is None:
             continue
-        keep = [i for i, d in enumerate(dist) if 1 <= d <= (top if which == L else dist[-1])]
+        keep = [i for i, d in enumerate(dist) if 1 <= d <= top]
         xs = [dist[i] for i in keep]
         mean = [mean_of(c[i] for c in per_seed) for i in keep]
-        err = [mean_of(e[i] for e in errs) for i in keep]
-        ax.plot(xs, [m if m is not None else math.nan for m in mean], style, color=color, lw=1.2,
+        ax.plot(xs, [m if m is not None else math.nan for m in mean], styles[j % len(styles)], color=color, lw=1.1,
                 label=f"measured at {times(which / L)}")
-        if which == L:
+        if j == 0:
+            err = [mean_of(e[i] for e in errs) for i in keep]
             lo = [(m or 0) - 1.96 * (e or 0) for m, e in zip(mean, err)]
             hi = [(m or 0) + 1.96 * (e or 0) for m, e in zip(mean, err)]
             ax.fill_between(xs, lo, hi, color=color, alpha=0.2, lw=0)
             pred = [c.get("predicted") for layer in diag_layers(runs[0]) for c in layer["coherence"]
-                    if c["length"] == L and c.get("predicted")]
+                    if c["length"] == which and c.get("predicted")]
             if pred:
                 ax.plot(xs, [mean_of(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
                         label="prediction |φ|^Δ")
@@ -372,7 +441,8 @@ def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
     ax.axhline(eps, color="grey", lw=0.5, ls=":")
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xscale("log")
-    ax.set_title(f"{variant} ({len(runs)} seeds)", fontsize=8)
+    how = "fresh draws: a calibration" if kind(runs[0]) == "calibration" else "its own transport"
+    ax.set_title(f"{variant} ({len(runs)} seeds; {how})", fontsize=7)
 
 
 def results_csv(res: Results) -> str:
@@ -443,7 +513,8 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
         "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
         "needs.", ""]
-    claims_md = ["## Claims (PAPER.md)", "", *caution, _claims_md(claims), RULES, ""]
+    claims_md = ["## Claims", "", *caution, _claims_md(claims), _windows_md(res), _far_md(res),
+                 _calibration_md(check_calibration(res)), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
     text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"
@@ -464,7 +535,7 @@ def _revision() -> str:
 
 
 def build_report(spec, ref, folder: Path, meta: Mapping[str, Any], console=None) -> Path:
-    from accrot.study.claims import Results
+    from accrot.study.results import Results
     from accrot.study.extensions import extension_runs
 
     res = collect(spec, ref)

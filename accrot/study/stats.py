@@ -1,20 +1,30 @@
 """Comparisons over seeds and the verdicts they give.
 
 How a verdict is decided (also printed in the report). Every comparison is over seeds (replicates: each seed
-is a new initialisation, data order and random-increment realisation), with a 95 % Student-t interval:
+is a new initialisation, data order and random-increment realisation), with a 95 % Student-t interval, and
+carries its two one-sided p-values (``p_for``: the evidence that it lies on the claim's side; ``p_against``: on
+the other side):
 
 * two variants at one length: with the same seeds on both sides, the per-seed (paired) differences and their
   interval mean ± t₀.₉₇₅,ₙ₋₁·s/√n; otherwise Welch's interval for the difference of means. The difference is
   *resolved* when the interval excludes 0 — for or against the claim — and *inside* the noise otherwise;
-* one variant against itself (NLL at 64× vs its best up to 16×, far mass at 64× vs 1×): the per-seed
-  differences, resolved when their interval excludes 0;
-* a threshold (within 5 %, flat within 2 %, ...): *for* when the interval of the mean lies under it, *against*
-  when it lies over it, *inside* when it straddles it.
+* one variant against itself (NLL at 64× vs 16×, far mass measured vs predicted): the per-seed differences,
+  resolved when their interval excludes 0 (or the limit the claim names);
+* a threshold (within 5 %, far mass past 0.5, ...): *for* when the interval of the mean lies on the claim's side
+  of the limit, *against* when it lies on the other, *inside* when it straddles it;
+* a band (two lengths agree within ±25 %, a ratio within [0.8, 1.25]; an equivalence test, TOST): *for* when the
+  interval lies inside the band, *against* when it lies wholly outside it, *inside* otherwise.
 
-A claim is *supported* when every comparison it rests on is resolved in its favour, *not supported* when any is
-resolved against it, and *inconclusive* otherwise — in particular with one seed (no interval), with two seeds
-unless they agree closely (t₀.₉₇₅,₁ = 12.7), when a window is censored, or when a variant or length it needs was
-not run. Three seeds or more are what resolves a claim (t₀.₉₇₅,₂ = 4.3).
+A claim that asks every comparison (all of its variants, lengths) is *supported* when every one is *for*, and
+*not supported* when one is *against* after Holm's correction over the claim's comparisons (on the against side:
+with k comparisons the smallest one-sided p-value must be under 0.025/k, the next under 0.025/(k − 1), ...; an
+*against* that does not survive it reads "inside (against before the correction)"); *inconclusive* otherwise.
+A claim that asks for one case among several (N1: is there a cell that is both precise and flat?) is
+*supported* when the best case is *for* on every criterion after Holm over the cases, *not supported* when every
+case is *against* on some criterion (Holm within the case), inconclusive otherwise. One seed gives no interval;
+two seeds rarely resolve anything (t₀.₉₇₅,₁ = 12.7); three or more are what a verdict needs. Every comparison
+left inside the noise says how many seeds would resolve a difference of its observed size and spread with 80 %
+power.
 """
 
 from __future__ import annotations
@@ -23,40 +33,51 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scipy import stats as sps
+
 from accrot.metrics import mean_std, pm
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
-# ---------------------------------------------------------------------------------------------------
-# statistics
-# ---------------------------------------------------------------------------------------------------
+ALPHA = 0.025  # one-sided level of each comparison: the two-sided 95 % interval's tail
+POWER = 0.8
+MAX_SEEDS = 200  # "seeds needed" beyond this reads "> 200"
+
+
 def fmt(values: Sequence[float], digits: int = 3) -> str:
     return pm(values, digits, empty="–")
 
 
 @dataclass
 class Comparison:
-    """One comparison a claim rests on: what, its numbers, and ``for`` / ``against`` / ``inside`` / ``missing``."""
+    """One comparison a claim rests on: what, its numbers, and ``for`` / ``against`` / ``inside`` / ``missing``;
+    its one-sided p-values (None without an interval), the seeds it would need (``inside`` only) and whether the
+    claim's correction turned an *against* into *inside* (``corrected``)."""
 
     what: str
     numbers: str
     outcome: str
+    p_for: float | None = None
+    p_against: float | None = None
+    needed: int | None = None
+    corrected: bool = False
+
+    def line(self) -> str:
+        """The report's line: what, numbers, outcome (and the correction or the seeds it would need)."""
+        tail = ""
+        if self.corrected:
+            tail = " (against before the correction)"
+        elif self.outcome == "inside" and self.needed is not None:
+            tail = f"; about {self.needed} seeds would resolve it" if self.needed <= MAX_SEEDS else \
+                f"; more than {MAX_SEEDS} seeds would be needed"
+        return f"{self.what}: {self.numbers} → *{self.outcome}*{tail}"
 
 
-# two-sided 95 % quantiles of Student's t, df = 1..30 (beyond: the Cornish–Fisher series, within 1e-4)
-_T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788,
-         2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639,
-         2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
-
-
-def t_quantile(df: float) -> float:
-    """t_{0.975, df}: the half-width of a 95 % interval is this many standard errors (df ≥ 1; fractional df
-    from Welch's formula round down, which widens the interval a little)."""
+def t_quantile(df: float, q: float = 0.975) -> float:
+    """t_{q, df}: the half-width of a 95 % interval is t_{0.975, df} standard errors (df ≥ 1; Welch's
+    fractional df are kept)."""
     if df < 1:
         raise ValueError(f"df={df} must be >= 1")
-    if df < 31:
-        return _T975[int(df) - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return float(sps.t.ppf(q, df))
 
 
 def interval(values: Sequence[float]) -> tuple[float, float | None]:
@@ -67,6 +88,62 @@ def interval(values: Sequence[float]) -> tuple[float, float | None]:
     return mean, t_quantile(len(values) - 1) * std / math.sqrt(len(values))
 
 
+@dataclass(frozen=True)
+class _Test:
+    """A mean with its standard error and degrees of freedom (a t statistic's ingredients)."""
+
+    mean: float
+    se: float
+    df: float
+    sd: float  # the per-seed spread (for the seeds needed)
+    n: int
+
+    @property
+    def half(self) -> float:
+        return t_quantile(self.df) * self.se
+
+    def below(self, limit: float) -> float:
+        """One-sided p-value that the mean lies below ``limit``."""
+        return _tail(self.mean - limit, self.se, self.df, lower=True)
+
+    def above(self, limit: float) -> float:
+        return _tail(self.mean - limit, self.se, self.df, lower=False)
+
+    def needed(self, distance: float) -> int | None:
+        """Seeds for 80 % power to resolve a difference of ``distance`` at this spread (one-sided 0.025)."""
+        return seeds_needed(abs(distance), self.sd)
+
+
+def _tail(diff: float, se: float, df: float, lower: bool) -> float:
+    """P(T ≤ diff/se) (``lower``) or P(T ≥ diff/se); a zero spread decides by the sign."""
+    if se <= 0:
+        return 0.0 if (diff < 0) == lower and diff != 0 else 1.0
+    t = diff / se
+    return float(sps.t.cdf(t, df) if lower else sps.t.sf(t, df))
+
+
+def seeds_needed(distance: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
+    """The smallest n ≥ 2 for which a one-sample t-test at one-sided level ``alpha`` detects a mean ``distance``
+    away from its limit with probability ``power``, when seeds spread by ``sd`` (noncentral t); None when there is
+    no difference to detect (distance 0 or no spread known)."""
+    if not (sd > 0 and distance > 0 and math.isfinite(sd) and math.isfinite(distance)):
+        return None
+    d = distance / sd
+    for n in range(2, MAX_SEEDS + 1):
+        crit = sps.t.ppf(1 - alpha, n - 1)
+        if sps.nct.sf(crit, n - 1, d * math.sqrt(n)) >= power:
+            return n
+    return MAX_SEEDS + 1
+
+
+def _one_sample(values: Sequence[float]) -> _Test | None:
+    mean, std = mean_std(values)
+    if std is None:
+        return None
+    n = len(values)
+    return _Test(mean, std / math.sqrt(n), n - 1, std, n)
+
+
 Values = Sequence[float] | Mapping[int, float]  # per-seed values; a mapping names the seeds (pairing)
 
 
@@ -74,50 +151,66 @@ def _as_list(values: Values) -> list[float]:
     return [values[k] for k in sorted(values)] if isinstance(values, Mapping) else list(values)
 
 
-def compare_variants(what: str, a: str, va: Values, b: str, vb: Values, lower_is_for: bool = True,
-                     digits: int = 3) -> Comparison:
-    """Variant a against variant b on one quantity; the claim says a < b (``lower_is_for``) or a > b.
+def _signed(what: str, numbers: str, test: _Test, limit: float, lower_is_for: bool) -> Comparison:
+    """The outcome of ``test`` against ``limit`` when the claim says the mean lies below it (or above)."""
+    p_below, p_above = test.below(limit), test.above(limit)
+    p_for, p_against = (p_below, p_above) if lower_is_for else (p_above, p_below)
+    outcome = "for" if p_for < ALPHA else "against" if p_against < ALPHA else "inside"
+    needed = test.needed(test.mean - limit) if outcome == "inside" else None
+    return Comparison(what, numbers, outcome, p_for, p_against, needed)
 
-    With the same seeds on both sides (mappings seed → value with equal keys) the comparison is *paired*: the
-    per-seed differences and their 95 % t-interval (seeds share the data order, so pairing removes that
-    variance). Otherwise Welch's interval for the difference of means. Resolved when the interval excludes 0."""
+
+def compare_variants(what: str, a: str, va: Values, b: str, vb: Values, lower_is_for: bool = True,
+                     digits: int = 3, margin: float = 0.0) -> Comparison:
+    """Variant a against variant b on one quantity; the claim says a − b < ``margin`` (``lower_is_for``) or
+    a − b > ``margin``.
+
+    Paired on the seeds both sides ran (mappings seed → value; n is printed), which removes what a seed's data
+    order and initialisation share; Welch's interval for the difference of means when they share fewer than two
+    seeds. Resolved when the interval excludes ``margin`` (0: a plain difference; a non-inferiority margin
+    otherwise)."""
     la, lb = _as_list(va), _as_list(vb)
     if not la or not lb:
         missing = a if not la else b
         return Comparison(what, f"{missing} not run", "missing")
+    common = sorted(set(va) & set(vb)) if isinstance(va, Mapping) and isinstance(vb, Mapping) else []
+    if len(common) >= 2:
+        test = _one_sample([va[k] - vb[k] for k in common])
+        how = f"paired over {len(common)} seeds"
+    else:
+        test = _welch(la, lb)
+        how = "Welch"
+    if test is None:
+        return Comparison(what, f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)}: one seed, no spread", "inside")
+    limit = f", margin {margin:+g}" if margin else ""
+    numbers = (f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)} (Δ {test.mean:+.{digits}f} ± "
+               f"{test.half:.{digits}f}, 95 %, {how}{limit})")
+    return _signed(what, numbers, test, margin, lower_is_for)
+
+
+def _welch(la: list[float], lb: list[float]) -> _Test | None:
     (ma, sa), (mb, sb) = mean_std(la), mean_std(lb)
     if sa is None or sb is None:
-        return Comparison(what, f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)}: one seed, no spread", "inside")
-    paired = isinstance(va, Mapping) and isinstance(vb, Mapping) and set(va) == set(vb)
-    if paired:
-        diff, half = interval([va[k] - vb[k] for k in sorted(va)])
-        how = f"paired over {len(la)} seeds"
-    else:
-        na, nb = len(la), len(lb)
-        se2 = sa**2 / na + sb**2 / nb
-        df = se2**2 / ((sa**2 / na) ** 2 / (na - 1) + (sb**2 / nb) ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
-        diff, half = ma - mb, t_quantile(max(1.0, df)) * math.sqrt(se2)
-        how = "Welch"
-    numbers = (f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)} (Δ {diff:+.{digits}f} ± {half:.{digits}f}, "
-               f"95 %, {how})")
-    if abs(diff) <= half:
-        return Comparison(what, numbers, "inside")
-    return Comparison(what, numbers, "for" if (diff < 0) == lower_is_for else "against")
+        return None
+    na, nb = len(la), len(lb)
+    se2 = sa**2 / na + sb**2 / nb
+    df = se2**2 / ((sa**2 / na) ** 2 / (na - 1) + (sb**2 / nb) ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
+    # the seeds needed per side, as for a paired difference with the two spreads combined
+    return _Test(ma - mb, math.sqrt(se2), max(1.0, df), math.sqrt(sa**2 + sb**2), min(na, nb))
 
 
 def compare_paired(what: str, diffs: Sequence[float], positive_is_for: bool = True, digits: int = 3,
-                   label: str = "Δ") -> Comparison:
-    """Per-seed differences of one variant against itself; the claim says they are positive (or negative).
-    Resolved when their 95 % t-interval excludes 0."""
+                   label: str = "Δ", limit: float = 0.0) -> Comparison:
+    """Per-seed differences of one variant against itself; the claim says they exceed ``limit`` (or lie below
+    it). Resolved when their 95 % t-interval excludes the limit."""
     if not diffs:
         return Comparison(what, "not run", "missing")
-    mean, half = interval(diffs)
-    if half is None:
-        return Comparison(what, f"{label}{mean:+.{digits}f}: one seed, no spread", "inside")
-    numbers = f"{label}{mean:+.{digits}f} ± {half:.{digits}f} (95 %, {len(diffs)} seeds)"
-    if abs(mean) <= half:
-        return Comparison(what, numbers, "inside")
-    return Comparison(what, numbers, "for" if (mean > 0) == positive_is_for else "against")
+    test = _one_sample(diffs)
+    if test is None:
+        return Comparison(what, f"{label}{diffs[0]:+.{digits}f}: one seed, no spread", "inside")
+    bound = f"; limit {limit:g}" if limit else ""
+    numbers = f"{label}{test.mean:+.{digits}f} ± {test.half:.{digits}f} (95 %, {len(diffs)} seeds{bound})"
+    return _signed(what, numbers, test, limit, lower_is_for=not positive_is_for)
 
 
 def compare_threshold(what: str, values: Sequence[float], limit: float, below_is_for: bool = True,
@@ -126,28 +219,86 @@ def compare_threshold(what: str, values: Sequence[float], limit: float, below_is
     t-interval of the mean lies on the claim's side of the limit, *against* when it lies on the other."""
     if not values:
         return Comparison(what, "not run", "missing")
-    mean, half = interval(values)
-    head = f"{label}{mean:.{digits}f}"
-    if half is None:
+    test = _one_sample(values)
+    head = f"{label}{sum(values) / len(values):.{digits}f}"
+    if test is None:
         return Comparison(what, f"{head} (limit {limit:g}): one seed, no spread", "inside")
-    numbers = f"{head} ± {half:.{digits}f} (95 %, {len(values)} seeds; limit {limit:g})"
-    if mean + half <= limit:
-        return Comparison(what, numbers, "for" if below_is_for else "against")
-    if mean - half > limit:
-        return Comparison(what, numbers, "against" if below_is_for else "for")
-    return Comparison(what, numbers, "inside")
+    numbers = f"{head} ± {test.half:.{digits}f} (95 %, {len(values)} seeds; limit {limit:g})"
+    return _signed(what, numbers, test, limit, below_is_for)
+
+
+def compare_band(what: str, values: Sequence[float], low: float, high: float, digits: int = 3,
+                 label: str = "", shown: str | None = None) -> Comparison:
+    """Per-seed values that the claim says lie inside (``low``, ``high``): *for* when the 95 % interval lies
+    inside the band (two one-sided tests), *against* when it lies wholly outside it, *inside* otherwise.
+    ``shown``: how the band is printed (default ``[low, high]``)."""
+    if not values:
+        return Comparison(what, "not run", "missing")
+    test = _one_sample(values)
+    band = shown or f"[{low:g}, {high:g}]"
+    head = f"{label}{sum(values) / len(values):+.{digits}f}"
+    if test is None:
+        return Comparison(what, f"{head} (band {band}): one seed, no spread", "inside")
+    numbers = f"{head} ± {test.half:.{digits}f} (95 %, {len(values)} seeds; band {band})"
+    p_for = max(test.above(low), test.below(high))
+    p_against = min(test.below(low), test.above(high))
+    outcome = "for" if p_for < ALPHA else "against" if p_against < ALPHA else "inside"
+    needed = None
+    if outcome == "inside":  # to decide: reach the nearer edge of the band (inside it) or clear it (outside)
+        needed = test.needed(min(abs(test.mean - low), abs(test.mean - high)))
+    return Comparison(what, numbers, outcome, p_for, p_against, needed)
+
+
+def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down test: which of the hypotheses (one per p-value; None: not tested) are rejected at
+    family-wise level ``alpha``."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    rejected = [False] * len(p_values)
+    m = len(order)
+    for rank, (p, i) in enumerate(order):
+        if p > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def correct_against(comparisons: Sequence[Comparison]) -> None:
+    """Holm over the comparisons' *against* side: an *against* whose p-value does not survive it becomes
+    *inside*, marked ``corrected``."""
+    keep = holm([c.p_against if c.outcome == "against" or c.corrected else None for c in comparisons])
+    for c, kept in zip(comparisons, keep):
+        if c.outcome == "against" and not kept:
+            c.outcome, c.corrected = "inside", True
 
 
 @dataclass
 class Claim:
+    """A claim of the study: what it says, the quantity that decides it (``test``), its rule in one sentence,
+    and the comparisons it rests on. ``cases``: for a claim that asks for one case among several (N1), the
+    comparisons of each case by name (the verdict then reads them, :func:`case_verdict`)."""
+
     id: str
     claim: str
     test: str
     comparisons: list[Comparison] = field(default_factory=list)
     note: str = ""
+    rule: str = ""
+    cases: dict[str, list[Comparison]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._final = False
+
+    def finalize(self) -> None:
+        """Apply the claim's correction once (Holm on the against side; :func:`case_verdict` corrects itself)."""
+        if not self._final and not self.cases:
+            correct_against(self.comparisons)
+        self._final = True
 
     @property
     def verdict(self) -> str:
+        if self.cases:
+            return case_verdict(self.cases)
+        self.finalize()
         outcomes = [c.outcome for c in self.comparisons]
         if not outcomes:
             return INCONCLUSIVE
@@ -158,15 +309,46 @@ class Claim:
         return INCONCLUSIVE
 
     def why(self) -> str:
+        verdict = self.verdict
         outcomes = [c.outcome for c in self.comparisons]
+        if self.cases:
+            return {SUPPORTED: "a case is for on every criterion (Holm over the cases)",
+                    NOT_SUPPORTED: "every case is against on some criterion (Holm within each)"}.get(
+                verdict, "no case resolved for on every criterion, not every case resolved against")
         if not outcomes:
             return "nothing to compare"
-        if "against" in outcomes:
-            return "a comparison is resolved against it"
+        if verdict == NOT_SUPPORTED:
+            return "a comparison is resolved against it (Holm over its comparisons)"
         if "missing" in outcomes:
-            return "a variant or length it needs was not run"
+            return "a variant, length or measurement it needs is missing"
         if any("no spread" in c.numbers for c in self.comparisons):
             return "one seed: no spread to tell a difference from noise"
+        if any(c.corrected for c in self.comparisons):
+            return "an against that does not survive the correction; the rest lie inside the noise"
         if "inside" in outcomes:
-            return "a difference lies inside the seeds' spread"
+            needed = [c.needed for c in self.comparisons if c.outcome == "inside" and c.needed]
+            more = f" (the closest would need about {min(needed)} seeds)" if needed else ""
+            return "a difference lies inside the seeds' spread" + more
         return "every comparison is resolved in its favour"
+
+
+def case_verdict(cases: Mapping[str, Sequence[Comparison]]) -> str:
+    """Supported when one case is *for* on all its criteria after Holm over the cases (its p is the largest of
+    its criteria's p_for: an intersection-union test); not supported when every case has a criterion *against*
+    after Holm within the case; inconclusive otherwise (and with no cases)."""
+    if not cases:
+        return INCONCLUSIVE
+    p_case = []
+    for comps in cases.values():
+        ps = [c.p_for for c in comps]
+        p_case.append(None if not comps or any(p is None for p in ps) else max(ps))
+    if any(holm(p_case)):
+        return SUPPORTED
+    against = []
+    for comps in cases.values():
+        kept = holm([c.p_against for c in comps])
+        against.append(any(k and c.outcome == "against" for k, c in zip(kept, comps)))
+    return NOT_SUPPORTED if all(against) else INCONCLUSIVE
+
+
+RULES = __doc__.split("\n\n", 1)[1].strip()  # the rules above, as the report prints them

@@ -75,13 +75,20 @@ def test_stdlib_eval_blocks_are_fixed_and_non_overlapping(stdlib):
     assert blocks.shape == (budget // length, length + 1) and blocks.dtype == torch.int64
     assert torch.equal(blocks, StdlibDataModule().eval_blocks(length, budget))  # same for every model
     val = stdlib.val_stream.long()
-    # block i = val[i(L+1) : (i+1)(L+1)]: contiguous, disjoint, from the start
-    for i in range(blocks.shape[0]):
-        assert torch.equal(blocks[i], val[i * (length + 1) : (i + 1) * (length + 1)])
+    # contiguous copies of the stream, disjoint, the first at its start and spread over all of it (not its start)
+    slots = val.numel() // (length + 1)
+    starts = []
+    for block in blocks:
+        start = next(s * (length + 1) for s in range(slots) if torch.equal(block, val[s * (length + 1):(s + 1) * (length + 1)]))
+        starts.append(start)
+    assert starts[0] == 0 and starts == sorted(set(starts))
+    assert starts[-1] >= (slots - slots // blocks.shape[0] - 1) * (length + 1)  # the last block in the last stride
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert max(gaps) - min(gaps) <= length + 1  # even spacing, to one slot
     assert stdlib.eval_counts[length] == {"requested": 8, "blocks": 8, "tokens": 8 * length}
     # the diagnostics cut their own blocks of the same length: the record keeps the evaluation set's count
     diag = stdlib.eval_blocks(length, 2 * length, record=False)
-    assert torch.equal(diag, blocks[:2])
+    assert torch.equal(diag[0], blocks[0]) and diag.shape == (2, length + 1)
     assert stdlib.describe()["eval_blocks"][str(length)] == {"requested": 8, "blocks": 8, "tokens": 8 * length}
 
 

@@ -1,0 +1,188 @@
+"""The ablation's runs as records: :func:`collect` reads the complete trials of a study (their
+``extrapolation.json`` and, on the data set the theory is read on, ``diagnostics/diagnostics.json``) into
+:class:`Run` records indexed by :class:`Results`, and the readers of a run's diagnostics the claims use."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CORPUS = "corpus"  # the data set the claims and the theory diagnostics are read on, unless the study says another
+DIAGNOSTICS_SCHEMA = "accrot.diagnostics/2"
+
+
+@dataclass
+class Run:
+    """One complete trial: its evaluation per multiplier and, on the theory's data set, its diagnostics."""
+
+    dataset: str
+    variant: str
+    seed: int
+    run_dir: str
+    lengths: dict[float, dict[str, Any]]  # multiplier -> the extrapolation.json row
+    train_length: int
+    diagnostics: dict | None = None
+    params: int | None = None  # trainable parameters (run.json)
+
+    def value(self, field_: str, mult: float) -> float | None:
+        row = self.lengths.get(float(mult))
+        return None if row is None or row.get(field_) is None else float(row[field_])
+
+    @property
+    def diag(self) -> dict:
+        """The diagnostics bundle (empty when the run has none, or one of an older layout)."""
+        d = self.diagnostics or {}
+        return d if d.get("schema") == DIAGNOSTICS_SCHEMA else {}
+
+
+class Results:
+    """The runs of one ablation, indexed by (data set, variant); ``corpus``: the data set the claims read."""
+
+    def __init__(self, runs: Iterable[Run], corpus: str = CORPUS) -> None:
+        self.runs = sorted(runs, key=lambda r: (r.dataset, r.variant, r.seed))
+        self.corpus = corpus
+        self.by: dict[tuple[str, str], list[Run]] = {}
+        for r in self.runs:
+            self.by.setdefault((r.dataset, r.variant), []).append(r)
+
+    def trained(self) -> int:
+        """Runs that were trained (not RoPE's eval-time extension rows, which are evaluations of trained runs)."""
+        return sum("eval-time extension" not in r.variant for r in self.runs)
+
+    def datasets(self) -> list[str]:
+        return sorted({r.dataset for r in self.runs}, key=lambda d: (d != self.corpus, d))
+
+    def variants(self, dataset: str) -> list[str]:
+        from accrot.study.variants import VARIANTS
+
+        present = {v for d, v in self.by if d == dataset}
+        extensions = sorted(v for v in present if v.startswith("RoPE+"))  # eval-time extensions: right after RoPE
+        known = [e for v in VARIANTS if v in present for e in ([v, *extensions] if v == "RoPE" else [v])]
+        return known + sorted(present - set(known))
+
+    def multipliers(self, dataset: str) -> list[float]:
+        return sorted({m for r in self.runs if r.dataset == dataset for m in r.lengths})
+
+    def longest(self, dataset: str | None = None) -> float:
+        return max(self.multipliers(dataset or self.corpus), default=1.0)
+
+    def values(self, dataset: str, variant: str, field_: str, mult: float) -> list[float]:
+        out = [r.value(field_, mult) for r in self.by.get((dataset, variant), [])]
+        return [v for v in out if v is not None and math.isfinite(v)]
+
+    def per_seed(self, dataset: str, variant: str, fn: Callable[[Run], float | None]) -> list[float]:
+        out = [fn(r) for r in self.by.get((dataset, variant), [])]
+        return [v for v in out if v is not None and math.isfinite(v)]
+
+    def seeded(self, dataset: str, variant: str, fn: Callable[[Run], float | None]) -> dict[int, float]:
+        """``{seed: fn(run)}`` over the variant's runs with a finite value (paired comparisons read the seeds)."""
+        out = {r.seed: fn(r) for r in self.by.get((dataset, variant), [])}
+        return {k: v for k, v in out.items() if v is not None and math.isfinite(v)}
+
+    def seeded_values(self, dataset: str, variant: str, field_: str, mult: float) -> dict[int, float]:
+        return self.seeded(dataset, variant, lambda r: r.value(field_, mult))
+
+    def diagnosed(self, variant: str) -> list[Run]:
+        """The variant's runs on the theory's data set that have diagnostics (of the current layout)."""
+        return [r for r in self.by.get((self.corpus, variant), []) if r.diag]
+
+
+def times(m: float) -> str:
+    return f"{m:g}×"
+
+
+def mean_of(xs: Iterable[float | None]) -> float | None:
+    vals = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    return sum(vals) / len(vals) if vals else None
+
+
+def diag_layers(run: Run) -> list[dict]:
+    return run.diag.get("layers") or []
+
+
+def length_of(run: Run, mult: float) -> int | None:
+    L = run.diag.get("train_length")
+    return None if L is None else int(round(L * mult))
+
+
+def entries(run: Run, key: str, length: int | None) -> list[dict]:
+    """Every layer's entry of ``key`` (``coherence``, ``far``, ``value_far_norm``) at ``length``."""
+    return [e for layer in diag_layers(run) for e in layer.get(key, []) if e["length"] == length]
+
+
+def head_values(run: Run, key: str, name: str, length: int | None) -> list[float | None]:
+    """``name`` of every (layer, head) at ``length`` (e.g. the far mass per head), layer-major."""
+    return [v for e in entries(run, key, length) for v in e.get(name) or []]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b - 1.0
+
+
+def horizon(run: Run, tolerance: float = 0.05) -> float | None:
+    """The largest evaluated multiple m whose NLL, and every shorter one's, is within ``tolerance`` of 1×'s."""
+    base = run.value("nll", 1)
+    if base is None:
+        return None
+    best = None
+    for m in sorted(run.lengths):
+        value = run.value("nll", m)
+        if value is None or value > base * (1 + tolerance):
+            break
+        best = m
+    return best
+
+
+def best_at(res: Results, dataset: str, variants: Sequence[str], mult: float) -> str | None:
+    """The variant of ``variants`` with the lowest mean NLL at ``mult`` on ``dataset`` (None if none ran)."""
+    means = {v: sum(vals) / len(vals) for v in variants if (vals := res.values(dataset, v, "nll", mult))}
+    return min(means, key=means.get) if means else None
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading a study
+# ---------------------------------------------------------------------------------------------------
+def collect(spec, ref, corpus: str = CORPUS) -> Results:
+    """The complete trials of every stratum of an ablation spec, with their evaluation and diagnostics."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from accrot.sweep.storage import open_storage
+
+    storage = open_storage(ref)
+    runs = []
+    for name, strata in spec.studies().items():
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
+        except KeyError:
+            continue  # not created yet
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            # a study per variant, or one per data set whose trials carry their variant (shared_study)
+            label = t.user_attrs.get("variant") if spec.shared_study else strata[0].variant
+            dataset, _, variant = (label or "corpus.?").partition(".")
+            run = read_run(Path(t.user_attrs.get("run_dir", "")), dataset, variant, int(t.user_attrs.get("seed", 0)))
+            if run is not None:
+                runs.append(run)
+    return Results(runs, corpus)
+
+
+def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None:
+    """A :class:`Run` from a run directory's files (None without its ``extrapolation.json``)."""
+    ext = run_dir / "extrapolation.json"
+    if not ext.is_file():
+        return None
+    doc = json.loads(ext.read_text())
+    diag_path = run_dir / "diagnostics" / "diagnostics.json"
+    record = run_dir / "run.json"
+    params = json.loads(record.read_text()).get("parameters") if record.is_file() else None
+    return Run(
+        dataset=dataset, variant=variant, seed=seed, run_dir=str(run_dir),
+        lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
+        train_length=int(doc["train_length"]),
+        diagnostics=json.loads(diag_path.read_text()) if diag_path.is_file() else None,
+        params=params if isinstance(params, int) else None,
+    )

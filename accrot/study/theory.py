@@ -1,0 +1,412 @@
+"""The theory's claims (T1–T5) on the trained models' diagnostics, and the instrument checks apart from them.
+
+What each rule reads (every value per seed; the comparisons and corrections: :mod:`accrot.study.stats`):
+
+* **instrument checks** (random position increments, whose coherence under fresh draws of their distribution is
+  |φ|^Δ for *any* model: it holds by construction, so it calibrates the estimator, it is no finding): the share
+  of (layer, head, Δ) points more than 3 standard errors off |φ|^Δ (≤ 10 %), and the fitted window against the
+  predicted one (within ±25 %) at L and 8× L.
+* **T1** (the model's own transports — learned and token increments, PaTH — become incoherent): per variant, the
+  share of (layer, head) whose window, fitted over 1 ≤ Δ ≤ 7/8 of the length, is resolved (finite, placed) at both
+  8× and 64× L: at least :data:`T1_SHARE`.
+* **T2** (the window does not depend on the context length): per variant, the mean over heads resolved at both
+  lengths of log(W(64×) / W(8×)), within ±log 1.25.
+* **T3** (the far-mass lower bound): the far mass (attention beyond each head's window, at least L/4) that the
+  bound predicts at 64× L from statistics measured at L alone, against the mass measured there: rotation-only
+  variants follow the prediction (within ±:data:`T3_AGREEMENT`) and pass 0.5; variants with far-mass control stay
+  under 0.5. NoPE is shown as the negative control (it grows with no rotation at all), not counted.
+* **T4** (value rotation makes far contributions incoherent): the rotated far output norm nearer the random-walk
+  prediction than the linear sum.
+* **T5** (concentration gives a score gap): beyond each variant's own window, at 8× and 64× L (both far sets past
+  it), the attention-weighted near score above the far scores' mean (gap in far spreads > 0), the gap kept
+  (log(gap(64×) / gap(8×)) within ±log 1.25), and the far spread as concentration predicts, ≈ ‖q‖‖k‖/√D on the
+  unscaled scores (ratio in [0.8, 1.25]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from accrot.study.results import (
+    Results,
+    Run,
+    diag_layers,
+    entries,
+    head_values,
+    horizon,
+    length_of,
+    mean_of,
+    times,
+)
+from accrot.study.stats import Claim, Comparison, compare_band, compare_threshold
+
+CALIBRATION_TOLERANCE = 0.10  # share of (layer, head, Δ) points where measured and |φ|^Δ disagree
+CALIBRATION_Z = 3.0  # a point disagrees when |measured − predicted| > this many (honest) standard errors
+WINDOW_BAND = math.log(1.25)  # a window within ±25 % (of the prediction; of itself at another length)
+T1_SHARE = 0.75  # at least three heads in four place a finite window
+T3_AGREEMENT = 0.10  # measured far mass within ±0.1 of the predicted
+T3_HALF = 0.5  # the far set swamps the near one
+T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than the linear sum (1)
+T5_BAND = math.log(1.25)
+T5_CONCENTRATION = (0.8, 1.25)
+HORIZON_TOLERANCE = 0.05
+SO2_ACCUMULATED = ("accum-random", "accum-token", "accum-learned", "accum-learned+values")
+
+
+# ---------------------------------------------------------------------------------------------------
+# what a run's diagnostics hold
+# ---------------------------------------------------------------------------------------------------
+def kind(run: Run) -> str:
+    """``calibration`` (fresh draws of random position increments), ``own`` (the model's own accumulated
+    transport), or ``none`` (no accumulated transport, or no diagnostics)."""
+    coherence = [c for layer in diag_layers(run) for c in layer.get("coherence", [])]
+    if not coherence:
+        return "none"
+    if any(c.get("instrument") == "fresh draws" for c in coherence):
+        return "calibration"
+    return "own" if run.diag.get("scheme", {}).get("rotation") in ("accum", "path") else "none"
+
+
+def variants_of(res: Results, which: str) -> list[str]:
+    """The variants (in the report's order) whose diagnosed runs are of ``which`` :func:`kind`."""
+    return [v for v in res.variants(res.corpus) if (runs := res.diagnosed(v)) and kind(runs[0]) == which]
+
+
+def window_lengths(run: Run) -> tuple[int, int] | None:
+    """The two lengths T1 and T2 read the windows at: the diagnosed length nearest 8× L, and the longest."""
+    L, lengths = run.diag.get("train_length"), run.diag.get("lengths") or []
+    if L is None or len(lengths) < 2:
+        return None
+    reference = min(lengths, key=lambda n: (abs(math.log(n / (8 * L))), -n))
+    return (reference, max(lengths)) if reference != max(lengths) else None
+
+
+def head_windows(run: Run, length: int) -> list[tuple[str, float | None, float | None]]:
+    """``(name, window or None when censored, jackknife se)`` of every (layer, head) at ``length``."""
+    out = []
+    for layer in diag_layers(run):
+        for c in layer.get("coherence", []):
+            if c["length"] != length:
+                continue
+            censored = c.get("window_censored") or [w is None for w in c["window"]]
+            for h, (w, cen) in enumerate(zip(c["window"], censored)):
+                se = (c.get("window_se") or [None] * len(c["window"]))[h]
+                out.append((f"layer {layer['layer']} head {h}", None if cen or w is None else float(w), se))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# instrument checks
+# ---------------------------------------------------------------------------------------------------
+def coherence_disagreement(curve, stderr, predicted, distances, max_distance: int,
+                           z: float = CALIBRATION_Z) -> tuple[int, int]:
+    """``(outside, points)``: how many (head, 1 ≤ Δ ≤ max_distance) points have |measured − predicted| >
+    z·stderr, of how many comparable ones (``[H][n]`` lists as in diagnostics.json)."""
+    outside = points = 0
+    for h, row in enumerate(curve):
+        for i, dist in enumerate(distances):
+            if 1 <= dist <= max_distance and None not in (row[i], predicted[h][i], stderr[h][i]):
+                points += 1
+                outside += abs(row[i] - predicted[h][i]) > z * stderr[h][i]
+    return outside, points
+
+
+def coherence_share(run: Run, length: int | None = None) -> float | None:
+    """Share of (layer, head, 1 ≤ Δ ≤ 7/8 length) points at ``length`` (default L) more than
+    :data:`CALIBRATION_Z` standard errors off the prediction."""
+    length = length or run.diag.get("train_length")
+    outside = points = 0
+    for c in entries(run, "coherence", length):
+        if c.get("predicted"):
+            o, n = coherence_disagreement(c["curve"], c["stderr"], c["predicted"], c["distances"],
+                                          (c.get("fit_range") or [1, 7 * length // 8])[1])
+            outside, points = outside + o, points + n
+    return outside / points if points else None
+
+
+def predicted_window(run: Run) -> float | None:
+    """The window the increment distribution predicts (the first layer's; every head alike)."""
+    pred = (diag_layers(run) or [{}])[0].get("predicted") or {}
+    windows = [w for w in pred.get("window_sustained") or [] if w is not None]
+    return windows[0] if windows else None
+
+
+def window_error(run: Run, length: int) -> float | None:
+    """log(mean fitted window / predicted window) at ``length`` (None when a window is censored)."""
+    fitted = [w for _, w, _ in head_windows(run, length)]
+    truth = predicted_window(run)
+    if not fitted or None in fitted or truth is None or truth <= 0:
+        return None
+    return math.log(sum(fitted) / len(fitted) / truth)
+
+
+def check_calibration(res: Results) -> list[Claim]:
+    """The instrument checks, on every variant with random position increments (they hold by construction)."""
+    c1 = Claim("I1", "the coherence estimator recovers |φ|^Δ under fresh draws",
+               f"share of (layer, head, 1 ≤ Δ ≤ 7L/8) points more than {CALIBRATION_Z:g} standard errors off "
+               f"|φ|^Δ, at L and 8× L", rule=f"for when the share's interval lies under {CALIBRATION_TOLERANCE:.0%}")
+    c2 = Claim("I2", "the fitted window recovers the predicted window",
+               "log(fitted window / predicted window) at L and 8× L",
+               rule="for when the interval lies within ±log 1.25 (the window within 25 % of the prediction)")
+    for v in variants_of(res, "calibration"):
+        runs = res.diagnosed(v)
+        for m in (1.0, 8.0):
+            length = length_of(runs[0], m)
+            shares = [s for r in runs if (s := coherence_share(r, length)) is not None]
+            if shares or m == 1.0:
+                c1.comparisons.append(compare_threshold(f"{v} at {times(m)}", shares, CALIBRATION_TOLERANCE,
+                                                        label="share outside "))
+            errors = [e for r in runs if (e := window_error(r, length)) is not None]
+            if errors or m == 1.0:
+                c2.comparisons.append(compare_band(f"{v} at {times(m)}", errors, -WINDOW_BAND, WINDOW_BAND,
+                                                   label="log ratio ", shown="±log 1.25"))
+    return [c1, c2]
+
+
+# ---------------------------------------------------------------------------------------------------
+# T1, T2: the trained transports' windows
+# ---------------------------------------------------------------------------------------------------
+def resolved_share(run: Run) -> tuple[float | None, list[str]]:
+    """Share of (layer, head) whose window is resolved at both window lengths, and the heads that are not."""
+    pair = window_lengths(run)
+    if pair is None:
+        return None, []
+    at = [head_windows(run, n) for n in pair]
+    if not at[0] or len(at[0]) != len(at[1]):
+        return None, []
+    bad = [f"{name} (censored at {', '.join(str(n) for n, w in zip(pair, ws) if w is None)})"
+           for name, *ws in zip([a[0] for a in at[0]], [a[1] for a in at[0]], [b[1] for b in at[1]])
+           if None in ws]
+    return 1.0 - len(bad) / len(at[0]), bad
+
+
+def window_drift(run: Run) -> tuple[float | None, str]:
+    """Mean over the heads resolved at both window lengths of log(W(longest) / W(8×)), and how many heads agree
+    within their jackknife intervals (|ΔW| ≤ 1.96 √(se₁² + se₂²))."""
+    pair = window_lengths(run)
+    if pair is None:
+        return None, "no second window length"
+    a, b = (head_windows(run, n) for n in pair)
+    logs, agree = [], 0
+    for (_, w1, s1), (_, w2, s2) in zip(a, b):
+        if w1 and w2:
+            logs.append(math.log(w2 / w1))
+            if s1 is not None and s2 is not None:
+                agree += abs(w2 - w1) <= 1.96 * math.hypot(s1, s2)
+    if not logs:
+        return None, "no head resolved at both lengths"
+    return sum(logs) / len(logs), f"{agree}/{len(logs)} heads agree within their jackknife intervals"
+
+
+def t1(res: Results) -> Claim:
+    c = Claim("T1", "products become incoherent after finitely many steps",
+              "the model's own transports (learned and token increments, PaTH; every such variant): share of "
+              "(layer, head) whose window, fitted over 1 ≤ Δ ≤ 7/8 of the length on the diagnostics' blocks, is "
+              "placed at both 8× and 64× L",
+              rule=f"for a variant when the share's interval lies above {T1_SHARE:g}; every variant must be for")
+    missing = []
+    for v in variants_of(res, "own"):
+        shares, bad = [], []
+        for r in res.diagnosed(v):
+            share, heads = resolved_share(r)
+            if share is not None:
+                shares.append(share)
+                bad += [f"seed {r.seed}: {h}" for h in heads]
+        comp = compare_threshold(v, shares, T1_SHARE, below_is_for=False, label="share placed ")
+        if bad:
+            missing.append(f"{v}: " + "; ".join(bad[:6]) + (f"; … {len(bad) - 6} more" if len(bad) > 6 else ""))
+        c.comparisons.append(comp)
+    if not c.comparisons:
+        c.comparisons.append(Comparison("the model's own transports", "no such variant diagnosed", "missing"))
+    c.note = ("heads not placed: " + " | ".join(missing)) if missing else "every head placed at both lengths"
+    return c
+
+
+def t2(res: Results) -> Claim:
+    c = Claim("T2", "a finite mixing window independent of context length",
+              "the model's own transports: mean over heads placed at both lengths of log(W(64×) / W(8×))",
+              rule="for a variant when the interval lies within ±log 1.25; every variant must be for")
+    for v in variants_of(res, "own"):
+        drifts, notes = [], []
+        for r in res.diagnosed(v):
+            drift, note = window_drift(r)
+            notes.append(f"seed {r.seed}: {note}")
+            if drift is not None:
+                drifts.append(drift)
+        comp = compare_band(v, drifts, -WINDOW_BAND, WINDOW_BAND, label="log ratio ", shown="±log 1.25")
+        comp.numbers += "; " + "; ".join(notes)
+        c.comparisons.append(comp)
+    if not c.comparisons:
+        c.comparisons.append(Comparison("the model's own transports", "no such variant diagnosed", "missing"))
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------
+# T3: the lower bound, predicted from L and measured at length
+# ---------------------------------------------------------------------------------------------------
+def measured_far_mass(run: Run, mult: float) -> float | None:
+    """Mean over layers and heads of the far mass measured at ``mult`` × L."""
+    return mean_of(head_values(run, "far", "mass", length_of(run, mult)))
+
+
+def predicted_far_mass(run: Run, mult: float) -> float | None:
+    """Mean over layers and heads of the far mass the lower bound predicts at ``mult`` × L from L's statistics."""
+    values = []
+    for layer in diag_layers(run):
+        pred = layer.get("far_prediction") or {}
+        for m, mass in zip(pred.get("multiples", []), pred.get("mass", [])):
+            if abs(m - mult) < 1e-9:
+                values += mass
+    return mean_of(values)
+
+
+def predicted_horizon(run: Run, nll_1x: float | None, tolerance: float = HORIZON_TOLERANCE) -> float | None:
+    """The length where the NLL leaves its band if the model loses what its near keys lose: a query whose
+    near keys keep a share 1 − M of its attention pays log((1 − M(1×)) / (1 − M(m))) nats more at m × L
+    (the prediction, M, at every multiple); the largest m, every shorter one included, that stays within
+    ``tolerance`` × NLL(1×)."""
+    pred = next((layer.get("far_prediction") for layer in diag_layers(run) if layer.get("far_prediction")), None)
+    if not pred or nll_1x is None:
+        return None
+    base = predicted_far_mass(run, 1.0)
+    if base is None:
+        return None
+    best = None
+    for m in sorted(pred["multiples"]):
+        mass = predicted_far_mass(run, m)
+        if mass is None or mass >= 1.0 or math.log((1 - base) / (1 - mass)) > tolerance * nll_1x:
+            break
+        best = m
+    return best
+
+
+def t3_rows(res: Results) -> list[dict]:
+    """One row per diagnosed variant: far mass measured and predicted at 8× and the longest length, the
+    measured and predicted horizons per seed (the report's table)."""
+    rows = []
+    longest = res.longest()
+    for v in res.variants(res.corpus):
+        runs = res.diagnosed(v)
+        if not runs:
+            continue
+        row = {"variant": v, "role": role(v, runs[0])}
+        for m in (1.0, 8.0, longest):
+            row[f"measured@{m:g}"] = [x for r in runs if (x := measured_far_mass(r, m)) is not None]
+            row[f"predicted@{m:g}"] = [x for r in runs if (x := predicted_far_mass(r, m)) is not None]
+        row["horizon"] = [horizon(r) for r in runs]
+        row["predicted_horizon"] = [predicted_horizon(r, r.value("nll", 1)) for r in runs]
+        rows.append(row)
+    return rows
+
+
+def role(variant: str, run: Run) -> str:
+    """``control`` (NoPE: nothing suppresses far keys), ``bounded`` (a far-mass bias), ``rotation-only``."""
+    scheme = run.diag.get("scheme", {})
+    if scheme.get("far_mass", "none") != "none":
+        return "bounded"
+    return "rotation-only" if scheme.get("rotation") in ("accum", "path") else \
+        "control" if scheme.get("rotation") == "none" else "other"
+
+
+def t3(res: Results) -> Claim:
+    longest = res.longest()
+    c = Claim("T3", "far-mass lower bound",
+              f"far mass beyond each head's window (at least L/4) at {times(longest)}: measured against the mass "
+              "the bound predicts from L's statistics alone (near partitions, far keys' mean weight, the gate)",
+              rule=f"rotation-only variants: measured − predicted within ±{T3_AGREEMENT:g} and measured above "
+                   f"{T3_HALF:g}; far-mass-controlled variants: measured below {T3_HALF:g}; every one must be for "
+                   "(NoPE, the negative control, is shown, not counted)")
+    for v in res.variants(res.corpus):
+        runs = res.diagnosed(v)
+        if not runs or role(v, runs[0]) not in ("rotation-only", "bounded"):
+            continue
+        measured = res.seeded(res.corpus, v, lambda r: measured_far_mass(r, longest))
+        if role(v, runs[0]) == "rotation-only":
+            diff = [measured[r.seed] - p for r in runs
+                    if r.seed in measured and (p := predicted_far_mass(r, longest)) is not None]
+            c.comparisons.append(compare_band(f"{v} follows the prediction", diff, -T3_AGREEMENT, T3_AGREEMENT,
+                                              label="measured − predicted "))
+            c.comparisons.append(compare_threshold(f"{v} past {T3_HALF:g}", list(measured.values()), T3_HALF,
+                                                   below_is_for=False, label="far mass "))
+        else:
+            c.comparisons.append(compare_threshold(f"{v} bounded", list(measured.values()), T3_HALF,
+                                                   label="far mass "))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("far mass", "no diagnosed variant", "missing"))
+    control = [x for r in res.diagnosed("NoPE") if (x := measured_far_mass(r, longest)) is not None]
+    c.note = ("NoPE (negative control: no rotation, no bias): far mass "
+              + (f"{sum(control) / len(control):.3f}" if control else "not run") + f" at {times(longest)}")
+    return c
+
+
+# ---------------------------------------------------------------------------------------------------
+# T4, T5
+# ---------------------------------------------------------------------------------------------------
+def value_position(run: Run, mult: float) -> float | None:
+    """(rotated − random walk) / (linear sum − random walk) of the far output norm, mean over layers and heads."""
+    pos = []
+    for v in entries(run, "value_far_norm", length_of(run, mult)):
+        for rot, lin, inc in zip(v["rotated"], v["unrotated"], v["incoherent"]):
+            if None not in (rot, lin, inc) and lin - inc > 1e-9:
+                pos.append((rot - inc) / (lin - inc))
+    return sum(pos) / len(pos) if pos else None
+
+
+def t4(res: Results) -> Claim:
+    longest = res.longest()
+    c = Claim("T4", "value rotation makes far contributions incoherent",
+              f"+values variants at {times(longest)}: (rotated − random walk) / (linear sum − random walk) of the "
+              "far output norm", rule=f"for when the interval lies below {T4_MIDPOINT:g}")
+    for v in res.variants(res.corpus):
+        runs = res.diagnosed(v)
+        if runs and runs[0].diag.get("scheme", {}).get("rotate_values"):
+            c.comparisons.append(compare_threshold(v, res.per_seed(res.corpus, v, lambda r: value_position(r, longest)),
+                                                   T4_MIDPOINT, label="position "))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("+values variants", "not run", "missing"))
+    return c
+
+
+def gap_stat(run: Run, name: str, mult: float) -> float | None:
+    return mean_of(head_values(run, "far", name, length_of(run, mult)))
+
+
+def t5(res: Results) -> Claim:
+    longest = res.longest()
+    low, high = T5_CONCENTRATION
+    c = Claim("T5", "concentration gives a score gap",
+              f"accumulated SO(2) variants, far keys beyond each head's own window, at 8× and {times(longest)}: "
+              "(attention-weighted near score − far mean) / far spread; its change; far spread / (‖q‖‖k‖/√D)",
+              rule=f"for a variant when the gap at 8× lies above 0, log(gap({times(longest)}) / gap(8×)) within "
+                   f"±log 1.25, and the spread ratio at {times(longest)} within [{low:g}, {high:g}]; all must be for")
+    for v in SO2_ACCUMULATED:
+        if not res.diagnosed(v):
+            continue
+        gap8 = res.per_seed(res.corpus, v, lambda r: gap_stat(r, "gap", 8.0))
+        c.comparisons.append(compare_threshold(f"{v} gap at 8×", gap8, 0.0, below_is_for=False, label="gap "))
+        kept = res.per_seed(res.corpus, v, lambda r: _log_ratio(gap_stat(r, "gap", longest), gap_stat(r, "gap", 8.0)))
+        c.comparisons.append(compare_band(f"{v} gap kept", kept, -T5_BAND, T5_BAND, label="log ratio ",
+                                          shown="±log 1.25"))
+        conc = res.per_seed(res.corpus, v, lambda r: _log(gap_stat(r, "concentration_ratio", longest)))
+        c.comparisons.append(compare_band(f"{v} far spread vs ‖q‖‖k‖/√D", conc, math.log(low), math.log(high),
+                                          label="log ratio ", shown=f"log [{low:g}, {high:g}]"))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("accumulated SO(2) variants", "not run", "missing"))
+    return c
+
+
+def _log(x: float | None) -> float | None:
+    return math.log(x) if x is not None and x > 0 else None
+
+
+def _log_ratio(a: float | None, b: float | None) -> float | None:
+    return math.log(a / b) if a is not None and b is not None and a > 0 and b > 0 else None
+
+
+THEORY_CHECKS = (t1, t2, t3, t4, t5)
+
+
+def by_seed(values: Sequence[float | None]) -> str:
+    """Per-seed values as ``a b c`` (– for none)."""
+    return " ".join("–" if v is None else f"{v:g}×" for v in values) or "–"
