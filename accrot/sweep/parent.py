@@ -140,7 +140,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
         for stratum in spec.strata():
             infos[stratum.variant] = check_stratum(spec, stratum)
     with creation_lock(ref, spec.name):
-        storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
+        storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries, create=True)
         studies = create_studies(spec, storage, infos)
     console.print(f"[bold]{spec.name}[/]: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} × "
                   f"{spec.trials} configurations × {len(spec.seeds)} seed(s) on {redact(ref.url)}")

@@ -1,5 +1,6 @@
 """Dead workers: a running trial whose worker died is failed with the reason and retried with the same params and
-seed; journal storages get a heartbeat of their own; the budget a study has left."""
+seed; storages without Optuna's heartbeat (a journal file, the storage proxy's client) get one of their own; the
+budget a study has left."""
 
 from __future__ import annotations
 
@@ -58,9 +59,9 @@ def fail_trial(study, storage, trial, reason: str, retry: RetryTrial | None) -> 
     return True
 
 
-def fail_stale_journal(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
-    """Journal storages have no Optuna heartbeat: fail RUNNING trials whose ``heartbeat`` attribute (or
-    start) is older than the grace period."""
+def fail_stale_attr(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
+    """Storages without Optuna's heartbeat (journal, proxy): fail RUNNING trials whose ``heartbeat`` attribute
+    (or start) is older than the grace period."""
     now, n = time.time(), 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         last = t.user_attrs.get("heartbeat") or (t.datetime_start.timestamp() if t.datetime_start else now)
@@ -96,16 +97,17 @@ def recover_stale(study, storage, ref, spec: SweepSpec) -> None:
     """Fail (and re-queue) running trials whose worker stopped sending heartbeats, or that no worker ever
     claimed, on any storage (``ref``: the :class:`~accrot.sweep.storage.StorageRef` it is opened from)."""
     retry = RetryTrial(spec.retries)
-    if ref.kind == "journal":
-        fail_stale_journal(study, storage, spec.heartbeat, retry)  # counts an unclaimed trial from its start
+    if ref.attr_heartbeat:
+        fail_stale_attr(study, storage, spec.heartbeat, retry)  # counts an unclaimed trial from its start
     else:
         with quiet_experimental():
             optuna.storages.fail_stale_trials(study)  # Optuna's heartbeat; its callback re-queues
         fail_unowned(study, storage, spec.heartbeat, retry)
 
 
-class JournalHeartbeat:
-    """Writes the trial's ``heartbeat`` user attribute every ``interval`` seconds (journal storages)."""
+class AttrHeartbeat:
+    """Writes the trial's ``heartbeat`` user attribute every ``interval`` seconds (storages without Optuna's
+    heartbeat: journal, proxy)."""
 
     def __init__(self, storage, trial_id: int, interval: int) -> None:
         self.storage, self.trial_id, self.interval = storage, trial_id, interval
@@ -119,7 +121,7 @@ class JournalHeartbeat:
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> JournalHeartbeat:
+    def __enter__(self) -> AttrHeartbeat:
         self._thread.start()
         return self
 

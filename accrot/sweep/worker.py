@@ -24,7 +24,7 @@ from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
 from accrot.run.lightning import run_lightning
 from accrot.sweep.recovery import (
-    JournalHeartbeat,
+    AttrHeartbeat,
     RetryTrial,
     budget_state,
     fail_trial,
@@ -114,7 +114,7 @@ class Worker:
 
     def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0, ranks=None) -> None:
         self.spec, self.ref, self.root, self.ranks = spec, ref, root, ranks
-        self.storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries)
+        self.storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries)
         self.studies = load_studies(spec, self.storage, worker_index)
         self.lock = BudgetLock(ref, spec.name)
         self.artifacts = spec.artifacts.build(root, spec.name)
@@ -221,7 +221,7 @@ class Worker:
     def _train(self, entry: _Study, stratum: Stratum, trial, args: list[str]):
         spec = self.spec
         trial_root = runs_root(spec, self.root, stratum) / f"trial_{trial.number:04d}"
-        beat = (JournalHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.kind == "journal"
+        beat = (AttrHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.attr_heartbeat
                 else contextlib.nullcontext())
         try:
             with beat, active_trial(entry.name, trial):
