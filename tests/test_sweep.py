@@ -479,7 +479,7 @@ def _when_a_trial_runs(url: str, name: str, parent: threading.Thread, action) ->
 def test_postgresql_restart_mid_sweep_loses_no_trial(postgres, postgres_server, tmp_path):
     """`pg_ctl restart` while trials run: the parent and the workers ride out the outage; the study ends
     with every (configuration, seed) complete and every trial finished, a failure always with its reason."""
-    from tests.fault_injection import account
+    from accrot.sweep.recovery import account
 
     # a short grace: a trial the restart left unclaimed (an interrupted ask) is retried within seconds
     spec = write_spec(tmp_path, "pgrestart", trials=2, seeds=[0, 1], retries=2, pruner={"type": "none"},

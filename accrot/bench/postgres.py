@@ -109,14 +109,22 @@ class PostgresServer:
         subprocess.run([*self._as_user, str(self.bindir / "pg_ctl"), "restart", "-D", str(self.data), "-m", "fast",
                         "-w", "-t", "60"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
 
-    def connections(self) -> int:
-        """Client connections to the database right now (``pg_stat_activity``), this query's own left out."""
+    def query(self, sql: str) -> list[str]:
+        """The rows of one ``psql`` query on the database (fields separated by ``|``); no connection stays open."""
         out = subprocess.run([str(self.bindir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                              "-d", DATABASE, "-At", "-c",
-                              "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                              "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return int(out.stdout.strip())
+                              "-d", DATABASE, "-At", "-c", sql], capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout.splitlines()
+
+    # client connections to the database, this query's own left out
+    CONNECTIONS = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")
+
+    def connections(self) -> int:
+        """Client connections to the database right now (``pg_stat_activity``)."""
+        return int(self.query(self.CONNECTIONS)[0])
+
+    def version(self) -> str:
+        return self.query("SHOW server_version")[0].split()[0]
 
     def stop(self) -> None:
         """Fast shutdown by the postmaster's PID (SIGINT), SIGKILL after 60 s; the data folder is removed."""

@@ -27,6 +27,7 @@ from accrot.sweep.recovery import (
     budget_state,
     can_start,
     fail_trial,
+    fail_worker_trials,
     recover_stale,
     unowned,
 )
@@ -273,10 +274,8 @@ class Parent:
         """A worker died: fail (and re-queue) the trial it was running."""
         self.failed_workers += 1
         reason = f"worker {w.id} {_describe_exit(rc)} while running the trial"
-        n = retry_storage(lambda: sum(
-            fail_trial(s, self.storage, t, reason, self.retry) for s in self.studies
-            for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.user_attrs.get("worker") == w.id), "failing the dead worker's trial", self.console)
+        n = retry_storage(lambda: fail_worker_trials(self.studies, self.storage, w.id, reason, self.retry),
+                          "failing the dead worker's trial", self.console)
         self.console.print(f"[red]worker {w.index} ({w.id}) {_describe_exit(rc)}[/]: {n} running trial(s) "
                            f"failed{' and re-queued' if self.spec.retries else ''}; log: {w.log}")
 

@@ -80,6 +80,8 @@ def _bind_check(host: str, port: int) -> int:
     second proxy on a taken port would silently share it with the first."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # the connections of a proxy that just died linger in TIME_WAIT: they must not keep its successor off the port
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as err:

@@ -5,6 +5,7 @@ budget a study has left."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 
@@ -57,6 +58,12 @@ def fail_trial(study, storage, trial, reason: str, retry: RetryTrial | None) -> 
     if retry is not None:
         retry(study, storage.get_trial(trial._trial_id))
     return True
+
+
+def fail_worker_trials(studies, storage, worker: str, reason: str, retry: RetryTrial | None) -> int:
+    """Fail (and retry) the RUNNING trials of ``worker`` (its ``host:pid``), which died: how many."""
+    return sum(fail_trial(s, storage, t, reason, retry) for s in studies
+               for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get("worker") == worker)
 
 
 def fail_stale_attr(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
@@ -149,3 +156,17 @@ def missing_seeds(study, config: int, seeds: list[int]) -> list[int]:
     """The seeds of configuration ``config`` (after its first) that no trial of ``study`` holds yet."""
     have = {t.user_attrs.get("seed") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("config") == config}
     return [s for s in seeds[1:] if s not in have]
+
+
+def account(study, budget: int) -> dict:
+    """Every trial accounted for: finished (complete, pruned, or failed with a reason), each failure either
+    retried or final, and the budget of (configuration, seed) pairs all complete. ``lost``: pairs of the budget
+    with no finished run, plus trials left unfinished or failed without a reason; 0 when nothing was lost."""
+    trials = study.get_trials(deepcopy=False)
+    unfinished = [t.number for t in trials if t.state not in FINISHED]
+    silent = [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason")]
+    done = {(json.dumps(t.params, sort_keys=True), t.user_attrs.get("seed")) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    return {"trials": len(trials), "unfinished": unfinished, "failed_silently": silent,
+            "complete": len(done), "lost": budget - len(done) + len(unfinished) + len(silent),
+            "retried": [t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs]}

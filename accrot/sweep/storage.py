@@ -233,6 +233,10 @@ def _rdb_engine(ref: StorageRef, create: bool) -> dict[str, Any]:
 
 def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
     reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    grpc = sys.modules.get("grpc")
+    if grpc is not None and isinstance(err, grpc.RpcError) and hasattr(err, "details"):  # the proxy's client
+        reason = (f"no storage proxy answered at {ref.host}:{ref.port} ({one_line(err.details() or '')[:160]}); "
+                  "start one there with `accrot storage-proxy --storage postgresql://...`")
     return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
 
 
