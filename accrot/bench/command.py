@@ -10,7 +10,7 @@ Subcommands::
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--pipeline_sizes tiny small] [--with_logger]
                           [--out bench_pipeline.json]
     accrot bench all     (all three; one table each, one JSON report, default bench.json)
-    accrot bench storage [--workers 8 32 64] [--trials 1500] [--storages postgresql proxy] [--deadline 300]
+    accrot bench storage [--workers 8 32 64] [--trials 150] [--storages postgresql proxy] [--deadline 300]
                          [--quick] [--out bench_storage.json]
 
 ``storage`` (not part of ``all``: it starts its own PostgreSQL server from the installed binaries) loads a sweep's
@@ -160,7 +160,7 @@ def _storage_args(parser) -> None:
 
     parser.add_argument("--workers", nargs="+", type=int, default=None,
                         help="worker counts, one row per count and storage (default 8 32 64)")
-    parser.add_argument("--trials", type=int, default=None, help="trials per row (default 1500)")
+    parser.add_argument("--trials", type=int, default=None, help="trials per row (default 150)")
     parser.add_argument("--storages", nargs="+", type=Literal[STORAGES], default=list(STORAGES),
                         help="postgresql (workers on the database) and proxy (through accrot storage-proxy)")
     parser.add_argument("--deadline", type=float, default=300.0, help="seconds a row may take before it is stopped")
@@ -269,7 +269,7 @@ def _storage(args, console, log, out: Path) -> int:
     from accrot.bench.storage import run_storage, storage_table
 
     settings = {k: getattr(args, k) if getattr(args, k) is not None else
-                (QUICK_STORAGE[k] if args.quick else {"workers": [8, 32, 64], "trials": 1500}[k])
+                (QUICK_STORAGE[k] if args.quick else {"workers": [8, 32, 64], "trials": 150}[k])
                 for k in ("workers", "trials")}
     with tempfile.TemporaryDirectory(prefix="accrot-bench-storage-") as work:
         doc = run_storage(settings["workers"], settings["trials"], args.storages, Path(work), log, args.deadline)

@@ -157,7 +157,7 @@ class Load:
         for _ in range(self.n):
             self.start_worker()
         killed_worker = restarted_proxy = False
-        next_sample = 0.0
+        next_sample, tries = 0.0, 0
         while any(p.is_alive() for p in self.procs):
             if time.monotonic() - started > deadline_s:
                 self.row.timed_out = True
@@ -166,7 +166,8 @@ class Load:
                 next_sample = time.monotonic() + 0.5
                 conns, done = self.sample()
                 if not killed_worker and done >= self.bench.trials / 3:
-                    killed_worker = self.kill_worker()
+                    tries += 1
+                    killed_worker = self.kill_worker(tries)
                 elif self.kind == "proxy" and not restarted_proxy and done >= 2 * self.bench.trials / 3:
                     restarted_proxy = self.restart_proxy()
             time.sleep(0.1)
@@ -195,11 +196,22 @@ class Load:
         self.samples.append(conns)
         return conns, done
 
-    def kill_worker(self) -> bool:
-        """SIGKILL the first live worker; fail and retry its running trial (as the parent does); replace it."""
+    def running_pids(self) -> set[int]:
+        """The PIDs of the workers running a trial now (their ``worker`` attribute, ``host:pid``)."""
+        rows = self.bench.pg.query(
+            "SELECT a.value_json FROM trial_user_attributes a JOIN trials t USING (trial_id) JOIN studies s "
+            f"USING (study_id) WHERE s.study_name = '{self.name}' AND t.state = 'RUNNING' AND a.key = 'worker'")
+        return {int(r.strip('"').rsplit(":", 1)[1]) for r in rows if ":" in r}
+
+    def kill_worker(self, tries: int) -> bool:
+        """SIGKILL a worker in the middle of a trial (any live one after ``tries`` samples found none); fail and
+        retry its running trial as the sweep's parent does; start another worker in its place."""
         from accrot.sweep.recovery import RetryTrial, fail_worker_trials
 
-        victim = next((p for p in self.procs if p.is_alive()), None)
+        running = self.running_pids()
+        victim = next((p for p in self.procs if p.is_alive() and p.pid in running), None)
+        if victim is None and tries >= 20:
+            victim = next((p for p in self.procs if p.is_alive()), None)
         if victim is None:
             return False
         victim.kill()

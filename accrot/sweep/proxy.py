@@ -55,13 +55,18 @@ def _parser():
     return parser
 
 
-def _check(args, ref: StorageRef) -> None:
+def check_servable(ref: StorageRef) -> None:
+    """A one-line UsageError for a storage the proxy cannot serve: a journal file, another proxy."""
     if ref.kind == "journal":
         raise UsageError(f"storage {ref.url!r} is a journal file, which Optuna's storage proxy cannot serve; put the "
                          "study in PostgreSQL (postgresql://USER@HOST/DB) to serve it through the proxy")
     if ref.kind == "grpc":
         raise UsageError(f"storage {ref.url!r} is a storage proxy already; give the proxy its database "
                          "(postgresql://USER@HOST/DB)")
+
+
+def _check(args, ref: StorageRef) -> None:
+    check_servable(ref)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port={args.port} is not valid; use 1 to 65535 (0: any free port)")
     if args.threads < 1:
