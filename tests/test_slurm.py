@@ -297,3 +297,118 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     assert record["resumes"] >= 1 and record["step"] == 150 and record["launch"]["world_size"] == 2
     assert "continuing trial 0 of slurm-trial" in _log(root)
     _check_signal_checkpoint(record, _log(root), exact=True)
+
+
+PG_SPEC = """\
+name: slurm-pg
+base: tiny
+overrides:
+  trainer.max_steps: 80
+  trainer.val_check_interval: 40
+  trainer.limit_val_batches: 1
+  trainer.log_every_n_steps: 1
+  trainer.callbacks:
+    - {class_path: lightning.pytorch.callbacks.ModelCheckpoint,
+       init_args: {save_last: true, every_n_train_steps: 20, save_top_k: 0}}
+  model.d_model: 32
+  data.init_args.seq_len: 64
+  data.init_args.batch_size: 4
+  extrapolation.multipliers: [1, 2]
+  extrapolation.budget_tokens: 512
+space:
+  model.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}
+objectives:
+  - {metric: nll@2x, direction: minimize}
+sampler: {type: random, seed: 0}
+pruner: {type: none}
+trials: 3
+seeds: [0]
+retries: 2
+heartbeat: {interval: 5, grace: 90}
+wandb: disabled
+"""
+
+
+def _requeue_mid_trial(slurm: SlurmCluster, url: str, name: str, root: Path) -> tuple[int, str]:
+    """Once a trial of study ``name`` has checkpointed (it is mid-run), ``scontrol requeue`` the array task running
+    it: SLURM kills that worker's job on both of its nodes and queues it again. (trial number, task)."""
+    import optuna
+
+    from accrot.sweep.storage import StorageRef, open_storage
+
+    deadline = time.monotonic() + 300
+    study = None
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if study is None:
+            study = optuna.load_study(study_name=name, storage=open_storage(StorageRef.parse(url, name, root)))
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            task = t.user_attrs.get("slurm_job")
+            if task and list((root / name / "runs" / f"trial_{t.number:04d}").glob("version_*/checkpoints/last.ckpt")):
+                slurm.run("scontrol", "requeue", task)
+                return t.number, task
+    raise AssertionError(f"no trial checkpointed within 300 s:\n{_log(root)[-3000:]}")
+
+
+def _accounting(study) -> list[dict]:
+    """One row per trial: what the study holds after the sweep (printed: the test's record of the requeue)."""
+    return [{"trial": t.number, "state": t.state.name, "slurm_job": t.user_attrs.get("slurm_job"),
+             "retry_of": t.user_attrs.get("retry_of"), "fail_reason": t.user_attrs.get("fail_reason"),
+             "step": t.user_attrs.get("step"), "nll@2x": t.values[0] if t.values else None}
+            for t in study.get_trials(deepcopy=False)]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("storage", ["postgresql", "proxy"])
+def test_sweep_array_on_postgresql_accounts_for_every_trial_after_a_requeue(storage, slurm, postgres, tmp_path, capsys,
+                                                                             monkeypatch):
+    """`accrot slurm sweep` on a real PostgreSQL server (directly, or through the storage proxy's own job): two
+    array tasks, each a 2-node worker whose trials are DDP runs; one task is killed mid-trial and requeued
+    (``scontrol requeue``). Every trial is accounted for in the database (complete, or failed with its reason and
+    retried; nothing lost, nothing over the budget), the requeued worker continued its trial, the proxy job stopped
+    by itself once the sweep was done, and ``accrot report`` builds its table from the database."""
+    import optuna
+
+    from accrot.sweep.recovery import account
+    from accrot.sweep.storage import StorageRef, open_storage
+
+    name = "slurm-pg" if storage == "postgresql" else "slurm-pg-proxy"
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(PG_SPEC.replace("name: slurm-pg", f"name: {name}"))
+    root = tmp_path / "sweeps"
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
+    proxy = ["--proxy", "--proxy_host", "127.0.0.1"] if storage == "proxy" else []
+    assert main(["slurm", "sweep", str(spec), "--storage", postgres, "--workers", "2", "--nodes", "2",
+                 "--master_addr", "127.0.0.1", "--time", "20", "--root", str(root), *proxy]) == 0
+    out = capsys.readouterr().out
+    job = out.split(" and job " if proxy else "submitted job ")[1].split()[0]
+    number, task = _requeue_mid_trial(slurm, postgres, name, root)
+    for t in (f"{job}_0", f"{job}_1"):
+        info = slurm.wait(t, timeout=900)
+        assert info["JobState"] == "COMPLETED", (t, info, _log(root)[-4000:])
+    assert int(slurm.job(task)["Restarts"]) >= 1
+    study = optuna.load_study(study_name=name, storage=open_storage(StorageRef.parse(postgres, name, root)))
+    rows, figures = _accounting(study), account(study, 3)
+    with capsys.disabled():
+        print(f"\n{storage}: requeued {task} during trial {number}; restarts {slurm.job(task)['Restarts']}")
+        for row in rows:
+            print(f"  {row}")
+        print(f"  accounted: {figures}")
+    assert figures["lost"] == 0 and not figures["unfinished"] and not figures["failed_silently"], (rows, figures)
+    assert figures["complete"] == 3 and sum(r["state"] == "COMPLETE" for r in rows) == 3, rows
+    failed = [r for r in rows if r["state"] == "FAIL"]
+    assert all(r["fail_reason"] for r in failed) and {r["trial"] for r in failed} <= {r["retry_of"] for r in rows}
+    requeued = next(r for r in rows if r["trial"] == number)  # the killed trial: continued, or failed and retried
+    assert requeued["state"] == "COMPLETE" or requeued["trial"] in {r["retry_of"] for r in rows}, rows
+    if requeued["state"] == "COMPLETE":
+        assert f"continuing trial {number} of {name}" in _log(root)
+    if proxy:  # the proxy's job stops itself once the sweep is done
+        proxy_job = out.split("submitted proxy job ")[1].split()[0]
+        assert slurm.wait(proxy_job, timeout=180)["JobState"] == "COMPLETED", _log(root)[-3000:]
+        assert "storage proxy at grpc://127.0.0.1:" in _log(root)
+    assert main(["report", "--study", name, "--storage", postgres, "--root", str(root),
+                 "--out", str(tmp_path / "report")]) == 0
+    csv_rows = (tmp_path / "report" / "trials.csv").read_text().strip().splitlines()[1:]
+    assert len(csv_rows) == len(rows)

@@ -378,6 +378,7 @@ def _emit_with_proxy(proxy: str, script: str, args, root: Path, job_name: str, e
         return 0
     stamp = time.strftime('%Y%m%d-%H%M%S')
     out = Path(args.out) if args.out else root / "slurm" / f"{job_name}-{stamp}.sbatch"
+    address.parent.mkdir(parents=True, exist_ok=True)
     address.unlink(missing_ok=True)  # a finished proxy's address must not send the new workers to it
     proxy_job = _submit(proxy, out.with_name(f"{out.stem}-proxy.sbatch"), env)
     job = _submit(script, out, env, [f"--dependency=after:{proxy_job}"])
