@@ -436,7 +436,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes on this machine (0: validate and create the study only)")
     parser.add_argument("--storage", type=str | None, default=None,
-                        help="sqlite:///PATH, postgresql://USER@HOST/DB or journal:///ABS/PATH.log "
+                        help="sqlite:///PATH, postgresql://USER@HOST/DB, grpc://HOST:PORT (accrot storage-proxy) or "
+                             "journal:///ABS/PATH.log "
                              "(default: the spec's, else <root>/<name>/study.db)")
     parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's root)")
     parser.add_argument("--worker", action="store_true",

@@ -152,7 +152,8 @@ def _parser(kind: str):
     if kind == "sweep":
         parser.add_argument("spec", type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
         parser.add_argument("--storage", type=str | None, default=None,
-                            help="postgresql://USER@HOST/DB or journal:///SHARED/PATH.log (every node must reach it); "
+                            help="postgresql://USER@HOST/DB (every node must reach it; --proxy serves it through the "
+                                 "storage proxy), grpc://HOST:PORT or journal:///SHARED/PATH.log; "
                                  "default: $ACCROT_SWEEP_STORAGE")
         parser.add_argument("--workers", type=int, default=1, help="array tasks = workers running trials at once")
         parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's)")

@@ -194,7 +194,6 @@ def _journal(ref: StorageRef, create: bool):
 def _proxy(ref: StorageRef):
     """Optuna's client of the storage proxy at ``ref``, once the proxy answers as accrot's (it serves the lock)."""
     require_grpc(f"storage {ref.url!r}")
-    import grpc
     from optuna.storages import GrpcStorageProxy
 
     from accrot.sweep.lease import ProxyLock
@@ -209,13 +208,10 @@ def _proxy(ref: StorageRef):
                       "there with `accrot storage-proxy --storage postgresql://...`") from None
     lock = ProxyLock(ref.host, ref.port, "hello")
     try:
-        lock.hello()
-    except grpc.RpcError as err:
-        if err.code() != grpc.StatusCode.UNIMPLEMENTED:
-            raise
+        lock.hello()  # a bare Optuna proxy answers UNIMPLEMENTED (see unreachable)
+    except Exception:
         storage.close()
-        raise UsageError(f"storage {ref.url!r} is an Optuna storage proxy without accrot's budget lock (its workers "
-                         "would overshoot the budget); serve the database with `accrot storage-proxy` instead") from None
+        raise
     finally:
         lock.close()
     return storage
@@ -235,6 +231,9 @@ def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
     reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
     grpc = sys.modules.get("grpc")
     if grpc is not None and isinstance(err, grpc.RpcError) and hasattr(err, "details"):  # the proxy's client
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # Optuna's own proxy: no accrot.BudgetLock service
+            return UsageError(f"storage {ref.url!r} is an Optuna storage proxy without accrot's budget lock (its "
+                              "workers would overshoot the budget); serve the database with `accrot storage-proxy`")
         reason = (f"no storage proxy answered at {ref.host}:{ref.port} ({one_line(err.details() or '')[:160]}); "
                   "start one there with `accrot storage-proxy --storage postgresql://...`")
     return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
@@ -249,6 +248,8 @@ def creation_lock(ref: StorageRef, name: str) -> Iterator[None]:
         if ref.path is not None:
             ref.path.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
+    except UsageError:
+        raise
     except Exception as err:  # noqa: BLE001 - what stops the lock stops the storage: unreachable
         raise unreachable(ref, err) from None
     try:
@@ -316,6 +317,7 @@ class BudgetLock:
         if ref.kind == "grpc":
             from accrot.sweep.lease import ProxyLock
 
+            require_grpc(f"storage {ref.url!r}")
             self._proxy = ProxyLock(ref.host, ref.port, name)
 
     def acquire(self) -> None:
