@@ -3,7 +3,8 @@
 The integration tests start munged, slurmctld and two slurmd daemons on localhost (:mod:`tests.slurm_cluster`),
 submit the rendered training template on 2 nodes × 1 task, and check that the run trained with DDP over both
 ranks; a job requeued mid-run (``scontrol requeue``) checkpoints on SIGTERM, resumes from that checkpoint in the
-same run directory and finishes with the same step count. Without SLURM's binaries they skip with one line;
+same run directory and finishes with the same step count. Sweeps run on a real PostgreSQL server (the
+``postgres`` fixture), directly and through the storage proxy's own job. Without SLURM's binaries they skip with one line;
 under ``CI=true`` a missing binary fails.
 """
 
@@ -91,6 +92,22 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
     assert "--worker --distributed" in script and "secret" not in script  # the URL stays in the environment
 
 
+def test_dry_run_with_proxy_prints_the_proxy_job_then_the_array(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCROT_SWEEP_STORAGE", "postgresql://u:secret@db/accrot")
+    assert main(["slurm", "sweep", "smoke", "--workers", "4", "--nodes", "2", "--root", str(tmp_path), "--proxy",
+                 "--proxy_host", "10.0.0.9", "--proxy_time", "2-00:00:00", "--assume_shared", "true", "--dry-run"]) == 0
+    proxy, array = capsys.readouterr().out.split("# --- then the workers' array: sbatch --dependency=after:")
+    address = str(tmp_path / "smoke" / "proxy.address")
+    lines = proxy.splitlines()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --time=2-00:00:00", "#SBATCH --requeue"):
+        assert line in lines, line
+    assert f"--advertise 10.0.0.9 --address_file {address}" in proxy and "--until_done smoke" in proxy
+    assert "storage-proxy --host 0.0.0.0 --port 0" in proxy and "gpus" not in proxy
+    assert f"address={address}" in array.splitlines() and 'ACCROT_SWEEP_STORAGE="grpc://$(cat "$address")"' in array
+    assert "#SBATCH --array=0-3" in array and "secret" not in proxy + array
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
 @pytest.mark.parametrize("argv, message", [
     (["slurm"], "accrot slurm needs a command: train or sweep"),
     (["slurm", "launch"], "(got 'launch')"),
@@ -108,8 +125,13 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
      "the config asks for trainer.devices=4"),
     (["slurm", "sweep", "smoke", "--storage", "sqlite:///x.db", "--dry-run"], "cannot serve a job array"),
     (["slurm", "sweep", "nope", "--storage", "postgresql://u@h/db", "--dry-run"], "sweep spec 'nope' does not exist"),
+    (["slurm", "sweep", "smoke", "--storage", "postgresql://u@h/db", "--proxy", "--proxy_port", "70000",
+      "--assume_shared", "true", "--dry-run"], "--proxy_port=70000 is not valid"),
+    (["slurm", "sweep", "smoke", "--storage", "postgresql://u@h/db", "--proxy", "--proxy_time", "soon",
+      "--assume_shared", "true", "--dry-run"], "--proxy_time='soon' is not valid"),
 ], ids=["no-command", "unknown-command", "nodes-0", "bad-time", "typo-option", "no-fit-args", "tasks-not-gpus",
-        "devices-in-args", "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec"])
+        "devices-in-args", "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec",
+        "proxy-port", "proxy-time"])
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
     monkeypatch.setattr("accrot.sweep.slurm.cluster_is_this_machine", lambda: False)
@@ -260,15 +282,19 @@ wandb: disabled
 
 
 @pytest.mark.integration
-def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, tmp_path, capsys, monkeypatch):
-    """`accrot slurm sweep`: one array task = one 2-node worker; requeued mid-trial, it continues trial 0 (its run
-    resumed from the checkpoint it took on SLURM's warning signal) instead of starting another, and the study holds exactly one trial."""
+def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, postgres, tmp_path, capsys,
+                                                                         monkeypatch):
+    """`accrot slurm sweep` on PostgreSQL (a cluster's storage): one array task = one 2-node worker; requeued
+    mid-trial, it continues trial 0 (its run resumed from the checkpoint it took on SLURM's warning signal) instead
+    of starting another, and the study holds exactly one trial."""
     import optuna
+
+    from accrot.sweep.storage import StorageRef, open_storage
 
     spec = tmp_path / "slurm-trial.yaml"
     spec.write_text(SWEEP_SPEC)
     root = tmp_path / "sweeps"
-    storage = f"journal:///{tmp_path / 'study.log'}"
+    storage = postgres
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
     assert main(["slurm", "sweep", str(spec), "--storage", storage, "--workers", "1", "--nodes", "2",
@@ -288,8 +314,8 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     info = slurm.wait(task, timeout=480)
     assert info["JobState"] == "COMPLETED", (info, _log(root))
     assert int(info["Restarts"]) >= 1
-    trials = optuna.load_study(study_name="slurm-trial", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.log")))).get_trials()
+    trials = optuna.load_study(study_name="slurm-trial", storage=open_storage(
+        StorageRef.parse(postgres, "slurm-trial", root))).get_trials()
     assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE")], trials
     assert trials[0].user_attrs["slurm_job"] == task
     (run,) = list(ckpt_dir.glob("version_*"))
@@ -299,34 +325,16 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     _check_signal_checkpoint(record, _log(root), exact=True)
 
 
-PG_SPEC = """\
-name: slurm-pg
-base: tiny
-overrides:
-  trainer.max_steps: 80
-  trainer.val_check_interval: 40
-  trainer.limit_val_batches: 1
-  trainer.log_every_n_steps: 1
-  trainer.callbacks:
-    - {class_path: lightning.pytorch.callbacks.ModelCheckpoint,
-       init_args: {save_last: true, every_n_train_steps: 20, save_top_k: 0}}
-  model.d_model: 32
-  data.init_args.seq_len: 64
-  data.init_args.batch_size: 4
-  extrapolation.multipliers: [1, 2]
-  extrapolation.budget_tokens: 512
-space:
-  model.lr: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}
-objectives:
-  - {metric: nll@2x, direction: minimize}
-sampler: {type: random, seed: 0}
-pruner: {type: none}
-trials: 3
-seeds: [0]
-retries: 2
-heartbeat: {interval: 5, grace: 90}
-wandb: disabled
-"""
+def pg_spec(name: str) -> str:
+    """SWEEP_SPEC's tiny DDP trials, three of them, 80 steps with a checkpoint every 20, retried up to twice."""
+    import yaml
+
+    doc = yaml.safe_load(SWEEP_SPEC)
+    doc.update(name=name, trials=3, retries=2, heartbeat={"interval": 5, "grace": 90})
+    doc["overrides"].update({"trainer.max_steps": 80, "trainer.val_check_interval": 40, "trainer.callbacks": [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"save_last": True, "every_n_train_steps": 20, "save_top_k": 0}}]})
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _requeue_mid_trial(slurm: SlurmCluster, url: str, name: str, root: Path) -> tuple[int, str]:
@@ -375,7 +383,7 @@ def test_sweep_array_on_postgresql_accounts_for_every_trial_after_a_requeue(stor
 
     name = "slurm-pg" if storage == "postgresql" else "slurm-pg-proxy"
     spec = tmp_path / f"{name}.yaml"
-    spec.write_text(PG_SPEC.replace("name: slurm-pg", f"name: {name}"))
+    spec.write_text(pg_spec(name))
     root = tmp_path / "sweeps"
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
