@@ -152,7 +152,7 @@ def _schemes_settings(args) -> dict[str, Any]:
 COMMANDS = ("schemes", "path", "pipeline", "all", "storage")
 DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
                "all": "bench.json", "storage": "bench_storage.json"}
-QUICK_STORAGE = {"workers": [4, 8], "trials": 200}
+QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
 
 
 def _storage_args(parser) -> None:
@@ -195,7 +195,7 @@ QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": 
 QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1, "pipeline_sizes": ["tiny"]}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
               "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round",
-              "storage": "storage: 4 and 8 workers, 200 trials per row"}
+              "storage": "storage: 4 and 8 workers, 60 trials per row"}
 
 
 def _quick(args, argv: Sequence[str]) -> None:

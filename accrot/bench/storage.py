@@ -58,6 +58,9 @@ class TrivialWorker(Worker):
 
     gc_after_trial = False
 
+    def preload(self) -> None:
+        return None
+
     def run(self, study_name: str, trial, args: list[str]):
         return None
 

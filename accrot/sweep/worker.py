@@ -113,6 +113,7 @@ class Worker:
 
     def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0, ranks=None) -> None:
         self.spec, self.ref, self.root, self.ranks = spec, ref, root, ranks
+        self.preload()
         self.storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries)
         self.studies = load_studies(spec, self.storage, worker_index)
         self.lock = BudgetLock(ref, spec.name)
@@ -254,10 +255,16 @@ class Worker:
                 attr(trial, "timing", phases.clock().snapshot())
             end_run()
 
+    def preload(self) -> None:
+        """Import what the trials' runs need (Lightning) before the first trial, so that the time it takes counts
+        as the worker's start-up (``worker_start_s``), not as a trial's."""
+        import accrot.run.lightning  # noqa: F401
+        import callbacks.extrapolation  # noqa: F401
+
     def run(self, study_name: str, trial, args: list[str]):
         """The trial's training run: ``accrot fit ARGS`` in this process, its pruning callback reporting to
-        ``trial``; returns its LightningCLI. (Lightning is imported here, at the first trial: ``accrot bench
-        storage`` replaces this with a trivial objective to load the storage alone.)"""
+        ``trial``; returns its LightningCLI. (``accrot bench storage`` replaces it with a trivial objective, and
+        :meth:`preload` with nothing, to load the storage alone.)"""
         from accrot.run.lightning import run_lightning
         from callbacks.pruning import active_trial
 
@@ -266,11 +273,11 @@ class Worker:
 
     def record(self, entry: _Study, stratum: Stratum, trial, cli):
         """The run's directory, metrics and intermediate values on the trial; its objective value(s)."""
+        from callbacks.extrapolation import ExtrapolationCallback
+
         spec = self.spec
         # trainer.log_dir is a broadcast under DDP, which the other ranks (done with the run) would not join
         run_dir = Path(cli.trainer.loggers[0].log_dir if self.ranks is not None else cli.trainer.log_dir).resolve()
-        from callbacks.extrapolation import ExtrapolationCallback
-
         ext = next(c for c in cli.trainer.callbacks if isinstance(c, ExtrapolationCallback))
         final = ext.history[-1]
         metrics = metrics_of(final["lengths"])
