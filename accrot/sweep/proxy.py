@@ -1,10 +1,11 @@
 """``accrot storage-proxy --storage postgresql://... [--host 0.0.0.0] [--port 13000]``: Optuna's gRPC storage proxy
 in front of a sweep's database, with accrot's budget lock beside it (:mod:`accrot.sweep.lease`).
 
-Every worker on the database directly holds its own pooled connections (PostgreSQL allows 100 by default) and
-re-reads the study itself; Optuna's distributed-optimization guide puts its gRPC proxy in front of the database
-once workers are many. Behind the proxy, workers (``--storage grpc://HOST:PORT``) hold no database connection:
-the proxy holds a few and serves reads from Optuna's trial cache (``optuna.storages.get_storage``). It serves
+Every worker on the database directly holds its own connections (about 3: its pool, Optuna's heartbeat, the
+budget lock; PostgreSQL allows 100 by default); Optuna's distributed-optimization guide puts its gRPC proxy in
+front of the database once workers are many. Behind the proxy, workers (``--storage grpc://HOST:PORT``) hold no
+database connection: the proxy holds a few and serves reads from Optuna's trial cache
+(``optuna.storages.get_storage``). ``accrot bench storage`` measures both. It serves
 RDB storages only (Optuna's proxy cannot serve a journal file).
 
 ``--address_file FILE`` writes ``HOST:PORT`` once the proxy listens (``accrot slurm sweep --proxy`` hands it to
