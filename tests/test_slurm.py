@@ -410,8 +410,11 @@ def test_sweep_array_on_postgresql_accounts_for_every_trial_after_a_requeue(stor
     assert all(r["fail_reason"] for r in failed) and {r["trial"] for r in failed} <= {r["retry_of"] for r in rows}
     requeued = next(r for r in rows if r["trial"] == number)  # the killed trial: continued, or failed and retried
     assert requeued["state"] == "COMPLETE" or requeued["trial"] in {r["retry_of"] for r in rows}, rows
-    if requeued["state"] == "COMPLETE":
+    if requeued["state"] == "COMPLETE":  # continued under its number, its run resumed from a checkpoint
         assert f"continuing trial {number} of {name}" in _log(root)
+        (run,) = list((root / name / "runs" / f"trial_{number:04d}").glob("version_*"))
+        record = json.loads((run / "run.json").read_text())
+        assert record["resumes"] >= 1 and record["step"] == 80, record
     if proxy:  # the proxy's job stops itself once the sweep is done
         proxy_job = out.split("submitted proxy job ")[1].split()[0]
         assert slurm.wait(proxy_job, timeout=180)["JobState"] == "COMPLETED", _log(root)[-3000:]
