@@ -273,18 +273,26 @@ def disk_full() -> Iterator[None]:
         rundir.write_probe = saved
 
 
+_ABSENT = object()
+
+
 @contextlib.contextmanager
-def environment(name: str, value: str) -> Iterator[None]:
-    """``name=value`` in the environment for the row, as a user would export it."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
+def _swapped(mapping, key: str, value) -> Iterator[None]:
+    """``mapping[key] = value`` for one row, then the old entry (or none) back."""
+    saved = mapping.get(key, _ABSENT)
+    mapping[key] = value
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(name, None)
+        if saved is _ABSENT:
+            mapping.pop(key, None)
         else:
-            os.environ[name] = saved
+            mapping[key] = saved
+
+
+def environment(name: str, value: str) -> contextlib.AbstractContextManager:
+    """``name=value`` in the environment for the row, as a user would export it."""
+    return _swapped(os.environ, name, value)
 
 
 @dataclass(frozen=True)
@@ -613,20 +621,11 @@ def _patched(**targets) -> contextlib.AbstractContextManager:
     return _patched_module("accrot.sweep.slurm", **targets)
 
 
-@contextlib.contextmanager
-def _hidden_module(name: str) -> Iterator[None]:
+def _hidden_module(name: str) -> contextlib.AbstractContextManager:
     """``name`` is not installed, for one row (``import name`` fails, ``find_spec`` finds nothing)."""
     import sys
 
-    saved = sys.modules.get(name)
-    sys.modules[name] = None
-    try:
-        yield
-    finally:
-        if saved is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = saved
+    return _swapped(sys.modules, name, None)
 
 
 @contextlib.contextmanager
