@@ -25,10 +25,10 @@ ABLATION_WORKERS ?= 2
 # demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
 QUIET ?=
 
-.PHONY: help install test test-slow test-all faults breakages demo ablation lint bench sweep dashboard clean gpu-check
+.PHONY: help install test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
 
 help: ## show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp) accrot/ops/cpu_kernels.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -65,6 +65,9 @@ ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x see
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)
 	$(BIN)/accrot bench all
 
+bench-storage: $(STAMP) ## a sweep's storage under load: PostgreSQL directly vs through the storage proxy, kills included (minutes)
+	$(BIN)/accrot bench storage
+
 gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0)
 	$(BIN)/python tests/gpu_check.py
 
@@ -72,6 +75,7 @@ sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smok
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [ARTIFACTS=dir] [PORT=8080])
+	@if [[ '$(STORAGE)' == grpc://* ]]; then echo "make dashboard: STORAGE='$(STORAGE)' is a storage proxy, which optuna-dashboard cannot read through; pass the proxy's database (STORAGE=postgresql://...)" >&2; exit 2; fi
 	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --artifact-dir '$(ARTIFACTS)' --host 127.0.0.1 --port $(PORT)
 
 # SLURM: make slurm-train NODES=2 TASKS=4 [PARTITION=p] [TIME=04:00:00] [ACCOUNT=a] [MASTER_ADDR=ip] [DRY_RUN=1] ARGS='--config small'

@@ -31,6 +31,7 @@ COMMANDS = {
     "report": "accrot.sweep.report:main",
     "ablation": "accrot.study.ablation:main",
     "slurm": "accrot.sweep.slurm:main",
+    "storage-proxy": "accrot.sweep.proxy:main",
 }
 
 LIGHTNING_COMMANDS = {"fit": "train a model (a LightningCLI subcommand: --config, dotted overrides, --resume RUN_DIR)",
@@ -43,7 +44,8 @@ COMMAND_HELP = {"eval": "evaluate a checkpoint at many lengths (JSON + PNG)",
                 "sweep": "an Optuna study from a sweep spec (workers, storages, resume)",
                 "report": "the table and figures of a finished sweep",
                 "ablation": "the paper's ablation in one command: every variant, both data sets, the claims",
-                "slurm": "submit accrot fit or a sweep to SLURM"}
+                "slurm": "submit accrot fit or a sweep to SLURM",
+                "storage-proxy": "serve a sweep's database to many workers (Optuna's gRPC proxy + the budget lock)"}
 
 
 def version() -> str:

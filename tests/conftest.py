@@ -60,3 +60,28 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+
+
+@pytest.fixture(scope="module")
+def postgres_server():
+    """A real PostgreSQL server from the installed binaries, in a temp dir, stopped by PID
+    (:class:`accrot.bench.postgres.PostgresServer`); one per test module. Without the binaries the test skips
+    with the reason (under CI=true it fails)."""
+    from accrot.bench.postgres import PostgresServer, missing
+
+    why = missing()
+    if why is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why + " and CI=true")
+        pytest.skip(why)
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres(postgres_server) -> str:
+    """The URL of :func:`postgres_server`'s empty database."""
+    return postgres_server.url

@@ -252,6 +252,7 @@ def sweep_with_a_killed_worker(workdir: Path) -> dict:
     from optuna.trial import TrialState
 
     from accrot.cli import main
+    from accrot.sweep.recovery import account
     from accrot.sweep.spec import SPEC_DIR, load_spec
     from accrot.sweep.storage import StorageRef, open_storage
 
@@ -285,21 +286,6 @@ def sweep_with_a_killed_worker(workdir: Path) -> dict:
         raise RuntimeError(f"the sweep ended with exit status {result.get('rc')}")
     study = optuna.load_study(study_name="kill", storage=open_storage(StorageRef.parse(url, "kill", ".")))
     return account(study, load_spec(spec).budget) | {"killed": killed, "rc": result.get("rc")}
-
-
-def account(study, budget: int) -> dict:
-    """Every trial accounted for: finished (complete, pruned, or failed with a reason), each failure either
-    retried or final, and the budget of (configuration, seed) pairs all complete."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    unfinished = [t.number for t in trials if t.state not in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)]
-    silent = [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason")]
-    done = {(json.dumps(t.params, sort_keys=True), t.user_attrs.get("seed")) for t in trials
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
-    return {"trials": len(trials), "unfinished": unfinished, "failed_silently": silent,
-            "complete": len(done), "lost": budget - len(done) + len(unfinished) + len(silent),
-            "retried": [t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs]}
 
 
 def bad_inputs(workdir: Path) -> tuple[int, int, list[str]]:

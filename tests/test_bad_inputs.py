@@ -224,6 +224,34 @@ class Fixtures:
         return f"sqlite:///{storage}"
 
 
+    def bare_proxy(self) -> int:
+        """The port of Optuna's own gRPC storage proxy (``optuna.storages.run_grpc_proxy_server``'s server, in
+        memory), which has no budget lock; stopped when the tests end."""
+        if not hasattr(self, "_bare"):
+            import atexit
+
+            from optuna.storages import InMemoryStorage
+            from optuna.storages._grpc.server import make_server
+
+            port = free_port()
+            self._bare = make_server(InMemoryStorage(), "127.0.0.1", port)
+            self._bare.start()
+            self._bare_port = port
+            atexit.register(self._bare.stop, 0)
+        return self._bare_port
+
+    def taken_port(self) -> int:
+        """A port something listens on (a socket held open until the tests end)."""
+        if not hasattr(self, "_taken"):
+            import atexit
+
+            self._taken = socket.socket()
+            self._taken.bind(("127.0.0.1", 0))
+            self._taken.listen()
+            atexit.register(self._taken.close)
+        return self._taken.getsockname()[1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -245,18 +273,26 @@ def disk_full() -> Iterator[None]:
         rundir.write_probe = saved
 
 
+_ABSENT = object()
+
+
 @contextlib.contextmanager
-def environment(name: str, value: str) -> Iterator[None]:
-    """``name=value`` in the environment for the row, as a user would export it."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
+def _swapped(mapping, key: str, value) -> Iterator[None]:
+    """``mapping[key] = value`` for one row, then the old entry (or none) back."""
+    saved = mapping.get(key, _ABSENT)
+    mapping[key] = value
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(name, None)
+        if saved is _ABSENT:
+            mapping.pop(key, None)
         else:
-            os.environ[name] = saved
+            mapping[key] = saved
+
+
+def environment(name: str, value: str) -> contextlib.AbstractContextManager:
+    """``name=value`` in the environment for the row, as a user would export it."""
+    return _swapped(os.environ, name, value)
 
 
 @dataclass(frozen=True)
@@ -483,6 +519,54 @@ CATALOGUE: list[Row] = [
         lambda f: ["sweep", str(f.spec("taken-second", space={"model.weight_decay": [0.0, 0.1]})),
                    f"--root={f.sweeps}", "--workers=0", f"--storage={f.existing_study()}"],
         "study 'taken' already exists in the storage from a different spec"),
+    Row("sweep-proxy-without-port", "--storage=grpc://proxyhost",
+        lambda f: ["sweep", str(f.spec("grpc")), f"--root={f.sweeps}", "--storage=grpc://proxyhost"],
+        "storage 'grpc://proxyhost' is not valid; write grpc://HOST:PORT with a port from 1 to 65535"),
+    Row("sweep-unreachable-proxy", "--storage=grpc://127.0.0.1:FREE_PORT",
+        lambda f: ["sweep", str(f.spec("noproxy")), f"--root={f.sweeps}", f"--storage=grpc://127.0.0.1:{free_port()}"],
+        ("' is unreachable: no storage proxy answered at 127.0.0.1:", "start one there with `accrot storage-proxy")),
+    Row("sweep-bare-optuna-proxy", "--storage=grpc://HOST:PORT of optuna.storages.run_grpc_proxy_server",
+        lambda f: ["sweep", str(f.spec("bare")), f"--root={f.sweeps}", "--workers=0",
+                   f"--storage=grpc://127.0.0.1:{f.bare_proxy()}"],
+        "is an Optuna storage proxy without accrot's budget lock"),
+    Row("sweep-proxy-without-grpcio", "--storage=grpc://HOST:PORT without grpcio installed",
+        lambda f: ["sweep", str(f.spec("nogrpc")), f"--root={f.sweeps}", "--workers=0",
+                   f"--storage=grpc://127.0.0.1:{f.bare_proxy()}"],
+        "needs grpcio, which is not installed; pip install grpcio", simulate=lambda: _hidden_module("grpc")),
+    Row("proxy-no-storage", "accrot storage-proxy (no --storage, no ACCROT_SWEEP_STORAGE)",
+        lambda f: ["storage-proxy"], "accrot storage-proxy needs the database it serves: --storage postgresql://",
+        simulate=lambda: _patched_env(ACCROT_SWEEP_STORAGE="")),
+    Row("proxy-journal", "accrot storage-proxy --storage journal:///abs/x.log",
+        lambda f: ["storage-proxy", f"--storage=journal:///{f.sweeps}/x.log"],
+        "is a journal file, which Optuna's storage proxy cannot serve"),
+    Row("proxy-of-a-proxy", "accrot storage-proxy --storage grpc://HOST:PORT",
+        lambda f: ["storage-proxy", "--storage=grpc://127.0.0.1:13000"], "is a storage proxy already"),
+    Row("proxy-port-taken", "accrot storage-proxy --host 127.0.0.1 --port TAKEN_PORT",
+        lambda f: ["storage-proxy", f"--storage=sqlite:///{f.sweeps}/x.db", "--host=127.0.0.1",
+                   f"--port={f.taken_port()}"],
+        ("cannot listen on 127.0.0.1:", "(Address already in use); pass another --port (0: any free port)")),
+    Row("proxy-bad-port", "accrot storage-proxy --port 70000",
+        lambda f: ["storage-proxy", f"--storage=sqlite:///{f.sweeps}/x.db", "--port=70000"],
+        "--port=70000 is not valid; use 1 to 65535 (0: any free port)"),
+    Row("proxy-bad-threads", "accrot storage-proxy --threads 0",
+        lambda f: ["storage-proxy", f"--storage=sqlite:///{f.sweeps}/x.db", "--threads=0"],
+        "--threads=0 is not valid; use an integer >= 1"),
+    Row("proxy-address-file-folder", "accrot storage-proxy --address_file /nonexistent/proxy.address",
+        lambda f: ["storage-proxy", f"--storage=sqlite:///{f.sweeps}/x.db", "--address_file=/nonexistent/proxy.address"],
+        "--address_file='/nonexistent/proxy.address': folder '/nonexistent' does not exist"),
+    Row("proxy-without-grpcio", "accrot storage-proxy ... without grpcio installed",
+        lambda f: ["storage-proxy", f"--storage=sqlite:///{f.sweeps}/x.db"],
+        "accrot storage-proxy needs grpcio, which is not installed", simulate=lambda: _hidden_module("grpc")),
+    Row("slurm-proxy-journal", "accrot slurm sweep smoke --storage journal:///abs/x.log --proxy",
+        lambda f: ["slurm", "sweep", "smoke", f"--storage=journal:///{f.sweeps}/x.log", "--proxy", "--dry-run",
+                   f"--root={f.sweeps}", "--assume_shared=true"],
+        "is a journal file, which Optuna's storage proxy cannot serve"),
+    Row("bench-storage-workers", "accrot bench storage --workers 0 8", lambda f: ["bench", "storage", "--workers", "0", "8"],
+        "--workers 0 8 is not valid; every count must be >= 1"),
+    Row("bench-storage-no-postgres", "accrot bench storage (no PostgreSQL server binaries installed)",
+        lambda f: ["bench", "storage"],
+        "accrot bench storage starts its own PostgreSQL server: PostgreSQL's server binaries were not found",
+        simulate=lambda: _patched_module("accrot.bench.postgres", find_bindir=lambda: None)),
     # -- SLURM launches (tests/test_slurm.py has a real cluster; here the cluster's answers are simulated) ------
     Row("slurm-layout-mismatch", "accrot slurm train --tasks_per_node 2 -- --config CONFIG_WITH_DEVICES_4",
         lambda f: ["slurm", "train", "--tasks_per_node=2", "--dry-run", "--", *f.fit("--config", str(f.devices_config()))[1:]],
@@ -517,10 +601,11 @@ CATALOGUE: list[Row] = [
 
 
 @contextlib.contextmanager
-def _patched(**targets) -> Iterator[None]:
-    """Replace functions of accrot.sweep.slurm (the cluster's answers) for one row."""
-    import accrot.sweep.slurm as mod
+def _patched_module(module: str, **targets) -> Iterator[None]:
+    """Replace functions of ``module`` for one row (what this machine has installed)."""
+    import importlib
 
+    mod = importlib.import_module(module)
     saved = {name: getattr(mod, name) for name in targets}
     for name, value in targets.items():
         setattr(mod, name, value)
@@ -529,6 +614,18 @@ def _patched(**targets) -> Iterator[None]:
     finally:
         for name, value in saved.items():
             setattr(mod, name, value)
+
+
+def _patched(**targets) -> contextlib.AbstractContextManager:
+    """Replace functions of accrot.sweep.slurm (the cluster's answers) for one row."""
+    return _patched_module("accrot.sweep.slurm", **targets)
+
+
+def _hidden_module(name: str) -> contextlib.AbstractContextManager:
+    """``name`` is not installed, for one row (``import name`` fails, ``find_spec`` finds nothing)."""
+    import sys
+
+    return _swapped(sys.modules, name, None)
 
 
 @contextlib.contextmanager

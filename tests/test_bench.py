@@ -303,3 +303,29 @@ def test_evaluation_children_run_under_the_benchmarks_subnormal_mode(mode, monke
         zygote.close()
     assert result["seconds"] > 0 and result["denormals"] == ("flushed" if mode == "flush" else "IEEE")
     assert result["allocator"] == "tuned"  # ACCROT_MALLOC's default, as in the benchmark process
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_storage_bench_kills_a_worker_and_the_proxy_and_loses_nothing(tmp_path):
+    """`accrot bench storage` on a small load: one row per (workers, storage), a worker killed mid-trial in every
+    row and the proxy killed and restarted in every proxy row, and every trial accounted for. Its shape and its
+    accounting, not its speed: direct workers each hold database connections, the proxy's workers none."""
+    from accrot.bench.postgres import missing
+
+    if missing() is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing() + " and CI=true")
+        pytest.skip(missing())
+    out = tmp_path / "bench_storage.json"
+    assert main(["storage", "--workers", "2", "4", "--trials", "30", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["storage"], r["workers"]) for r in doc["rows"]] == [
+        ("postgresql", 2), ("proxy", 2), ("postgresql", 4), ("proxy", 4)]
+    for row in doc["rows"]:
+        assert not row["timed_out"] and row["lost"] == 0 and row["over_budget"] == 0, row
+        assert row["trials_per_s"] > 0 and any(e.startswith("killed worker") for e in row["events"]), row
+        assert row["proxy_restarts"] == (1 if row["storage"] == "proxy" else 0), row
+    direct, proxied = doc["rows"][2], doc["rows"][3]
+    assert direct["connections_peak"] >= direct["workers"] > 0  # at least one connection per direct worker
+    assert proxied["connections_peak"] < direct["connections_peak"]

@@ -3,7 +3,8 @@
 The integration tests start munged, slurmctld and two slurmd daemons on localhost (:mod:`tests.slurm_cluster`),
 submit the rendered training template on 2 nodes × 1 task, and check that the run trained with DDP over both
 ranks; a job requeued mid-run (``scontrol requeue``) checkpoints on SIGTERM, resumes from that checkpoint in the
-same run directory and finishes with the same step count. Without SLURM's binaries they skip with one line;
+same run directory and finishes with the same step count. Sweeps run on a real PostgreSQL server (the
+``postgres`` fixture), directly and through the storage proxy's own job. Without SLURM's binaries they skip with one line;
 under ``CI=true`` a missing binary fails.
 """
 
@@ -91,6 +92,22 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
     assert "--worker --distributed" in script and "secret" not in script  # the URL stays in the environment
 
 
+def test_dry_run_with_proxy_prints_the_proxy_job_then_the_array(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCROT_SWEEP_STORAGE", "postgresql://u:secret@db/accrot")
+    assert main(["slurm", "sweep", "smoke", "--workers", "4", "--nodes", "2", "--root", str(tmp_path), "--proxy",
+                 "--proxy_host", "10.0.0.9", "--proxy_time", "2-00:00:00", "--assume_shared", "true", "--dry-run"]) == 0
+    proxy, array = capsys.readouterr().out.split("# --- then the workers' array: sbatch --dependency=after:")
+    address = str(tmp_path / "smoke" / "proxy.address")
+    lines = proxy.splitlines()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks=1", "#SBATCH --time=2-00:00:00", "#SBATCH --requeue"):
+        assert line in lines, line
+    assert f"--advertise 10.0.0.9 --address_file {address}" in proxy and "--until_done smoke" in proxy
+    assert "storage-proxy --host 0.0.0.0 --port 0" in proxy and "gpus" not in proxy
+    assert f"address={address}" in array.splitlines() and 'ACCROT_SWEEP_STORAGE="grpc://$(cat "$address")"' in array
+    assert "#SBATCH --array=0-3" in array and "secret" not in proxy + array
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
 @pytest.mark.parametrize("argv, message", [
     (["slurm"], "accrot slurm needs a command: train or sweep"),
     (["slurm", "launch"], "(got 'launch')"),
@@ -108,8 +125,13 @@ def test_dry_run_prints_the_sweep_array(capsys, tmp_path, monkeypatch):
      "the config asks for trainer.devices=4"),
     (["slurm", "sweep", "smoke", "--storage", "sqlite:///x.db", "--dry-run"], "cannot serve a job array"),
     (["slurm", "sweep", "nope", "--storage", "postgresql://u@h/db", "--dry-run"], "sweep spec 'nope' does not exist"),
+    (["slurm", "sweep", "smoke", "--storage", "postgresql://u@h/db", "--proxy", "--proxy_port", "70000",
+      "--assume_shared", "true", "--dry-run"], "--proxy_port=70000 is not valid"),
+    (["slurm", "sweep", "smoke", "--storage", "postgresql://u@h/db", "--proxy", "--proxy_time", "soon",
+      "--assume_shared", "true", "--dry-run"], "--proxy_time='soon' is not valid"),
 ], ids=["no-command", "unknown-command", "nodes-0", "bad-time", "typo-option", "no-fit-args", "tasks-not-gpus",
-        "devices-in-args", "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec"])
+        "devices-in-args", "bad-fit-key", "local-root", "config-devices", "sqlite-array", "unknown-spec",
+        "proxy-port", "proxy-time"])
 def test_bad_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
     monkeypatch.setattr("accrot.sweep.slurm.cluster_is_this_machine", lambda: False)
@@ -260,15 +282,19 @@ wandb: disabled
 
 
 @pytest.mark.integration
-def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, tmp_path, capsys, monkeypatch):
-    """`accrot slurm sweep`: one array task = one 2-node worker; requeued mid-trial, it continues trial 0 (its run
-    resumed from the checkpoint it took on SLURM's warning signal) instead of starting another, and the study holds exactly one trial."""
+def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, postgres, tmp_path, capsys,
+                                                                         monkeypatch):
+    """`accrot slurm sweep` on PostgreSQL (a cluster's storage): one array task = one 2-node worker; requeued
+    mid-trial, it continues trial 0 (its run resumed from the checkpoint it took on SLURM's warning signal) instead
+    of starting another, and the study holds exactly one trial."""
     import optuna
+
+    from accrot.sweep.storage import StorageRef, open_storage
 
     spec = tmp_path / "slurm-trial.yaml"
     spec.write_text(SWEEP_SPEC)
     root = tmp_path / "sweeps"
-    storage = f"journal:///{tmp_path / 'study.log'}"
+    storage = postgres
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
     monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
     assert main(["slurm", "sweep", str(spec), "--storage", storage, "--workers", "1", "--nodes", "2",
@@ -288,8 +314,8 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     info = slurm.wait(task, timeout=480)
     assert info["JobState"] == "COMPLETED", (info, _log(root))
     assert int(info["Restarts"]) >= 1
-    trials = optuna.load_study(study_name="slurm-trial", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(tmp_path / "study.log")))).get_trials()
+    trials = optuna.load_study(study_name="slurm-trial", storage=open_storage(
+        StorageRef.parse(postgres, "slurm-trial", root))).get_trials()
     assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE")], trials
     assert trials[0].user_attrs["slurm_job"] == task
     (run,) = list(ckpt_dir.glob("version_*"))
@@ -297,3 +323,103 @@ def test_requeued_sweep_worker_continues_its_trial_under_the_same_number(slurm, 
     assert record["resumes"] >= 1 and record["step"] == 150 and record["launch"]["world_size"] == 2
     assert "continuing trial 0 of slurm-trial" in _log(root)
     _check_signal_checkpoint(record, _log(root), exact=True)
+
+
+def pg_spec(name: str) -> str:
+    """SWEEP_SPEC's tiny DDP trials, three of them, 80 steps with a checkpoint every 20, retried up to twice."""
+    import yaml
+
+    doc = yaml.safe_load(SWEEP_SPEC)
+    doc.update(name=name, trials=3, retries=2, heartbeat={"interval": 5, "grace": 90})
+    doc["overrides"].update({"trainer.max_steps": 80, "trainer.val_check_interval": 40, "trainer.callbacks": [
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"save_last": True, "every_n_train_steps": 20, "save_top_k": 0}}]})
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _requeue_mid_trial(slurm: SlurmCluster, url: str, name: str, root: Path) -> tuple[int, str]:
+    """Once a trial of study ``name`` has checkpointed (it is mid-run), ``scontrol requeue`` the array task running
+    it: SLURM kills that worker's job on both of its nodes and queues it again. (trial number, task)."""
+    import optuna
+
+    from accrot.sweep.storage import StorageRef, open_storage
+
+    deadline = time.monotonic() + 300
+    study = None
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if study is None:
+            study = optuna.load_study(study_name=name, storage=open_storage(StorageRef.parse(url, name, root)))
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            task = t.user_attrs.get("slurm_job")
+            if task and list((root / name / "runs" / f"trial_{t.number:04d}").glob("version_*/checkpoints/last.ckpt")):
+                slurm.run("scontrol", "requeue", task)
+                return t.number, task
+    raise AssertionError(f"no trial checkpointed within 300 s:\n{_log(root)[-3000:]}")
+
+
+def _accounting(study) -> list[dict]:
+    """One row per trial: what the study holds after the sweep (printed: the test's record of the requeue)."""
+    return [{"trial": t.number, "state": t.state.name, "slurm_job": t.user_attrs.get("slurm_job"),
+             "retry_of": t.user_attrs.get("retry_of"), "fail_reason": t.user_attrs.get("fail_reason"),
+             "step": t.user_attrs.get("step"), "nll@2x": t.values[0] if t.values else None}
+            for t in study.get_trials(deepcopy=False)]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("storage", ["postgresql", "proxy"])
+def test_sweep_array_on_postgresql_accounts_for_every_trial_after_a_requeue(storage, slurm, postgres, tmp_path, capsys,
+                                                                             monkeypatch):
+    """`accrot slurm sweep` on a real PostgreSQL server (directly, or through the storage proxy's own job): two
+    array tasks, each a 2-node worker whose trials are DDP runs; one task is killed mid-trial and requeued
+    (``scontrol requeue``). Every trial is accounted for in the database (complete, or failed with its reason and
+    retried; nothing lost, nothing over the budget), the requeued worker continued its trial, the proxy job stopped
+    by itself once the sweep was done, and ``accrot report`` builds its table from the database."""
+    import optuna
+
+    from accrot.sweep.recovery import account
+    from accrot.sweep.storage import StorageRef, open_storage
+
+    name = "slurm-pg" if storage == "postgresql" else "slurm-pg-proxy"
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(pg_spec(name))
+    root = tmp_path / "sweeps"
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    monkeypatch.delenv("ACCROT_SWEEP_STORAGE", raising=False)
+    proxy = ["--proxy", "--proxy_host", "127.0.0.1"] if storage == "proxy" else []
+    assert main(["slurm", "sweep", str(spec), "--storage", postgres, "--workers", "2", "--nodes", "2",
+                 "--master_addr", "127.0.0.1", "--time", "20", "--root", str(root), *proxy]) == 0
+    out = capsys.readouterr().out
+    job = out.split(" and job " if proxy else "submitted job ")[1].split()[0]
+    number, task = _requeue_mid_trial(slurm, postgres, name, root)
+    for t in (f"{job}_0", f"{job}_1"):
+        info = slurm.wait(t, timeout=900)
+        assert info["JobState"] == "COMPLETED", (t, info, _log(root)[-4000:])
+    assert int(slurm.job(task)["Restarts"]) >= 1
+    study = optuna.load_study(study_name=name, storage=open_storage(StorageRef.parse(postgres, name, root)))
+    rows, figures = _accounting(study), account(study, 3)
+    with capsys.disabled():
+        print(f"\n{storage}: requeued {task} during trial {number}; restarts {slurm.job(task)['Restarts']}")
+        for row in rows:
+            print(f"  {row}")
+        print(f"  accounted: {figures}")
+    assert figures["lost"] == 0 and not figures["unfinished"] and not figures["failed_silently"], (rows, figures)
+    assert figures["complete"] == 3 and sum(r["state"] == "COMPLETE" for r in rows) == 3, rows
+    failed = [r for r in rows if r["state"] == "FAIL"]
+    assert all(r["fail_reason"] for r in failed) and {r["trial"] for r in failed} <= {r["retry_of"] for r in rows}
+    requeued = next(r for r in rows if r["trial"] == number)  # the killed trial: continued, or failed and retried
+    assert requeued["state"] == "COMPLETE" or requeued["trial"] in {r["retry_of"] for r in rows}, rows
+    if requeued["state"] == "COMPLETE":  # continued under its number, its run resumed from a checkpoint
+        assert f"continuing trial {number} of {name}" in _log(root)
+        (run,) = list((root / name / "runs" / f"trial_{number:04d}").glob("version_*"))
+        record = json.loads((run / "run.json").read_text())
+        assert record["resumes"] >= 1 and record["step"] == 80, record
+    if proxy:  # the proxy's job stops itself once the sweep is done
+        proxy_job = out.split("submitted proxy job ")[1].split()[0]
+        assert slurm.wait(proxy_job, timeout=180)["JobState"] == "COMPLETED", _log(root)[-3000:]
+        assert "storage proxy at grpc://127.0.0.1:" in _log(root)
+    assert main(["report", "--study", name, "--storage", postgres, "--root", str(root),
+                 "--out", str(tmp_path / "report")]) == 0
+    csv_rows = (tmp_path / "report" / "trials.csv").read_text().strip().splitlines()[1:]
+    assert len(csv_rows) == len(rows)

@@ -6,10 +6,8 @@ study, ``accrot report`` writes its table, figures and CSV, and bad input stops 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,7 +29,7 @@ from accrot.cli import main
 from accrot.sweep.recovery import (
     RetryTrial,
     budget_state,
-    fail_stale_journal,
+    fail_stale_attr,
     fail_unowned,
     missing_seeds,
     unowned,
@@ -232,7 +230,7 @@ def test_journal_heartbeat_fails_and_retries_a_stale_trial(tmp_path):
     stale.suggest_float("x", 0, 1)
     storage.set_trial_user_attr(stale._trial_id, "heartbeat", time.time() - 1000)
     storage.set_trial_user_attr(fresh._trial_id, "heartbeat", time.time())
-    assert fail_stale_journal(study, storage, HeartbeatSpec(interval=5, grace=60), RetryTrial(1)) == 1
+    assert fail_stale_attr(study, storage, HeartbeatSpec(interval=5, grace=60), RetryTrial(1)) == 1
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING]
     assert "no heartbeat from worker" in trials[0].user_attrs["fail_reason"]
@@ -454,62 +452,6 @@ def test_smoke_two_workers_journal(tmp_path):
     no_locked_database(tmp_path / "root", "smoke")
 
 
-PG_RESTART: dict[str, list[str]] = {}  # storage URL -> the command that restarts its server
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A real PostgreSQL server from Debian's binaries, in a temp dir, as the postgres user; stopped by PID."""
-    initdb = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not initdb:
-        message = "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin (apt-get install postgresql)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " and CI=true")
-        pytest.skip(message)
-    bindir = Path(initdb[-1]).parent
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        if shutil.which("runuser") is None:
-            pytest.fail("running as root without runuser: cannot start PostgreSQL as the postgres user")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    base = Path(tempfile.mkdtemp(prefix="accrot-pg-"))
-    if as_user:
-        shutil.chown(base, "postgres", "postgres")
-    data, sock, port = base / "data", base / "sock", free_port()
-    run = [*as_user]
-    subprocess.run([*run, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)
-    subprocess.run([*run, "mkdir", str(sock)], check=True)
-    server = subprocess.Popen([*run, str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sock),
-                               "-c", "listen_addresses=127.0.0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.time() + 60
-        while subprocess.run([str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                             capture_output=True).returncode != 0:
-            assert server.poll() is None, "postgres exited at start"
-            assert time.time() < deadline, "postgres did not become ready in 60 s"
-            time.sleep(0.2)
-        subprocess.run([*run, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-                        "accrot"], check=True, capture_output=True)
-        url = f"postgresql+psycopg2://postgres@127.0.0.1:{port}/accrot"
-        # `pg_ctl restart` for the storage-outage test (the new postmaster is stopped below by its PID file)
-        PG_RESTART[url] = [*run, str(bindir / "pg_ctl"), "restart", "-D", str(data), "-m", "fast", "-w", "-t", "60"]
-        yield url
-    finally:
-        pid_file = data / "postmaster.pid"
-        if pid_file.exists():
-            pid = int(pid_file.read_text().split()[0])
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)  # fast shutdown
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        shutil.rmtree(base, ignore_errors=True)
-
-
 @pytest.mark.integration
 def test_smoke_two_workers_postgresql(postgres, tmp_path):
     assert sweep(SMOKE, tmp_path, "--workers=2", f"--storage={postgres}") == 0
@@ -534,10 +476,10 @@ def _when_a_trial_runs(url: str, name: str, parent: threading.Thread, action) ->
 
 
 @pytest.mark.integration
-def test_postgresql_restart_mid_sweep_loses_no_trial(postgres, tmp_path):
+def test_postgresql_restart_mid_sweep_loses_no_trial(postgres, postgres_server, tmp_path):
     """`pg_ctl restart` while trials run: the parent and the workers ride out the outage; the study ends
     with every (configuration, seed) complete and every trial finished, a failure always with its reason."""
-    from tests.fault_injection import account
+    from accrot.sweep.recovery import account
 
     # a short grace: a trial the restart left unclaimed (an interrupted ask) is retried within seconds
     spec = write_spec(tmp_path, "pgrestart", trials=2, seeds=[0, 1], retries=2, pruner={"type": "none"},
@@ -546,9 +488,7 @@ def test_postgresql_restart_mid_sweep_loses_no_trial(postgres, tmp_path):
     parent = threading.Thread(target=lambda: result.setdefault(
         "rc", sweep(spec, tmp_path / "root", "--workers=2", f"--storage={postgres}")))
     parent.start()
-    # the restarted server inherits pg_ctl's stdout: DEVNULL, or pg_ctl's caller would wait for its EOF forever
-    restarted = _when_a_trial_runs(postgres, "pgrestart", parent, lambda t: subprocess.run(
-        PG_RESTART[postgres], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120))
+    restarted = _when_a_trial_runs(postgres, "pgrestart", parent, lambda t: postgres_server.restart())
     parent.join(600)
     assert not parent.is_alive() and restarted is not None
     assert result["rc"] == 0

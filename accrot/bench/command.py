@@ -10,6 +10,13 @@ Subcommands::
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--pipeline_sizes tiny small] [--with_logger]
                           [--out bench_pipeline.json]
     accrot bench all     (all three; one table each, one JSON report, default bench.json)
+    accrot bench storage [--workers 8 32 64] [--trials 150] [--storages postgresql proxy] [--deadline 300]
+                         [--quick] [--out bench_storage.json]
+
+``storage`` (not part of ``all``: it starts its own PostgreSQL server from the installed binaries) loads a sweep's
+storage with accrot's workers running a trivial objective, directly on PostgreSQL and through the storage proxy,
+a worker and the proxy killed mid-run: trials per second, database connections held, trials lost
+(:mod:`accrot.bench.storage`).
 
 ``path --device cuda`` times the chunked kernel against fla's Triton PaTH (and the recurrence at short lengths)
 and measures their peak memory, e.g. ``--lengths 4096 16384 65536 --memory_lengths 4096 16384 65536``.
@@ -142,9 +149,21 @@ def _schemes_settings(args) -> dict[str, Any]:
     return settings
 
 
-COMMANDS = ("schemes", "path", "pipeline", "all")
+COMMANDS = ("schemes", "path", "pipeline", "all", "storage")
 DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
-               "all": "bench.json"}
+               "all": "bench.json", "storage": "bench_storage.json"}
+QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
+
+
+def _storage_args(parser) -> None:
+    from accrot.bench.storage import STORAGES
+
+    parser.add_argument("--workers", nargs="+", type=int, default=None,
+                        help="worker counts, one row per count and storage (default 8 32 64)")
+    parser.add_argument("--trials", type=int, default=None, help="trials per row (default 150)")
+    parser.add_argument("--storages", nargs="+", type=Literal[STORAGES], default=list(STORAGES),
+                        help="postgresql (workers on the database) and proxy (through accrot storage-proxy)")
+    parser.add_argument("--deadline", type=float, default=300.0, help="seconds a row may take before it is stopped")
 
 
 def _parser(command: str) -> ArgumentParser:
@@ -155,6 +174,8 @@ def _parser(command: str) -> ArgumentParser:
         _schemes_args(parser)
     if command in ("path", "all"):
         _path_args(parser)
+    if command == "storage":
+        _storage_args(parser)
     if command in ("pipeline", "all"):
         parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
         parser.add_argument("--pipeline_rounds", type=int, default=3, help="fits of paired steps per size")
@@ -173,7 +194,8 @@ QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": 
               "peer_backward_lengths": [512]}
 QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1, "pipeline_sizes": ["tiny"]}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
-              "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round"}
+              "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round",
+              "storage": "storage: 4 and 8 workers, 60 trials per row"}
 
 
 def _quick(args, argv: Sequence[str]) -> None:
@@ -201,14 +223,11 @@ def main(argv: list[str]) -> int:
 
     device = getattr(args, "device", "cpu")
     info: dict[str, Any] = {}
-
-    def log(message: str) -> None:
-        if not info:  # the first progress line: the options are checked by now (a bad one prints only its error)
-            info.update(machine(device))
-            progress.print(machine_line(info), highlight=False)
-        progress.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
+    log = _progress(progress, device, info)
 
     report: dict[str, Any] = {}
+    if command == "storage":
+        return _storage(args, console, log, out)
     if command in ("schemes", "all"):
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
         console.print(schemes_table(report["schemes"]))
@@ -227,6 +246,36 @@ def main(argv: list[str]) -> int:
         part["machine"] = info
     doc = report[command] if command != "all" else {"schema": SCHEMA, "bench": "all", "machine": info, **report}
     console.print(machine_line(info), highlight=False)  # beside the tables, whatever stream they go to
+    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {out}")
+    return 0
+
+
+def _progress(progress, device: str, info: dict[str, Any]):
+    """The progress printer: a timestamped line, the machine line (filled into ``info``) before the first one."""
+
+    def log(message: str) -> None:
+        if not info:  # the first progress line: the options are checked by now (a bad one prints only its error)
+            info.update(machine(device))
+            progress.print(machine_line(info), highlight=False)
+        progress.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
+
+    return log
+
+
+def _storage(args, console, log, out: Path) -> int:
+    import tempfile
+
+    from accrot.bench.storage import run_storage, storage_table
+
+    settings = {k: getattr(args, k) if getattr(args, k) is not None else
+                (QUICK_STORAGE[k] if args.quick else {"workers": [8, 32, 64], "trials": 150}[k])
+                for k in ("workers", "trials")}
+    with tempfile.TemporaryDirectory(prefix="accrot-bench-storage-") as work:
+        doc = run_storage(settings["workers"], settings["trials"], args.storages, Path(work), log, args.deadline)
+    doc["machine"] = machine("cpu")
+    console.print(storage_table(doc))
+    console.print(machine_line(doc["machine"]), highlight=False)
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
     return 0
@@ -252,6 +301,8 @@ def _checked_args(command: str, rest: list[str]):
     if not out.parent.is_dir():
         raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")
     _quick(args, rest)
+    if command == "storage":
+        _check_storage(args)
     if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
         raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
     if command in ("path", "all"):  # shapes and lengths of the PaTH kernels: a 0 would crash (or divide) deep inside
@@ -260,6 +311,21 @@ def _checked_args(command: str, rest: list[str]):
             if any(v < 1 for v in (values if isinstance(values, list) else [values])):
                 raise UsageError(f"--{name} {getattr(args, name)} is not valid; it must be positive")
     return args
+
+
+def _check_storage(args) -> None:
+    from accrot.bench.postgres import missing
+
+    if args.workers is not None and any(w < 1 for w in args.workers):
+        raise UsageError(f"--workers {' '.join(map(str, args.workers))} is not valid; every count must be >= 1")
+    if args.trials is not None and args.trials < 10:
+        raise UsageError(f"--trials={args.trials} is not valid; use 10 or more (a worker and the proxy are killed "
+                         "a third and two thirds of the way)")
+    if args.deadline <= 0:
+        raise UsageError(f"--deadline={args.deadline} is not valid; seconds > 0")
+    why = missing()
+    if why is not None:
+        raise UsageError(f"accrot bench storage starts its own PostgreSQL server: {why}")
 
 
 def rows_table(rows: Sequence[dict[str, Any]], title: str):

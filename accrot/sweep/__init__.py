@@ -22,11 +22,12 @@ so N workers never overshoot the budget. With ``variants`` every variant is its 
 (``<name>/<variant>``) with its own sampler and the same budget, so no variant can be starved.
 
 Storages. SQLite under the run root by default (``<root>/<name>/study.db``, WAL mode, long busy timeout),
-``postgresql://`` for many nodes, ``journal:///abs/path.log`` (Optuna's JournalStorage on a
-JournalFileBackend) on a shared filesystem. RDB storages use Optuna's heartbeat (``heartbeat_interval``,
-``grace_period``) with a retrying stale-trial callback; Optuna 5's JournalStorage has no heartbeat, so
-journal workers write a ``heartbeat`` user attribute every interval and fail (and retry) running trials
-whose heartbeat is older than the grace period.
+``postgresql://`` for many nodes, ``grpc://HOST:PORT`` for many workers (``accrot storage-proxy``: Optuna's gRPC
+proxy in front of the database, with the budget lock as leases, :mod:`accrot.sweep.proxy`), and
+``journal:///abs/path.log`` (Optuna's JournalStorage on a JournalFileBackend) on one machine's disk. RDB storages
+use Optuna's heartbeat (``heartbeat_interval``, ``grace_period``) with a retrying stale-trial callback; Optuna 5's
+JournalStorage and the proxy's client have no heartbeat, so their workers write a ``heartbeat`` user attribute
+every interval and fail (and retry) running trials whose heartbeat is older than the grace period.
 
 References: Akiba et al., "Optuna: A Next-generation Hyperparameter Optimization Framework", KDD 2019.
 """

@@ -159,7 +159,7 @@ class Ranks:
 
 @contextlib.contextmanager
 def _heartbeat(study, trial_id: int):
-    """Optuna's RDB heartbeat for a trial run outside ``study.optimize`` (journal workers beat themselves)."""
+    """Optuna's RDB heartbeat for a trial run outside ``study.optimize`` (journal and proxy workers beat themselves)."""
     storage = study._storage
     interval = storage.get_heartbeat_interval() if hasattr(storage, "record_heartbeat") else None  # RDB storages
     if not interval:

@@ -27,6 +27,7 @@ from accrot.sweep.recovery import (
     budget_state,
     can_start,
     fail_trial,
+    fail_worker_trials,
     recover_stale,
     unowned,
 )
@@ -140,7 +141,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
         for stratum in spec.strata():
             infos[stratum.variant] = check_stratum(spec, stratum)
     with creation_lock(ref, spec.name):
-        storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries, create=True)
+        storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries, create=True)
         studies = create_studies(spec, storage, infos)
     console.print(f"[bold]{spec.name}[/]: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} × "
                   f"{spec.trials} configurations × {len(spec.seeds)} seed(s) on {redact(ref.url)}")
@@ -273,10 +274,8 @@ class Parent:
         """A worker died: fail (and re-queue) the trial it was running."""
         self.failed_workers += 1
         reason = f"worker {w.id} {_describe_exit(rc)} while running the trial"
-        n = retry_storage(lambda: sum(
-            fail_trial(s, self.storage, t, reason, self.retry) for s in self.studies
-            for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.user_attrs.get("worker") == w.id), "failing the dead worker's trial", self.console)
+        n = retry_storage(lambda: fail_worker_trials(self.studies, self.storage, w.id, reason, self.retry),
+                          "failing the dead worker's trial", self.console)
         self.console.print(f"[red]worker {w.index} ({w.id}) {_describe_exit(rc)}[/]: {n} running trial(s) "
                            f"failed{' and re-queued' if self.spec.retries else ''}; log: {w.log}")
 
@@ -437,7 +436,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes on this machine (0: validate and create the study only)")
     parser.add_argument("--storage", type=str | None, default=None,
-                        help="sqlite:///PATH, postgresql://USER@HOST/DB or journal:///ABS/PATH.log "
+                        help="sqlite:///PATH, postgresql://USER@HOST/DB, grpc://HOST:PORT (accrot storage-proxy) or "
+                             "journal:///ABS/PATH.log "
                              "(default: the spec's, else <root>/<name>/study.db)")
     parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's root)")
     parser.add_argument("--worker", action="store_true",

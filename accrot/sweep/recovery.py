@@ -1,9 +1,11 @@
 """Dead workers: a running trial whose worker died is failed with the reason and retried with the same params and
-seed; journal storages get a heartbeat of their own; the budget a study has left."""
+seed; storages without Optuna's heartbeat (a journal file, the storage proxy's client) get one of their own; the
+budget a study has left."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 
@@ -58,9 +60,15 @@ def fail_trial(study, storage, trial, reason: str, retry: RetryTrial | None) -> 
     return True
 
 
-def fail_stale_journal(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
-    """Journal storages have no Optuna heartbeat: fail RUNNING trials whose ``heartbeat`` attribute (or
-    start) is older than the grace period."""
+def fail_worker_trials(studies, storage, worker: str, reason: str, retry: RetryTrial | None) -> int:
+    """Fail (and retry) the RUNNING trials of ``worker`` (its ``host:pid``), which died: how many."""
+    return sum(fail_trial(s, storage, t, reason, retry) for s in studies
+               for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get("worker") == worker)
+
+
+def fail_stale_attr(study, storage, heartbeat: HeartbeatSpec, retry: RetryTrial) -> int:
+    """Storages without Optuna's heartbeat (journal, proxy): fail RUNNING trials whose ``heartbeat`` attribute
+    (or start) is older than the grace period."""
     now, n = time.time(), 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         last = t.user_attrs.get("heartbeat") or (t.datetime_start.timestamp() if t.datetime_start else now)
@@ -96,16 +104,17 @@ def recover_stale(study, storage, ref, spec: SweepSpec) -> None:
     """Fail (and re-queue) running trials whose worker stopped sending heartbeats, or that no worker ever
     claimed, on any storage (``ref``: the :class:`~accrot.sweep.storage.StorageRef` it is opened from)."""
     retry = RetryTrial(spec.retries)
-    if ref.kind == "journal":
-        fail_stale_journal(study, storage, spec.heartbeat, retry)  # counts an unclaimed trial from its start
+    if ref.attr_heartbeat:
+        fail_stale_attr(study, storage, spec.heartbeat, retry)  # counts an unclaimed trial from its start
     else:
         with quiet_experimental():
             optuna.storages.fail_stale_trials(study)  # Optuna's heartbeat; its callback re-queues
         fail_unowned(study, storage, spec.heartbeat, retry)
 
 
-class JournalHeartbeat:
-    """Writes the trial's ``heartbeat`` user attribute every ``interval`` seconds (journal storages)."""
+class AttrHeartbeat:
+    """Writes the trial's ``heartbeat`` user attribute every ``interval`` seconds (storages without Optuna's
+    heartbeat: journal, proxy)."""
 
     def __init__(self, storage, trial_id: int, interval: int) -> None:
         self.storage, self.trial_id, self.interval = storage, trial_id, interval
@@ -119,7 +128,7 @@ class JournalHeartbeat:
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> JournalHeartbeat:
+    def __enter__(self) -> AttrHeartbeat:
         self._thread.start()
         return self
 
@@ -147,3 +156,17 @@ def missing_seeds(study, config: int, seeds: list[int]) -> list[int]:
     """The seeds of configuration ``config`` (after its first) that no trial of ``study`` holds yet."""
     have = {t.user_attrs.get("seed") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("config") == config}
     return [s for s in seeds[1:] if s not in have]
+
+
+def account(study, budget: int) -> dict:
+    """Every trial accounted for: finished (complete, pruned, or failed with a reason), each failure either
+    retried or final, and the budget of (configuration, seed) pairs all complete. ``lost``: pairs of the budget
+    with no finished run, plus trials left unfinished or failed without a reason; 0 when nothing was lost."""
+    trials = study.get_trials(deepcopy=False)
+    unfinished = [t.number for t in trials if t.state not in FINISHED]
+    silent = [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason")]
+    done = {(json.dumps(t.params, sort_keys=True), t.user_attrs.get("seed")) for t in trials
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    return {"trials": len(trials), "unfinished": unfinished, "failed_silently": silent,
+            "complete": len(done), "lost": budget - len(done) + len(unfinished) + len(silent),
+            "retried": [t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs]}

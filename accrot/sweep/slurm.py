@@ -3,7 +3,11 @@
 ``accrot slurm train [options] -- FIT ARGS`` runs ``accrot fit FIT ARGS`` on ``--nodes`` × ``--tasks_per_node``
 DDP ranks (``srun``; Lightning's SLURMEnvironment); ``accrot slurm sweep SPEC --storage URL --workers K
 [options]`` creates the study, then submits K array tasks, each a multi-node worker whose trials are DDP runs
-(:mod:`accrot.sweep.ddp`). ``--dry-run`` prints the script and submits nothing.
+(:mod:`accrot.sweep.ddp`). With ``--proxy`` it first submits a one-core job running ``accrot storage-proxy`` in
+front of the database (``sweeps/slurm/proxy.sbatch``); the array starts once that job has, and its workers reach
+the study through the proxy's address, which the proxy writes to a file under the run root. (A separate job, not
+the array's first task: the proxy must outlive every worker, and a task holding its nodes' GPUs idle until the
+last worker ends would waste them.) ``--dry-run`` prints the script(s) and submits nothing.
 
 Everything is checked before submission, one line each (exit status 2): the fit arguments (parsed and built
 by the real CLI, without training), ranks that do not match the config's ``trainer.devices`` /
@@ -148,10 +152,19 @@ def _parser(kind: str):
     if kind == "sweep":
         parser.add_argument("spec", type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
         parser.add_argument("--storage", type=str | None, default=None,
-                            help="postgresql://USER@HOST/DB or journal:///SHARED/PATH.log (every node must reach it); "
+                            help="postgresql://USER@HOST/DB (every node must reach it; --proxy serves it through the "
+                                 "storage proxy), grpc://HOST:PORT or journal:///SHARED/PATH.log; "
                                  "default: $ACCROT_SWEEP_STORAGE")
         parser.add_argument("--workers", type=int, default=1, help="array tasks = workers running trials at once")
         parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's)")
+        parser.add_argument("--proxy", action="store_true",
+                            help="serve the database through accrot storage-proxy, its own one-core job: for many "
+                                 "workers (each worker on the database holds ~3 connections)")
+        parser.add_argument("--proxy_host", type=str | None, default=None,
+                            help="--proxy: the address workers reach the proxy at (default: its node's host name)")
+        parser.add_argument("--proxy_port", type=int, default=0, help="--proxy: its port (0: any free port)")
+        parser.add_argument("--proxy_time", type=str | None, default=None,
+                            help="--proxy: the proxy job's time limit, as long as the whole sweep (default: --time)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes per run (a sweep: per trial)")
     parser.add_argument("--tasks_per_node", type=int, default=1, help="ranks per node: one per GPU")
     parser.add_argument("--gpus_per_node", type=int, default=0, help="GPUs per node (#SBATCH --gpus-per-node)")
@@ -238,12 +251,12 @@ def _check_layout(flat: dict, nodes: int, tasks: int) -> None:
             "make them match (one task per device), or drop trainer.devices/num_nodes from the config")
 
 
-def _submit(script: str, out: Path, env: dict | None = None) -> str:
+def _submit(script: str, out: Path, env: dict | None = None, extra: list[str] | None = None) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(script)
     try:
-        result = subprocess.run(["sbatch", "--parsable", str(out)], capture_output=True, text=True, timeout=60,
-                                env=env)
+        result = subprocess.run(["sbatch", "--parsable", *(extra or []), str(out)], capture_output=True, text=True,
+                                timeout=60, env=env)
     except (OSError, subprocess.SubprocessError) as err:
         raise UsageError(f"sbatch failed: {err}") from None
     if result.returncode:
@@ -308,11 +321,70 @@ def sweep_main(argv: list[str]) -> int:
     values = _values(args, root, job_name)
     values.update(spec=shlex.quote(str(spec.path)), workers=args.workers, last_worker=args.workers - 1,
                   root=shlex.quote(str(root)))
+    address = root / spec.name / "proxy.address"
+    values["proxy_env"] = _proxy_env(address) if args.proxy else "# no --proxy: the workers reach the storage directly"
     script = render("sweep", values)
+    proxy = _proxy_script(args, ref, root, job_name, spec.name, address) if args.proxy else None
     if not args.dry_run:  # validate the spec and create the study (and schema) once, before any worker starts
         run_sweep(spec, ref, root, 0)
-    # the workers read the storage from the job's environment (sbatch exports this one's)
-    return _emit(script, args, root, job_name, env={**os.environ, "ACCROT_SWEEP_STORAGE": ref.url})
+    # the workers (and the proxy) read the storage from the job's environment (sbatch exports this one's)
+    env = {**os.environ, "ACCROT_SWEEP_STORAGE": ref.url}
+    if proxy is None:
+        return _emit(script, args, root, job_name, env=env)
+    return _emit_with_proxy(proxy, script, args, root, job_name, env, address)
+
+
+# the workers' wait for the proxy's address (it starts a moment after the array may)
+PROXY_WAIT_S = 600
+
+
+def _proxy_env(address: Path) -> str:
+    return "\n".join([
+        "# the storage proxy's job writes its HOST:PORT here once it listens (accrot slurm sweep --proxy)",
+        f"address={shlex.quote(str(address))}",
+        f'for _ in $(seq {PROXY_WAIT_S}); do [ -s "$address" ] && break; sleep 1; done',
+        f'[ -s "$address" ] || {{ echo "accrot: error: no storage proxy address in $address after {PROXY_WAIT_S} s; see '
+        'the proxy job\'s log" >&2; exit 2; }',
+        'export ACCROT_SWEEP_STORAGE="grpc://$(cat "$address")"',
+        'echo "accrot: storage proxy at ${ACCROT_SWEEP_STORAGE}"',
+    ])
+
+
+def _proxy_script(args, ref, root: Path, job_name: str, spec_name: str, address: Path) -> str:
+    """The proxy job's script; a one-line UsageError for a storage the proxy cannot serve or a bad option."""
+    from accrot.sweep.proxy import check_servable
+
+    check_servable(ref)
+    if not 0 <= args.proxy_port <= 65535:
+        raise UsageError(f"--proxy_port={args.proxy_port} is not valid; use 1 to 65535 (0: any free port)")
+    if args.proxy_host is not None and not re.fullmatch(r"[A-Za-z0-9_.:-]+", args.proxy_host):
+        raise UsageError(f"--proxy_host={args.proxy_host!r} is not valid; pass a host name or an IP address")
+    time_limit = args.proxy_time or args.time
+    if not _TIME.match(time_limit):
+        raise UsageError(f"--proxy_time={time_limit!r} is not valid; use minutes, HH:MM:SS or D-HH:MM:SS (sbatch --time)")
+    extra = [f"#SBATCH --{flag}={value}" for flag, value in (("partition", args.partition), ("account", args.account))
+             if value]
+    return render("proxy", {
+        "job_name": f"{job_name}-proxy", "time": time_limit, "log": str(root / "slurm" / "%x-%j.out"),
+        "sbatch_extra": "\n".join(extra), "workdir": shlex.quote(os.getcwd()), "python": shlex.quote(sys.executable),
+        "port": args.proxy_port, "advertise": f"--advertise {args.proxy_host} " if args.proxy_host else "",
+        "address_file": shlex.quote(str(address)), "spec_name": shlex.quote(spec_name)})
+
+
+def _emit_with_proxy(proxy: str, script: str, args, root: Path, job_name: str, env: dict, address: Path) -> int:
+    """The proxy's job first, then the array, which starts once the proxy's job has (``--dependency=after``)."""
+    if args.dry_run:
+        sys.stdout.write(proxy + "\n# --- then the workers' array: sbatch --dependency=after:<the proxy's job> ---\n\n"
+                         + script)
+        return 0
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    out = Path(args.out) if args.out else root / "slurm" / f"{job_name}-{stamp}.sbatch"
+    address.parent.mkdir(parents=True, exist_ok=True)
+    address.unlink(missing_ok=True)  # a finished proxy's address must not send the new workers to it
+    proxy_job = _submit(proxy, out.with_name(f"{out.stem}-proxy.sbatch"), env)
+    job = _submit(script, out, env, [f"--dependency=after:{proxy_job}"])
+    print(f"submitted proxy job {proxy_job} and job {job} ({out}); logs: {root / 'slurm'}")
+    return 0
 
 
 def _emit(script: str, args, root: Path, job_name: str, env: dict | None = None) -> int:
@@ -348,7 +420,8 @@ def main(argv: list[str]) -> int:
         print("usage: accrot slurm {train,sweep} [options]\n\n"
               "  train   submit `accrot fit` as one multi-node DDP job (accrot slurm train --nodes 2 "
               "--tasks_per_node 4 -- --config small)\n"
-              "  sweep   create the study, then submit K array tasks of workers (accrot slurm sweep SPEC --workers K --storage URL)\n\n"
+              "  sweep   create the study, then submit K array tasks of workers (accrot slurm sweep SPEC --workers K --storage URL"
+              " [--proxy])\n\n"
               "accrot slurm train --help, accrot slurm sweep --help: the options of each")
         return 0
     if not argv or argv[0] not in ("train", "sweep"):

@@ -1,5 +1,12 @@
-"""Optuna storages (SQLite by default, PostgreSQL, journal files): opening them with retries and heartbeats, a
-creation lock, transient-error handling and the storage-wide budget lock."""
+"""Optuna storages (SQLite by default, PostgreSQL, journal files, accrot's storage proxy at ``grpc://HOST:PORT``):
+opening them with retries and heartbeats, a creation lock, transient-error handling and the storage-wide budget
+lock.
+
+Which storage when (Optuna's "distributed optimization" guide): SQLite on one machine; PostgreSQL (an RDB server)
+for a cluster; its gRPC storage proxy (``accrot storage-proxy``, :mod:`accrot.sweep.proxy`) in front of it once
+the workers are many, since every worker on the database directly holds its own connections; a journal file
+only on a local disk (appends to one file from many nodes over NFS can be lost or interleaved, and the proxy
+cannot serve a journal)."""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import re
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,11 +47,32 @@ def _pg_driver() -> str:
     return "psycopg"
 
 
+_GRPC = re.compile(r"^grpc://(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})/?$")
+PROXY_WAIT = 10.0  # seconds a worker waits for the storage proxy to answer before it is unreachable
+
+
+def require_grpc(what: str) -> None:
+    """A one-line UsageError when grpcio (Optuna's proxy and its client need it) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("grpc") is None:
+        raise UsageError(f"{what} needs grpcio, which is not installed; pip install grpcio (accrot's install "
+                         "pins it: make install)")
+
+
 @dataclass
 class StorageRef:
     url: str
-    kind: str  # sqlite | postgresql | journal
+    kind: str  # sqlite | postgresql | journal | grpc
     path: Path | None = None
+    host: str | None = None  # grpc: the storage proxy
+    port: int | None = None
+
+    @property
+    def attr_heartbeat(self) -> bool:
+        """Workers record their own heartbeat as a trial attribute: Optuna's heartbeat lives in an RDB storage
+        opened in the worker's process, which a journal file and the proxy's client are not."""
+        return self.kind in ("journal", "grpc")
 
     @classmethod
     def parse(cls, url: str | None, name: str, root: str | Path) -> StorageRef:
@@ -67,12 +96,20 @@ class StorageRef:
                                  "slashes: workers on other machines or folders must find the same file)")
             path = Path(url[len("journal://"):]).resolve()
             return cls(f"journal://{path}", "journal", path)
+        if url.startswith("grpc://"):
+            found = _GRPC.match(url)
+            if found is None or not 0 < int(found["port"]) < 65536:
+                raise UsageError(f"storage {url!r} is not valid; write grpc://HOST:PORT with a port from 1 to 65535 "
+                                 "(the address `accrot storage-proxy` prints)")
+            host, port = found["host"], int(found["port"])
+            return cls(f"grpc://{host}:{port}", "grpc", host=host, port=port)
         raise UsageError(f"storage {redact(url)!r} is not supported; use sqlite:///PATH, "
-                         "postgresql://USER@HOST[:PORT]/DB or journal:///ABS/PATH.log")
+                         "postgresql://USER@HOST[:PORT]/DB, grpc://HOST:PORT (accrot storage-proxy) or "
+                         "journal:///ABS/PATH.log")
 
     @property
     def dashboard(self) -> str:
-        """The storage argument optuna-dashboard takes."""
+        """The storage argument optuna-dashboard takes (it cannot read through the proxy: its database then)."""
         return str(self.path) if self.kind == "journal" else self.url
 
 
@@ -83,6 +120,8 @@ def open_storage(ref: StorageRef, heartbeat: HeartbeatSpec | None = None, retrie
     try:
         if ref.kind == "journal":
             return _journal(ref, create)
+        if ref.kind == "grpc":
+            return _proxy(ref)
         engine = _rdb_engine(ref, create)
         kwargs: dict[str, Any] = {}
         if heartbeat is not None:
@@ -152,6 +191,32 @@ def _journal(ref: StorageRef, create: bool):
     return JournalStorage(JournalFileBackend(str(ref.path)))
 
 
+def _proxy(ref: StorageRef):
+    """Optuna's client of the storage proxy at ``ref``, once the proxy answers as accrot's (it serves the lock)."""
+    require_grpc(f"storage {ref.url!r}")
+    from optuna.storages import GrpcStorageProxy
+
+    from accrot.sweep.lease import ProxyLock
+
+    with quiet_experimental():
+        storage = GrpcStorageProxy(host=ref.host, port=ref.port)
+    try:
+        storage.wait_server_ready(timeout=PROXY_WAIT)
+    except ConnectionError:
+        storage.close()
+        raise OSError(f"no storage proxy answered at {ref.host}:{ref.port} within {PROXY_WAIT:.0f} s; start one "
+                      "there with `accrot storage-proxy --storage postgresql://...`") from None
+    lock = ProxyLock(ref.host, ref.port, "hello")
+    try:
+        lock.hello()  # a bare Optuna proxy answers UNIMPLEMENTED (see unreachable)
+    except Exception:
+        storage.close()
+        raise
+    finally:
+        lock.close()
+    return storage
+
+
 def _rdb_engine(ref: StorageRef, create: bool) -> dict[str, Any]:
     """SQLAlchemy engine options: SQLite waits for the writer instead of "database is locked"; a server is pinged."""
     if ref.kind == "sqlite":
@@ -164,6 +229,13 @@ def _rdb_engine(ref: StorageRef, create: bool) -> dict[str, Any]:
 
 def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
     reason = one_line(str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
+    grpc = sys.modules.get("grpc")
+    if grpc is not None and isinstance(err, grpc.RpcError) and hasattr(err, "details"):  # the proxy's client
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:  # Optuna's own proxy: no accrot.BudgetLock service
+            return UsageError(f"storage {ref.url!r} is an Optuna storage proxy without accrot's budget lock (its "
+                              "workers would overshoot the budget); serve the database with `accrot storage-proxy`")
+        reason = (f"no storage proxy answered at {ref.host}:{ref.port} ({one_line(err.details() or '')[:160]}); "
+                  "start one there with `accrot storage-proxy --storage postgresql://...`")
     return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
 
 
@@ -176,6 +248,8 @@ def creation_lock(ref: StorageRef, name: str) -> Iterator[None]:
         if ref.path is not None:
             ref.path.parent.mkdir(parents=True, exist_ok=True)
         lock.acquire()
+    except UsageError:
+        raise
     except Exception as err:  # noqa: BLE001 - what stops the lock stops the storage: unreachable
         raise unreachable(ref, err) from None
     try:
@@ -187,12 +261,25 @@ def creation_lock(ref: StorageRef, name: str) -> Iterator[None]:
 TRANSIENT_GRACE = 180.0  # seconds the parent keeps retrying a storage that went away (a database restart)
 
 
+_DATABASE_ERRORS = ("OperationalError", "InterfaceError", "DisconnectionError", "StorageInternalError")
+
+
 def transient(err: BaseException) -> bool:
-    """A storage error that a retry may cure: a dropped connection, a restarting server, a locked SQLite."""
+    """A storage error that a retry may cure: a dropped connection, a restarting server, a locked SQLite, a
+    storage proxy that is restarting (or whose database is)."""
     import sqlalchemy.exc
 
-    return isinstance(err, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
-                            sqlalchemy.exc.InterfaceError, sqlalchemy.exc.DisconnectionError))
+    if isinstance(err, (optuna.exceptions.StorageInternalError, sqlalchemy.exc.OperationalError,
+                        sqlalchemy.exc.InterfaceError, sqlalchemy.exc.DisconnectionError)):
+        return True
+    grpc = sys.modules.get("grpc")  # imported by the proxy's client, if this process has one
+    if grpc is None or not isinstance(err, grpc.RpcError) or not hasattr(err, "code"):
+        return False
+    code = err.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return True
+    # the proxy's storage raised (its database restarting): Optuna's servicer returns UNKNOWN with the error's name
+    return code == grpc.StatusCode.UNKNOWN and any(name in (err.details() or "") for name in _DATABASE_ERRORS)
 
 
 def retry_storage(fn, what: str, console=None, grace: float = TRANSIENT_GRACE):
@@ -220,41 +307,80 @@ class BudgetLock:
     """A storage-wide lock held from the budget check until the new trial exists (so N workers never
     overshoot ``trials``): fcntl next to SQLite, Optuna's NFS-safe symlink lock next to a journal file
     (forcibly released after 30 s if its holder died), a PostgreSQL advisory lock (released with its
-    connection). ``release`` is idempotent."""
+    connection), a lease from accrot's storage proxy (:mod:`accrot.sweep.lease`). ``release`` is idempotent."""
 
     def __init__(self, ref: StorageRef, name: str) -> None:
         self.ref, self.name = ref, name
         self._held = False
         self._handle: Any = None
+        self._proxy = None
+        if ref.kind == "grpc":
+            from accrot.sweep.lease import ProxyLock
+
+            require_grpc(f"storage {ref.url!r}")
+            self._proxy = ProxyLock(ref.host, ref.port, name)
 
     def acquire(self) -> None:
-        if self.ref.kind == "sqlite":
-            import fcntl
+        """Wait for the lock."""
+        self._take(wait=True)
 
-            self._handle = open(f"{self.ref.path}.budget-lock", "a")  # noqa: SIM115 - held across calls
-            fcntl.flock(self._handle, fcntl.LOCK_EX)
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free, else False at once (SQLite and PostgreSQL: what the proxy's leases hold)."""
+        if self.ref.kind not in ("sqlite", "postgresql"):
+            raise ValueError(f"no non-blocking budget lock on a {self.ref.kind} storage")
+        return self._take(wait=False)
+
+    def _take(self, wait: bool) -> bool:
+        if self.ref.kind == "grpc":
+            self._proxy.acquire()
+        elif self.ref.kind == "sqlite":
+            if not self._flock(wait):
+                return False
         elif self.ref.kind == "journal":
             from optuna.storages.journal import JournalFileSymlinkLock
 
             self._handle = JournalFileSymlinkLock(f"{self.ref.path}.budget")
             self._handle.acquire()
-        else:
-            import sqlalchemy
-            from sqlalchemy.pool import NullPool
-
-            key = int.from_bytes(hashlib.sha1(f"accrot-sweep:{self.name}".encode()).digest()[:8], "big", signed=True)
-            engine = sqlalchemy.create_engine(self.ref.url, poolclass=NullPool,
-                                              connect_args={"connect_timeout": 10})
-            conn = engine.connect()
-            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
-            self._handle = (engine, conn, key)
+        elif not self._advisory(wait):
+            return False
         self._held = True
+        return True
+
+    def _flock(self, wait: bool) -> bool:
+        import fcntl
+
+        handle = open(f"{self.ref.path}.budget-lock", "a")  # noqa: SIM115 - held across calls
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._handle = handle
+        return True
+
+    def _advisory(self, wait: bool) -> bool:
+        import sqlalchemy
+        from sqlalchemy.pool import NullPool
+
+        key = int.from_bytes(hashlib.sha1(f"accrot-sweep:{self.name}".encode()).digest()[:8], "big", signed=True)
+        engine = sqlalchemy.create_engine(self.ref.url, poolclass=NullPool, connect_args={"connect_timeout": 10})
+        conn = engine.connect()
+        if wait:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        elif not conn.execute(sqlalchemy.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            conn.close()
+            engine.dispose()
+            return False
+        self._handle = (engine, conn, key)
+        return True
 
     def release(self) -> None:
         if not self._held:
             return
         self._held = False
-        if self.ref.kind == "sqlite":
+        if self.ref.kind == "grpc":
+            self._proxy.release()
+        elif self.ref.kind == "sqlite":
             self._handle.close()  # closing the descriptor drops the flock
         elif self.ref.kind == "journal":
             self._handle.release()

@@ -16,7 +16,6 @@ import optuna
 
 from accrot.errors import UsageError, bad_input_message
 from accrot.metrics import metric_key
-from accrot.run.launch import device_count
 from accrot.sweep.spec import ParamSpec, Stratum, SweepSpec
 
 
@@ -123,6 +122,8 @@ def _check_keys(spec: SweepSpec, flat: Mapping[str, Any], where: str) -> dict[st
 
 def _check_one_device(flat: Mapping[str, Any], where: str) -> None:
     """A worker runs its trials in-process: Lightning cannot re-launch one per rank."""
+    from accrot.run.launch import device_count  # imports torch: not at a worker's start
+
     devices, nodes = flat.get("trainer.devices"), flat.get("trainer.num_nodes") or 1
     if isinstance(devices, str) and devices.strip().isdigit():
         devices = int(devices)  # "2" (Lightning also takes "0,1" and "auto")

@@ -22,9 +22,8 @@ from optuna_dashboard import save_note
 from accrot import phases
 from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
-from accrot.run.lightning import run_lightning
 from accrot.sweep.recovery import (
-    JournalHeartbeat,
+    AttrHeartbeat,
     RetryTrial,
     budget_state,
     fail_trial,
@@ -43,8 +42,6 @@ from accrot.sweep.storage import (
     transient,
 )
 from accrot.sweep.trials import runs_root, sample_space, trial_args
-from callbacks.extrapolation import ExtrapolationCallback
-from callbacks.pruning import OptunaPruning, active_trial
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -112,9 +109,12 @@ def run_worker(spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int =
 class Worker:
     """One worker process: its storage, studies and budget lock, and the objective every trial runs."""
 
+    gc_after_trial = True  # a training run leaves cycles (Lightning's modules, callbacks) to collect between trials
+
     def __init__(self, spec: SweepSpec, ref: StorageRef, root: Path, worker_index: int = 0, ranks=None) -> None:
         self.spec, self.ref, self.root, self.ranks = spec, ref, root, ranks
-        self.storage = open_storage(ref, spec.heartbeat if ref.kind != "journal" else None, spec.retries)
+        self.preload()
+        self.storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries)
         self.studies = load_studies(spec, self.storage, worker_index)
         self.lock = BudgetLock(ref, spec.name)
         self.artifacts = spec.artifacts.build(root, spec.name)
@@ -164,7 +164,8 @@ class Worker:
     def _optimize_one(self, entry: _Study) -> bool:
         """One trial of ``entry``'s study; False when this worker was stopped by a signal (its trial re-queued)."""
         try:
-            entry.study.optimize(self.objective_for(entry), n_trials=1, catch=(Exception,), gc_after_trial=True)
+            entry.study.optimize(self.objective_for(entry), n_trials=1, catch=(Exception,),
+                                 gc_after_trial=self.gc_after_trial)
         except SystemExit as err:
             if type(err).__name__ != "SIGTERMException" or self.ranks is not None:
                 raise
@@ -191,7 +192,7 @@ class Worker:
         os.environ["WANDB_RUN_GROUP"] = entry.name  # a study's runs form one wandb group,
         os.environ["WANDB_JOB_TYPE"] = stratum.variant or self.spec.name  # one job type per variant
         cli = self._train(entry, stratum, trial, args)
-        return self._record(entry, stratum, trial, cli)
+        return self.record(entry, stratum, trial, cli)
 
     def _sample(self, entry: _Study, stratum: Stratum, trial) -> dict[str, Any]:
         context = entry.context_of(stratum)
@@ -221,11 +222,11 @@ class Worker:
     def _train(self, entry: _Study, stratum: Stratum, trial, args: list[str]):
         spec = self.spec
         trial_root = runs_root(spec, self.root, stratum) / f"trial_{trial.number:04d}"
-        beat = (JournalHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.kind == "journal"
+        beat = (AttrHeartbeat(self.storage, trial._trial_id, spec.heartbeat.interval) if self.ref.attr_heartbeat
                 else contextlib.nullcontext())
         try:
-            with beat, active_trial(entry.name, trial):
-                return run_lightning(args)
+            with beat:
+                return self.run(entry.name, trial, args)
         except optuna.TrialPruned as err:
             _record_run_dir(trial, trial_root)
             attr(trial, "pruned_reason", str(err))
@@ -254,8 +255,26 @@ class Worker:
                 attr(trial, "timing", phases.clock().snapshot())
             end_run()
 
-    def _record(self, entry: _Study, stratum: Stratum, trial, cli):
+    def preload(self) -> None:
+        """Import what the trials' runs need (Lightning) before the first trial, so that the time it takes counts
+        as the worker's start-up (``worker_start_s``), not as a trial's."""
+        import accrot.run.lightning  # noqa: F401
+        import callbacks.extrapolation  # noqa: F401
+
+    def run(self, study_name: str, trial, args: list[str]):
+        """The trial's training run: ``accrot fit ARGS`` in this process, its pruning callback reporting to
+        ``trial``; returns its LightningCLI. (``accrot bench storage`` replaces it with a trivial objective, and
+        :meth:`preload` with nothing, to load the storage alone.)"""
+        from accrot.run.lightning import run_lightning
+        from callbacks.pruning import active_trial
+
+        with active_trial(study_name, trial):
+            return run_lightning(args)
+
+    def record(self, entry: _Study, stratum: Stratum, trial, cli):
         """The run's directory, metrics and intermediate values on the trial; its objective value(s)."""
+        from callbacks.extrapolation import ExtrapolationCallback
+
         spec = self.spec
         # trainer.log_dir is a broadcast under DDP, which the other ranks (done with the run) would not join
         run_dir = Path(cli.trainer.loggers[0].log_dir if self.ranks is not None else cli.trainer.log_dir).resolve()
@@ -306,6 +325,8 @@ class Worker:
             attr(trial, "note_error", f"{type(err).__name__}: {one_line(str(err))[:200]}")
 
     def _report_history(self, trial, cli, history: list[dict]) -> None:
+        from callbacks.pruning import OptunaPruning
+
         pruning = [c for c in cli.trainer.callbacks if isinstance(c, OptunaPruning)]
         done = pruning[0].reported if pruning else set()
         for h in history:
