@@ -3,7 +3,9 @@ data module, for the commands that read a finished run (``accrot eval``, ``accro
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -77,16 +79,30 @@ def run_config(ckpt: Path, config: str | None) -> tuple[Path, Path]:
     return run_dir, check_config_file(cfg)
 
 
-def output_folder(out: Path, dirs: RunDirs) -> Path:
-    """``--out`` made and proven writable before any computing (a folder this command created is removed again if
-    it fails, ``dirs.remove_incomplete``); a one-line UsageError naming ``--out`` otherwise."""
+def open_checkpoint(ckpt: str, config: str | None) -> tuple[Path, LitLM, dict, Path, Path]:
+    """``--ckpt`` and ``--config`` of ``accrot eval`` / ``diagnose``: ``(checkpoint, model, its state, run directory,
+    config.yaml)``. The checkpoint is read before its config is looked for, so a corrupt one is named as such."""
+    path = find_checkpoint(ckpt)
+    model, state = load_checkpoint(path)
+    run_dir, cfg = run_config(path, config)
+    return path, model, state, run_dir, cfg
+
+
+@contextlib.contextmanager
+def output_folder(out: Path) -> Iterator[Path]:
+    """``--out`` made and proven writable now, before any computing; if the body fails, a folder this command made
+    is removed (nothing half-written) and a write that failed mid-way names its file and ``--out``. One-line
+    UsageErrors naming ``--out``."""
+    dirs = RunDirs()
     dirs.make(out, option="--out", what="the output folder")
-    return out
-
-
-def write_error(err: OSError) -> UsageError:
-    """A write that failed mid-way (a disk that filled): one line naming the file and ``--out``."""
-    return UsageError(f"cannot write {str(err.filename)!r} ({err.strerror}); pass a writable --out with free space")
+    try:
+        yield out
+    except BaseException as err:
+        dirs.remove_incomplete()
+        if isinstance(err, OSError) and err.filename:  # a disk that filled: bad input, not a bug
+            raise UsageError(f"cannot write {str(err.filename)!r} ({err.strerror}); pass a writable --out with free "
+                             "space") from None
+        raise
 
 
 def load_checkpoint(path: str | Path):

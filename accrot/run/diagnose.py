@@ -19,15 +19,7 @@ from accrot.diagnostics.bundle import finite_or_none
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import check_device, numbers
-from accrot.run.checkpoints import (
-    find_checkpoint,
-    load_checkpoint,
-    load_data_module,
-    output_folder,
-    run_config,
-    write_error,
-)
-from accrot.run.rundir import RunDirs
+from accrot.run.checkpoints import load_data_module, open_checkpoint, output_folder
 
 HELP = ("The theory diagnostics of a checkpoint of an accrot run, on its run's own evaluation blocks: coherence and "
         "mixing windows of the accumulated rotations, attention mass beyond --far_window, value far norms, per layer "
@@ -82,16 +74,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     multipliers = _check_options(args)
     device = check_device(args.device)
-    ckpt = find_checkpoint(args.ckpt)
-    lit, _ = load_checkpoint(ckpt)  # a corrupt checkpoint is named before its config is looked for
-    run_dir, config = run_config(ckpt, args.config)
+    ckpt, lit, _, run_dir, config = open_checkpoint(args.ckpt, args.config)
     dm = load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
     blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
-    dirs = RunDirs()
-    out = output_folder(Path(args.out) if args.out else run_dir / "diagnostics", dirs)
-    try:
+    with output_folder(Path(args.out) if args.out else run_dir / "diagnostics") as out:
         lit.eval().to(device)
         t0 = time.perf_counter()
         with Console(stderr=True).status("diagnosing"):
@@ -102,11 +90,6 @@ def main(argv: list[str]) -> int:
                       data=finite_or_none(dm.describe()))
         plot_diagnostics(result, out)
         atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))
-    except BaseException as err:
-        dirs.remove_incomplete()  # a folder this command made holds nothing half-written
-        if isinstance(err, OSError) and err.filename:
-            raise write_error(err) from None
-        raise
     Console().print(diagnostics_table(result))
     print(out / "diagnostics.json")
     return 0

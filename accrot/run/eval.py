@@ -15,16 +15,7 @@ from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, pl
 from accrot.io import atomic_write_text
 from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
 from accrot.run.args import check_device, numbers
-from accrot.run.checkpoints import (
-    check_eval_config,
-    find_checkpoint,
-    load_checkpoint,
-    load_data_module,
-    output_folder,
-    run_config,
-    write_error,
-)
-from accrot.run.rundir import RunDirs
+from accrot.run.checkpoints import check_eval_config, load_data_module, open_checkpoint, output_folder
 
 HELP = ("Evaluate a checkpoint of an accrot run at many multiples of its training length, on the fixed evaluation "
         "blocks of its data: writes extrapolation.json and extrapolation.png into --out (default RUN/eval, or "
@@ -58,9 +49,7 @@ def main(argv: list[str]) -> int:
         raise UsageError("evaluation lengths and multipliers must be positive (lengths: whole tokens), e.g. "
                          "--multipliers 1 2 4")
     device = check_device(args.device)
-    ckpt = find_checkpoint(args.ckpt)
-    model, state = load_checkpoint(ckpt)  # a corrupt checkpoint is named before its config is looked for
-    run_dir, config = run_config(ckpt, args.config)
+    ckpt, model, state, run_dir, config = open_checkpoint(args.ckpt, args.config)
     dm = load_data_module(config)
     if args.config:  # another config than the run's own: it may name other data, never another model
         check_eval_config(ckpt, state, Path(args.config), dm)
@@ -69,10 +58,8 @@ def main(argv: list[str]) -> int:
     scaling = _scaling(args, train_length)
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
     apply_rope_scaling(model, scaling)
-    dirs = RunDirs()
-    out = output_folder(Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}"),
-                        dirs)
-    try:
+    folder = Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}")
+    with output_folder(folder) as out:
         model.eval().to(device)
         with Console(stderr=True).status("evaluating"):
             results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=device,
@@ -86,11 +73,6 @@ def main(argv: list[str]) -> int:
         label = model.scheme_config.label() if scaling is None else scaling.label()
         plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
         atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
-    except BaseException as err:
-        dirs.remove_incomplete()  # a folder this command made holds nothing half-written
-        if isinstance(err, OSError) and err.filename:
-            raise write_error(err) from None
-        raise
     Console().print(nll_table({label: rows}, train_length))
     if sets.masks is not None:  # a synthetic task scores answers: their accuracy too
         Console().print(nll_table({label: rows}, train_length, title="answer accuracy per length", field_="accuracy"))
