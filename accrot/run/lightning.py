@@ -420,8 +420,7 @@ def run_lightning(args: list[str], console_log: bool = False):
     launch_argv = [sys.argv[0], *args]
     typed = list(args)
     args, resume_dir = resume_args(list(args))
-    overrides = [a for a in typed if a.startswith(("--model", "--data")) and "num_workers" not in a] \
-        if resume_dir is not None else []  # the flags a refused resume names (num_workers may change)
+    overrides = _model_and_data_flags(typed) if resume_dir is not None else []  # what a refused resume names
     args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
     try:
@@ -451,6 +450,17 @@ def run_lightning(args: list[str], console_log: bool = False):
         sys.argv = argv0
         finish_wandb()
     return cli
+
+
+def _model_and_data_flags(args: list[str]) -> list[str]:
+    """The ``--model.*`` and ``--data*`` flags of a command line, each with its value (``--k=v`` or ``--k v``);
+    ``num_workers``, which a resumed run may change, left out."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg.startswith(("--model", "--data")) and "num_workers" not in arg:
+            given = "=" in arg or i + 1 >= len(args) or args[i + 1].startswith("--")
+            out.append(arg if given else f"{arg}={args[i + 1]}")
+    return out
 
 
 def finish_wandb() -> None:
