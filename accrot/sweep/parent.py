@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -170,6 +171,9 @@ class _stop_signals:
     SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
     def __enter__(self) -> None:
+        self._old = {}
+        if threading.current_thread() is not threading.main_thread():  # a parent run from a thread (tests): Python
+            return  # takes signals in the main thread only
         self._old = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
         for sig in self.SIGNALS:
             signal.signal(sig, self._raise)
