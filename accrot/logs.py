@@ -74,7 +74,7 @@ class _RunLog:
 
 _held: _Held | None = None
 _saved: dict[str, list[logging.Handler]] = {}
-_propagate: dict[str, bool] = {}
+_ours: dict[str, tuple[bool, list[logging.Handler]]] = {}  # accrot's loggers: propagate and handlers before the hold
 _run_log: _RunLog | None = None
 
 
@@ -104,8 +104,12 @@ def _unhold(held: _Held) -> dict[str, list[logging.Handler]]:
     if warnings.showwarning == held.hold_warning:
         warnings.showwarning = held.showwarning
     for name in OURS:
-        logging.getLogger(name).removeHandler(held)
-        logging.getLogger(name).propagate = _propagate.pop(name, True)
+        logger = logging.getLogger(name)
+        logger.removeHandler(held)
+        propagate, handlers = _ours.pop(name, (True, []))
+        logger.propagate = propagate
+        for h in handlers:
+            logger.addHandler(h)
     saved = dict(_saved)
     _saved.clear()
     for name in saved:
@@ -169,10 +173,12 @@ def hold_startup_logs() -> Iterator[None]:
         for h in _saved[name]:
             logger.removeHandler(h)
         logger.addHandler(_held)
-    for name in OURS:
+    for name in OURS:  # held once, then handled as usual at the release (pytest's caplog, the demo's terminal)
         logger = logging.getLogger(name)
-        _propagate[name] = logger.propagate
-        logger.propagate = False  # held once, then handled as usual at the release (pytest's caplog included)
+        _ours[name] = (logger.propagate, list(logger.handlers))
+        for h in _ours[name][1]:
+            logger.removeHandler(h)
+        logger.propagate = False
         logger.addHandler(_held)
     try:
         yield

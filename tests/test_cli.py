@@ -540,3 +540,29 @@ def test_make_help_piped_has_no_colour_codes_and_no_make_variables():
     targets = re.findall(r"^([a-zA-Z_-]+):.*?## ", (REPO / "Makefile").read_text(), flags=re.M)
     listed = [line.split()[0] for line in res.stdout.splitlines()]
     assert listed == targets
+
+
+def test_accrot_warnings_are_held_with_lightnings_lines_and_printed_once():
+    """accrot's own warnings wait for the input to prove good (a bad input stays the only line), reach a handler
+    their logger already had exactly once (the demo's terminal handler printed them twice), and are dropped with a
+    failed command."""
+    import io
+    import logging
+
+    from accrot.logs import hold_startup_logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    ours = logging.getLogger("accrot")
+    ours.addHandler(handler)
+    try:
+        with hold_startup_logs():
+            logging.getLogger("accrot.lit").warning("accrot: warning: once")
+            assert stream.getvalue() == ""
+        assert stream.getvalue() == "accrot: warning: once\n"
+        with pytest.raises(ValueError), hold_startup_logs():
+            logging.getLogger("accrot.lit").warning("accrot: warning: dropped")
+            raise ValueError("bad input")
+        assert stream.getvalue() == "accrot: warning: once\n" and ours.handlers[-1] is handler and ours.propagate
+    finally:
+        ours.removeHandler(handler)
