@@ -27,8 +27,10 @@ QUIET ?=
 
 .PHONY: help install test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
 
-help: ## show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+help: ## show this help (colour on a terminal only; NO_COLOR=1 turns it off)
+	@if [ -t 1 ] && [ -z "$$NO_COLOR" ]; then on=$$'\033[36m'; off=$$'\033[0m'; else on=; off=; fi; \
+	grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*?## "}; {printf "  %s%-14s%s %s\n", on, $$1, off, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp) accrot/ops/cpu_kernels.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,7 +61,7 @@ breakages: $(STAMP) ## apply each deliberate breakage of tests/breakages.py to a
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo $(if $(QUIET),--quiet)
 
-ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x seeds -> results/ablation-$(SIZE)/REPORT.md (resumable)
+ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x seeds -> results/ablation-SIZE/REPORT.md (SIZE=study|tiny|small|paper; resumable)
 	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)

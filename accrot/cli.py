@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] in COMMANDS:
             module, _, func = COMMANDS[argv[0]].partition(":")
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
-        importlib.import_module("accrot.run.lightning").run_lightning(argv)
+        # a user's own fit: its run directory first and last, Lightning's lines in the run's console.log
+        importlib.import_module("accrot.run.lightning").run_lightning(argv, console_log=True)
         return 0
     except FloatingPointError as err:  # a diverged run: the input was fine, the run failed
         run_dir = getattr(err, "run_dir", None)

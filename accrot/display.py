@@ -5,9 +5,18 @@ output is not a terminal (a log file, CI, a SLURM job) one plain line per finish
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
+
+
+def plain_help(doc: str | None) -> str:
+    """A docstring as a command's ``--help`` prints it: plain text, reStructuredText's markup removed (``code``,
+    :mod:`module` and :func:`function` references, ``::`` before a literal block)."""
+    text = re.sub(r":\w+:`~?([^`<]+?)(?: <[^>]+>)?`", r"\1", doc or "")
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return text.replace("::\n", ":\n")
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,8 @@ class RunDisplay:
 
     ``update`` takes what is true now: how many runs are done (of ``total``), the runs in progress, and the runs
     that finished since the last call. Live mode redraws once a second (the clocks move without new data);
-    line mode prints each finished run once, as ``[done/total] what: NLL ... (time)``."""
+    line mode prints each finished run once, as ``[done/total] what: NLL ... (time)``, one line however long (a log
+    file has no width to wrap at); a failed run, whose retry is still to come, is ``[-/total] what: failed: ...``."""
 
     def __init__(self, title: str, total: int, console, near: str = "1×", far: str = "longest",
                  quiet: bool = False, keep: int = 6, done: int = 0) -> None:
@@ -87,10 +97,13 @@ class RunDisplay:
             for f in finished:
                 self.failed += f.state == "failed"
                 self.last = [f, *self.last][: self.keep]
-        if not self.live:  # each line numbered by its own place among the runs done
-            first = max(1, self.done - len(finished) + 1)
-            for i, f in enumerate(finished):
-                self.console.print(self.line(f, first + i), markup=False, highlight=False)
+        if not self.live:  # each complete or pruned run numbered by its own place among the runs done
+            n = max(1, self.done - sum(f.state != "failed" for f in finished) + 1)
+            for f in finished:
+                counted = f.state != "failed"
+                self.console.print(self.line(f, n if counted else None), markup=False, highlight=False,
+                                   soft_wrap=True)
+                n += counted
 
     def eta(self) -> float | None:
         """Seconds left at this command's own pace (runs done before it started are not its pace)."""
@@ -100,12 +113,14 @@ class RunDisplay:
         return (time.time() - self.started) / ran * (self.total - self.done)
 
     def line(self, f: Finished, n: int | None = None) -> str:
+        """``[n/total] what: ...``; a failed run has no place among the runs done: ``[-/total]``."""
         took = f" ({clock(f.seconds)})" if f.seconds is not None else ""
         if f.state == "complete":
             what = f"NLL {_nll(f.near)} at {self.near}, {_nll(f.far)} at {self.far}"
         else:
             what = f"{f.state}: {f.detail}" if f.detail else f.state
-        return f"[{self.done if n is None else n}/{self.total}] {f.what}: {what}{took}"
+        place = "-" if f.state == "failed" else self.done if n is None else n
+        return f"[{place}/{self.total}] {f.what}: {what}{took}"
 
     # -- rendering (rich calls this at every refresh) ------------------------------------------------
     def __rich__(self):

@@ -35,13 +35,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks.checkpoint import as_batch_end
@@ -62,13 +63,20 @@ def requeue(job_id: str) -> bool:
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as err:
-        rank_zero_warn(f"could not requeue SLURM job {job_id}: {err}")
+        _say(f"accrot: warning: could not requeue SLURM job {job_id}: {err}")
         return False
     if result.returncode:
-        rank_zero_warn(f"could not requeue SLURM job {job_id}: {result.stderr.strip() or result.returncode}")
+        _say(f"accrot: warning: could not requeue SLURM job {job_id}: {result.stderr.strip() or result.returncode}")
         return False
-    rank_zero_info(f"requeued SLURM job {job_id}")
+    _say(f"requeued SLURM job {job_id}")
     return True
+
+
+@rank_zero_only
+def _say(line: str) -> None:
+    """One of the stop's own lines, on stderr (the terminal, or the job's log): what was saved and requeued belongs
+    beside the command's last line, not in the run's console.log with Lightning's (accrot.logs)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 class Preemption(L.Callback):
@@ -137,7 +145,7 @@ class Preemption(L.Callback):
         finally:
             self._patch = None
         name = signal.Signals(self.signal).name if self.signal else "SIGTERM"
-        rank_zero_info(f"{name}: saved {path} at step {trainer.global_step}")
+        _say(f"{name}: saved {path} at step {trainer.global_step}")
         if self._requeue and trainer.is_global_zero and slurm_job_id():
             requeue(slurm_job_id())
 

@@ -2,7 +2,8 @@
 
 ``run.json`` also records the launch (``launch``: ranks, nodes, strategy, SLURM job) and says how the run went:
 ``status`` (``running``, ``finished``, ``preempted`` (SIGTERM, SLURM's warning), ``interrupted`` (Ctrl-C),
-``failed`` with ``error``), the checkpoint it started from,
+``failed`` with ``error``), the checkpoint it started from (``started_from``: ``--ckpt_path``, its whole training
+state; ``init_from``: ``--init_from``, its weights only, with the source's step and run directory),
 and ``resumes`` (how often ``accrot fit --resume`` or a requeued ``--ckpt_path last`` continued it, with the step
 and command of each). Every checkpoint carries the ``accrot`` section a resumed run needs: how many rows
 ``metrics.csv`` held when it was taken (flushed first) and the wandb run to continue.
@@ -47,12 +48,18 @@ class RunRecord(L.Callback):
     Args:
         resumed: this process continues the run in its own directory (``accrot fit --resume``).
         start: ``{"ckpt_path", "step"}`` of the checkpoint the command starts from, if any.
+        init: ``{"ckpt_path", "step", "run_dir"}`` of the checkpoint whose weights began the run (``--init_from``).
+        announce: a user's ``accrot fit``: when training starts, print ``run directory: RUN (announce)`` and send
+            Lightning's lines to ``RUN/console.log`` (:func:`accrot.logs.release_startup_logs`).
     """
 
-    def __init__(self, resumed: bool = False, start: dict | None = None) -> None:
+    def __init__(self, resumed: bool = False, start: dict | None = None, init: dict | None = None,
+                 announce: str | None = None) -> None:
         super().__init__()
         self.resumed = resumed
         self.start = start
+        self.init = init
+        self.announce = announce
         self._record: dict[str, Any] = {}
         self._path: Path | None = None
 
@@ -78,6 +85,7 @@ class RunRecord(L.Callback):
             "parameters": sum(p.numel() for p in pl_module.parameters()),
             "launch": _launch(trainer),
             "started_from": previous.get("started_from", None if self.resumed else self.start),
+            "init_from": previous.get("init_from", None if self.resumed else self.init),
             "resumes": int(previous.get("resumes", 0)) + int(self.resumed),
             "resume_history": list(previous.get("resume_history", [])) + (
                 [{"step": (self.start or {}).get("step"), "time": time.time(), "command": sys.argv}]
@@ -110,15 +118,21 @@ class RunRecord(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         phases.clock().exit("setup")
         phases.clock().enter("training")
+        # the data is set up and the model built (before Lightning's model summary): the input was good, so
+        # Lightning's start-up lines (seed, devices) and accrot's warnings may print now
+        if self.announce is None:
+            release_startup_logs()
+            return
+        out = Path(trainer.log_dir or trainer.default_root_dir)  # rank 0's directory on every rank
+        if trainer.is_global_zero:
+            print(f"run directory: {out} ({self.announce})", flush=True)
+        release_startup_logs(to=out / "console.log")
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         phases.clock().enter("validation")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         phases.clock().exit("validation")
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        release_startup_logs()  # the input was good: Lightning's start-up lines (seed, devices) may print now
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         phases.clock().exit("training")

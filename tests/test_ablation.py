@@ -389,3 +389,61 @@ def test_extension_rows_come_only_from_the_model_the_rope_row_evaluated(tmp_path
     out = extension_runs(Results([rope]), console=SimpleNamespace(print=lambda m, **_: printed.append(m)))
     assert len(out) == rows and sorted(r.variant for r in out) == (sorted(EXTENSIONS) if rows else [])
     assert len(printed) == 3 - rows and all("from step 100, the run's evaluation from step 150" in m for m in printed)
+
+
+# ---------------------------------------------------------------------------------------------------
+# what the headline, the report and the summary say about what ran
+# ---------------------------------------------------------------------------------------------------
+def test_headline_and_report_describe_what_ran_and_mark_a_quick_look(tmp_path):
+    """3 variants × 2 data sets × 2 seeds at 5 steps and 1×–4×: 12 runs, counted from the spec, and below the study
+    preset in steps, seeds and lengths; the same options at the preset's own steps, seeds and lengths are not."""
+    from accrot.study.ablation import describe_scope, headline
+
+    variants, datasets = ["NoPE", "RoPE", "accum-learned+values"], ["corpus", "local"]
+    scope = describe_scope(build_spec("q", SIZES["study"], 2, variants, datasets, max_steps=5, multipliers=[1, 2, 4]),
+                           "study")
+    text = headline(scope)
+    assert text.startswith(f"{len(variants) * len(datasets) * 2} runs = 3 variants × 2 data sets × 2 seeds, 5 steps each "
+                           "(d 96, 2 layers, L = 128), evaluated at 1×, 2×, 4× L; ")
+    assert text.endswith("below the study preset (5 steps of its 300, 2 seeds of its 3, lengths to 4× of its 64×): "
+                         "a quick look")
+    full = describe_scope(build_spec("f", SIZES["study"], 3, variants, datasets), "study")
+    assert full["below"] == [] and "quick look" not in headline(full) and full["runs"] == 18
+
+    res = synthetic(rope_far=(2.40, 2.60), random_far=(2.30, 2.60))
+    meta = {"command": "test", "size": "study", "size_cost": SIZES["study"].cost, "seeds": 2, "scope": scope}
+    report = write_report(res, tmp_path, meta).read_text()
+    (ran,) = [ln for ln in report.splitlines() if ln.startswith("- ran: ")]
+    assert ran.startswith("- ran: 12 runs = 3 variants (NoPE, RoPE, accum-learned+values) × 2 data sets (corpus, "
+                          "local) × 2 seeds; 5 training steps each")
+    assert "this study ran below it (5 steps of its 300, 2 seeds of its 3, lengths to 4× of its 64×)" in report
+    claims = report[report.index("## Claims"):]
+    assert claims.splitlines()[2].startswith("> **A quick look, not a result**")
+    at_preset = write_report(res, tmp_path / "full", {**meta, "scope": full}).read_text()
+    assert "A quick look, not a result" not in at_preset and "ran below" not in at_preset
+    assert "- size preset: study (" in at_preset
+
+
+def test_a_shared_study_summary_names_no_best_trial(tmp_path):
+    """The ablation's studies are a grid of variants × seeds compared side by side: the end-of-sweep summary counts
+    them and names no 'best' variant; a tuning sweep (one study per configuration space) still does."""
+    from rich.console import Console
+
+    from accrot.sweep.parent import _print_summary
+    from accrot.sweep.spec import load_spec
+
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(build_spec("grid", SIZES["tiny"], 2, ["NoPE", "RoPE"], ["corpus"])))
+    spec = load_spec(path)
+    study = optuna.create_study(study_name="grid/corpus")
+    for i, nll in enumerate((2.0, 1.9)):
+        study.add_trial(optuna.trial.create_trial(params={"x": float(i)}, value=nll,
+                                                  distributions={"x": optuna.distributions.FloatDistribution(0, 1)}))
+    out = Console(record=True, width=200)
+    _print_summary(out, spec, [study], StorageRef.parse(None, spec.name, tmp_path), tmp_path)
+    text = out.export_text()
+    assert "grid/corpus: 2 complete, 0 pruned, 0 fail" in text and "best" not in text
+    tuning = load_spec("smoke")  # one study, TPE over lr and the scheme: its best trial is what it is for
+    out = Console(record=True, width=200)
+    _print_summary(out, tuning, [study], StorageRef.parse(None, tuning.name, tmp_path), tmp_path)
+    assert "best #1 nll@2x=1.9000" in out.export_text()

@@ -143,6 +143,14 @@ class Fixtures:
             "    seq_len: 128", f"    seq_len: 128\n    root: {self.corpus}\n    val_fraction: 0.3")
         return self.config_file(name, text)
 
+    def other_data_config(self, name: str, data: str) -> Path:
+        """A config for ``accrot eval --config``: the run's own, its data section replaced by ``data`` (YAML)."""
+        import yaml
+
+        doc = yaml.safe_load((self.plain_run() / "config.yaml").read_text())
+        doc["data"] = yaml.safe_load(data)["data"]
+        return self.config_file(name, yaml.safe_dump(doc, sort_keys=False))
+
     def edited_run(self, name: str, old: str, new: str) -> Path:
         """A real run with a checkpoint (one step, its own --root), whose config.yaml was then edited."""
         run = self.dir / "edited" / name / "version_0"
@@ -379,6 +387,10 @@ CATALOGUE: list[Row] = [
         lambda f: f.fit("--model.scheme.rotation=path", "--model.scheme.path_kernel=fla", "--trainer.accelerator=cpu"),
         "model.scheme.path_kernel='fla' needs CUDA tensors (got device 'cpu'); use model.scheme.path_kernel='chunked'"),
     # -- data ---------------------------------------------------------------------------------------------
+    Row("misspelt-data-module", "--data=data_modules.MultiKeyNeedelDataModule",
+        lambda f: f.fit("--data=data_modules.MultiKeyNeedelDataModule", corpus=False),
+        ("data='data_modules.MultiKeyNeedelDataModule' is not a data module; did you mean "
+         "data_modules.MultiKeyNeedleDataModule?", "shipped: HFDataModule, KJVDataModule")),
     Row("missing-data", "--data.init_args.root=/nonexistent/accrot",
         lambda f: f.fit("--data.init_args.root=/nonexistent/accrot", corpus=False),
         "data root '/nonexistent/accrot' does not exist"),
@@ -412,6 +424,14 @@ CATALOGUE: list[Row] = [
     Row("train-length-too-long", "--data.init_args.seq_len=100000", lambda f: f.fit("--data.init_args.seq_len=100000"),
         "needs 100001 tokens per"),
     # -- the output folder ----------------------------------------------------------------------------------
+    Row("name-outside-the-root", "--name=../../x", lambda f: f.fit("--name=../../x"),
+        "--name='../../x' is not valid; a run name is a folder inside --root"),
+    Row("eval-out-under-a-file", "accrot eval --ckpt RUN.ckpt --out A_FILE/x",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), f"--out={f.a_file()}/x"],
+        ("cannot write the output folder '", "(Not a directory); pass a writable --out with free space")),
+    Row("diagnose-out-under-a-file", "accrot diagnose --ckpt RUN.ckpt --out A_FILE/x",
+        lambda f: ["diagnose", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), f"--out={f.a_file()}/x"],
+        ("cannot write the output folder '", "(Not a directory); pass a writable --out with free space")),
     Row("root-under-a-file", "--root=A_FILE/runs", lambda f: [*f.fit(), f"--root={f.a_file()}/runs"],
         "(Not a directory); pass a writable --root with free space"),
     Row("read-only-root", "--root=READ_ONLY_DIR/runs",
@@ -450,7 +470,40 @@ CATALOGUE: list[Row] = [
                    "--rope_factor=0"], "rope_factor=0.0 is not valid; a positive number"),
     Row("eval-rope-scaling-without-rope", "accrot eval --ckpt NOPE_RUN.ckpt --rope_scaling pi",
         lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--rope_scaling=pi"],
-        "rope_scaling='pi' needs a RoPE model (rotation=rope); this one has none"),
+        "rope_scaling='pi' needs a RoPE model (rotation=rope); this model is none/none"),
+    Row("eval-device-without-cuda", "accrot eval --ckpt RUN.ckpt --device cuda (a torch or machine without CUDA)",
+        lambda f: None if _cuda() else ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"),
+                                        "--device", "cuda"],
+        ("--device='cuda' needs a CUDA GPU, but ", "devices here: cpu")),
+    Row("diagnose-device-without-cuda", "accrot diagnose --ckpt RUN.ckpt --device cuda (a torch or machine without CUDA)",
+        lambda f: None if _cuda() else ["diagnose", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"),
+                                        "--device", "cuda"],
+        ("--device='cuda' needs a CUDA GPU, but ", "devices here: cpu")),
+    Row("eval-device-gpu", "accrot eval --ckpt RUN.ckpt --device gpu",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--device", "gpu"],
+        "--device='gpu' is not a device; did you mean cuda? devices here: cpu"),
+    Row("eval-multipliers-not-numbers", "accrot eval --ckpt RUN.ckpt --multipliers 1 2 x",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--multipliers", "1", "2", "x"],
+        "--multipliers='1 2 x' is not valid; give numbers, e.g. --multipliers 1 2 4 (or '[1,2,4]')"),
+    Row("eval-other-data-with-an-option-it-lacks", "accrot eval --ckpt RUN.ckpt --config OTHER_DATA.yaml "
+        "(LocalDependencyDataModule given the corpus's root:)",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--config",
+                   str(f.other_data_config("local-root.yaml", "data:\n  class_path: data_modules.LocalDependencyDataModule"
+                                           f"\n  init_args:\n    seq_len: 128\n    root: {f.corpus}\n"))],
+        ("data.init_args.root is not an option of data_modules.LocalDependencyDataModule; its options: seq_len,",)),
+    Row("eval-misspelt-data-module", "accrot eval --ckpt RUN.ckpt --config OTHER_DATA.yaml (data_modules.LocalDependncyDataModule)",
+        lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), "--config",
+                   str(f.other_data_config("local-typo.yaml", "data:\n  class_path: data_modules.LocalDependncyDataModule\n"))],
+        "data.class_path='data_modules.LocalDependncyDataModule' is not a data module; did you mean "
+        "data_modules.LocalDependencyDataModule?"),
+    Row("eval-run-directory-without-checkpoint", "accrot eval --ckpt RUN_WITHOUT_CHECKPOINT",
+        lambda f: ["eval", "--ckpt", str(f.run_without_checkpoint())],
+        "is a directory without checkpoints/last.ckpt; pass a run directory that holds one, or the path of a .ckpt"),
+    Row("eval-corrupt-checkpoint-outside-a-run", "accrot eval --ckpt broken.ckpt (outside a run directory)",
+        lambda f: ["eval", "--ckpt", str(f.corrupt_checkpoint())], "broken.ckpt' is not a readable accrot checkpoint"),
+    Row("eval-checkpoint-outside-a-run", "accrot eval --ckpt ROPE.ckpt (outside a run directory)",
+        lambda f: ["eval", "--ckpt", str(f.rope_checkpoint())],
+        "rope.ckpt' is not inside a run directory (RUN/checkpoints/x.ckpt beside RUN/config.yaml); pass --config"),
     Row("resume-missing-run", "accrot fit --resume /nonexistent/version_0",
         lambda f: ["fit", "--resume", "/nonexistent/version_0"], "--resume '/nonexistent/version_0' is not a directory"),
     Row("resume-before-first-checkpoint", "accrot fit --resume RUN_WITHOUT_CHECKPOINT",
@@ -470,6 +523,34 @@ CATALOGUE: list[Row] = [
         lambda f: ["fit", "--resume", str(f.edited_run("rotation", "rotation: none", "rotation: rope"))],
         ("is of another scheme (none/none) than the config (rope/none)",
          "undo the edit of '", "or train a new run with it: accrot fit --config")),
+    Row("resume-with-a-model-override", "accrot fit --resume RUN_DIR --model.scheme.rotation=rope",
+        lambda f: ["fit", "--resume", str(f.plain_run()), "--model.scheme.rotation=rope"],
+        ("is of another scheme (none/none) than the config (rope/none)",
+         "a resumed run keeps its model and data: drop --model.scheme.rotation=rope, or train a new run with it: "
+         "accrot fit --config ")),
+    Row("resume-at-its-step-limit", "accrot fit --resume RUN_DIR --trainer.max_steps=1 (the run is at step 1)",
+        lambda f: ["fit", "--resume", str(f.plain_run()), "--trainer.max_steps=1"],
+        ("is at step 1 and trainer.max_steps=1: nothing left to train; pass --trainer.max_steps=N with N > 1 to "
+         "train longer, or start a new run from its weights: accrot fit --config ", "--init_from ")),
+    Row("ckpt-path-at-its-step-limit", "accrot fit --config RUN_DIR/config.yaml --ckpt_path RUN_DIR/checkpoints/last.ckpt",
+        lambda f: ["fit", "--config", str(f.plain_run() / "config.yaml"), f"--root={f.runs}", "--wandb=disabled",
+                   f"--ckpt_path={f.plain_run() / 'checkpoints' / 'last.ckpt'}"],
+        ("is at step 1 and trainer.max_steps=1: nothing left to train (--ckpt_path continues its training state); "
+         "start a new run from its weights with --init_from ")),
+    Row("init-from-and-ckpt-path", "accrot fit ... --init_from RUN.ckpt --ckpt_path RUN.ckpt",
+        lambda f: f.fit(f"--init_from={f.plain_run() / 'checkpoints' / 'last.ckpt'}",
+                        f"--ckpt_path={f.plain_run() / 'checkpoints' / 'last.ckpt'}"),
+        "--init_from starts a new run from a checkpoint's weights, --ckpt_path continues one from its whole training "
+        "state; give one of them"),
+    Row("init-from-missing-checkpoint", "accrot fit ... --init_from=/nonexistent.ckpt",
+        lambda f: f.fit("--init_from=/nonexistent.ckpt"), "--init_from checkpoint '/nonexistent.ckpt' does not exist"),
+    Row("init-from-another-scheme", "accrot fit ... --model.scheme.rotation=path --init_from=ROPE_RUN.ckpt",
+        lambda f: f.fit("--model.scheme.rotation=path", f"--init_from={f.rope_checkpoint()}"),
+        ("is of another scheme (rope/none) than the config (path/none)",
+         "a new run from its weights takes the model of the checkpoint's run")),
+    Row("resume-with-init-from", "accrot fit --resume RUN_DIR --init_from RUN.ckpt",
+        lambda f: ["fit", "--resume", str(f.plain_run()), "--init_from", str(f.rope_checkpoint())],
+        "--resume takes the run's own config.yaml and last checkpoint; drop --init_from"),
     # -- sweeps and storages ------------------------------------------------------------------------------------
     Row("sweep-unknown-spec", "accrot sweep nope", lambda f: ["sweep", "nope", f"--root={f.sweeps}"],
         "sweep spec 'nope' does not exist; give a YAML path or one of:"),
@@ -593,11 +674,21 @@ CATALOGUE: list[Row] = [
     Row("ablation-unknown-variant-words", "accrot ablation --variants NoPE Rope",
         lambda f: ["ablation", "--variants", "NoPE", "Rope", f"--out={f.sweeps}"],
         "unknown variant 'Rope'; choose from NoPE, RoPE"),
+    Row("ablation-empty-text-root", "accrot ablation --datasets corpus text --text_root EMPTY_DIR",
+        lambda f: ["ablation", "--datasets", "corpus", "text", "--text_root", str(f.empty_dir()), f"--out={f.sweeps}"],
+        ("' holds no .txt files (at any depth); pass a folder of .txt files",)),
     Row("ablation-other-options", "the same --study again with other options (here --seeds 3)",
         lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
                    f"--out={f.existing_ablation()}"],
         ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
 ]
+
+
+def _cuda() -> bool:
+    """This torch and machine have a CUDA device (the rows that ask for one without it cannot be posed)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @contextlib.contextmanager

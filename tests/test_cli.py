@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -343,3 +344,225 @@ def test_warnings_during_start_up_are_held_then_replayed_or_dropped():
             raise ValueError("bad input")
     assert not [w for w in seen if "dropped" in str(w.message)]
     assert getattr(warnings.showwarning, "__name__", "") != "hold_warning"  # the original is back
+
+
+# -- what a researcher meets on the second day: where runs go, weights vs resume, reading what ran -------------------
+def test_fit_names_its_run_directory_first_and_last_and_keeps_lightnings_lines_in_its_log(tmp_path, capsys):
+    """A user's `accrot fit`: stdout opens and ends with the run directory (named after the scheme's cell: the
+    increment kind included); the terminal's stderr holds accrot's own lines only, and what Lightning printed (the
+    seed, the devices, its hints) is in the run's console.log."""
+    import io
+
+    from tests.test_bad_inputs import log_handlers_to
+
+    lightning = io.StringIO()
+    with log_handlers_to(lightning):
+        rc = main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=2", "--model.d_model=32",
+                   "--model.scheme.rotation=accum", "--model.scheme.increments=learned",
+                   "--trainer.limit_val_batches=1", "--extrapolation.multipliers=[1]", *QUICK])
+    assert rc == 0
+    out, err = capsys.readouterr()
+    run = tmp_path / "accum-learned-none" / "version_0"
+    lines = out.strip().splitlines()
+    assert lines[0] == f"run directory: {run} (a new run)"
+    assert lines[-1] == f"run directory: {run} (finished at step 2)"
+    assert all(line.startswith("accrot: ") for line in err.strip().splitlines()), err
+    assert lightning.getvalue() == ""  # nothing reached Lightning's own terminal handlers
+    log = (run / "console.log").read_text()
+    assert "Seed set to 0" in log and "GPU available" in log and "`Trainer.fit` stopped" in log
+
+
+def test_default_run_names_tell_every_cell_of_the_study_apart():
+    """Every variant of the ablation is a different cell: each gets its own folder name (two kinds of increments, the
+    drift control, values and far mass included), and the name says the cell's parts in order."""
+    from accrot.position import SchemeConfig
+    from accrot.run.rundir import default_run_name
+    from accrot.study.variants import VARIANTS
+
+    names = {label: default_run_name(SchemeConfig(**over)) for label, over in VARIANTS.items()}
+    assert len(set(names.values())) == len(names), names
+    assert names["accum-learned+values+forget"] == "accum-learned-forget-values"
+    assert names["accum-random-drift"] == "accum-random_position-none-mean_rope"
+    assert names["RoPE-base500k"] == "rope-none-base500000" and names["NoPE"] == "none-none"
+
+
+def test_init_from_starts_a_new_run_from_the_weights_alone(trained_run, tmp_path):
+    """`--init_from CKPT`: a new run directory whose first weights are the checkpoint's, with a fresh optimiser,
+    schedule and step count (its own step 1, not the source's 7th), the source recorded in run.json; the source run is
+    untouched."""
+    import torch
+
+    source = trained_run / "checkpoints" / "last.ckpt"
+    before = source.read_bytes()
+    rc = main(["fit", "--config", str(trained_run / "config.yaml"), f"--root={tmp_path}", f"--init_from={source}",
+               "--trainer.max_steps=1", "--model.lr=1e-12", "--model.warmup_steps=0", "--trainer.limit_val_batches=1",
+               *QUICK])
+    assert rc == 0 and source.read_bytes() == before
+    (run,) = tmp_path.glob("rope-none/version_0")
+    record = json.loads((run / "run.json").read_text())
+    assert record["init_from"] == {"ckpt_path": str(source.resolve()), "step": 6, "run_dir": str(trained_run.resolve())}
+    assert record["started_from"] is None and record["resumes"] == 0 and record["step"] == 1
+    new, old = (torch.load(p, map_location="cpu", weights_only=False) for p in (run / "checkpoints/last.ckpt", source))
+    assert new["global_step"] == 1 and old["global_step"] == 6
+    (state,) = new["optimizer_states"]
+    assert {int(s["step"]) for s in state["state"].values()} == {1}  # a fresh AdamW: one step of moments
+    assert new["lr_schedulers"][0]["last_epoch"] == 1  # the schedule starts over
+    moved = max(float((new["state_dict"][k] - v).abs().max()) for k, v in old["state_dict"].items()
+                if v.is_floating_point())
+    assert moved < 1e-6  # lr 1e-12: the new run's weights are the checkpoint's
+    assert "init_from: null" in (run / "config.yaml").read_text()  # config.yaml re-runs a fresh run
+
+
+def test_resume_at_the_step_limit_trains_nothing_and_changes_nothing(trained_run, capsys):
+    """`--resume RUN --trainer.max_steps=N` with N at or below the step reached is refused in one line (exit 2): the
+    run's run.json, metrics and checkpoint are as they were, and no resume is counted."""
+    files = {p: p.read_bytes() for p in (trained_run / "run.json", trained_run / "metrics.csv",
+                                         trained_run / "checkpoints" / "last.ckpt")}
+    assert main(["fit", "--resume", str(trained_run), "--trainer.max_steps=6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is at step 6 and trainer.max_steps=6: nothing left to train" in err[0]
+    assert all(p.read_bytes() == data for p, data in files.items())
+
+
+def test_eval_takes_a_run_directory_words_and_other_data(trained_run, tmp_path):
+    """`accrot eval --ckpt RUN_DIR --multipliers 1 2` (shell words, as diagnose and ablation take them) evaluates the
+    run's last checkpoint; `--config` naming another data module (the local-dependency task, same training length)
+    evaluates the same model on that data."""
+    assert main(["eval", "--ckpt", str(trained_run), "--multipliers", "1", "2", "--budget_tokens=1024",
+                 f"--out={tmp_path / 'words'}"]) == 0
+    doc = json.loads((tmp_path / "words" / "extrapolation.json").read_text())
+    assert doc["checkpoint"] == str(trained_run / "checkpoints" / "last.ckpt")
+    assert [r["multiplier"] for r in doc["final"]["lengths"]] == [1.0, 2.0]
+    other = yaml.safe_load((trained_run / "config.yaml").read_text())
+    other["data"] = {"class_path": "data_modules.LocalDependencyDataModule", "init_args": {"seq_len": 128}}
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(other))
+    assert main(["eval", "--ckpt", str(trained_run), "--config", str(tmp_path / "local.yaml"), "--multipliers=[1]",
+                 "--budget_tokens=1024", f"--out={tmp_path / 'local'}"]) == 0
+    local = json.loads((tmp_path / "local" / "extrapolation.json").read_text())
+    assert local["data"]["task"] == "local_dependency" and local["final"]["lengths"][0]["accuracy"] is not None
+
+
+@pytest.mark.parametrize("command", ["eval", "diagnose"])
+def test_an_unwritable_out_is_refused_before_any_computing(command, trained_run, tmp_path, monkeypatch, capsys):
+    """The output folder is made and proven writable before the evaluation (or diagnostics) starts, and the line
+    names the command's own option, --out."""
+    import accrot.run.diagnose
+    import accrot.run.eval
+
+    def never(*args, **kwargs):
+        raise AssertionError("computed before checking --out")
+
+    monkeypatch.setattr(accrot.run.eval, "evaluate_lengths", never)
+    monkeypatch.setattr(accrot.run.diagnose, "diagnose", never)
+    (tmp_path / "a-file").write_text("x")
+    assert main([command, "--ckpt", str(trained_run), f"--out={tmp_path / 'a-file' / 'x'}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("(Not a directory); pass a writable --out with free space"), line
+
+
+def test_scheme_options_the_scheme_ignores_are_one_warning_line(tmp_path, caplog):
+    """`--model.scheme.window` with RoPE trains (RoPE has no window to set) and says once that it is ignored."""
+    rc = main(["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=1", "--model.d_model=32",
+               "--model.scheme.rotation=rope", "--model.scheme.window=96", "--model.warmup_steps=0",
+               "--trainer.limit_val_batches=1", "--extrapolation.multipliers=[1]", *QUICK])
+    assert rc == 0
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("accrot: warning")]
+    assert lines == ["accrot: warning: model.scheme.window=96.0 is ignored by rope/none (only rotation='accum' "
+                     "reads it)"]
+
+
+def test_ignored_scheme_options_follow_who_reads_them():
+    """Known truth per option: what a scheme reads is never reported, what it cannot read always is."""
+    from accrot.position import SchemeConfig
+
+    def ignored(**kw) -> list[str]:
+        return [name for name, _ in SchemeConfig(**kw).ignored()]
+
+    assert ignored(rotation="accum", increments="random_position", window=96) == []
+    assert ignored(rotation="accum", increments="learned", window=96, max_increment=2.0) == []  # the mixing floor
+    assert ignored(rotation="accum", increments="random_position", max_increment=2.0) == ["max_increment"]
+    assert ignored(rotation="path", far_mass="forget", chunk_size=16, forget_bias_init=1.0) == []
+    assert ignored(rotation="rope", chunk_size=16, beta_max=1.0, forget_bias_init=1.0) == [
+        "forget_bias_init", "beta_max", "chunk_size"]
+    assert ignored(far_mass="alibi", block_size=64) == [] and ignored(block_size=64) == ["block_size"]
+    assert ignored(rotation="path", far_mass="alibi", block_size=64) == ["block_size"]  # PaTH's walk has its own
+
+
+def test_more_cpu_processes_than_cores_is_one_warning_line():
+    """A CPU DDP launch with more ranks than usable cores: one line with the global batch; within the cores none.
+    The Trainer is built (no process is launched before fit)."""
+    import lightning as L
+
+    from accrot.run.args import usable_cores
+    from accrot.run.lightning import start_warnings
+
+    class Data:
+        hparams = {"batch_size": 16}
+
+    cores = usable_cores()
+    over = L.Trainer(accelerator="cpu", devices=cores + 1, strategy="ddp", logger=False, enable_progress_bar=False)
+    (line,) = start_warnings(None, over, Data())
+    assert line == (f"accrot: warning: trainer.devices={cores + 1} starts {cores + 1} CPU processes on {cores} core"
+                    f"{'s' if cores != 1 else ''}: they share the cores, and the global batch is {cores + 1} x "
+                    f"data.batch_size = {16 * (cores + 1)}; use trainer.devices <= {cores} on this machine")
+    within = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert start_warnings(None, within, Data()) == []
+
+
+@pytest.mark.parametrize("command", ["eval", "diagnose", "demo", "sweep", "report", "ablation", "bench",
+                                     "bench schemes", "bench path", "bench pipeline", "slurm train"])
+def test_help_is_plain_text(command, capsys):
+    """Every command's --help reads as plain text: no reStructuredText markup (``code``, :mod:`x`, ::)."""
+    assert main([*command.split(), "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.strip() and "``" not in text and not re.search(r":(mod|func|data|class):`", text), text[:2000]
+    assert len(text.splitlines()) < 80  # a summary and the options, not the module's reference
+
+
+def test_help_agrees_with_the_readme(capsys):
+    """The ablation makes one study per data set (the README's words), not one per (data set, variant)."""
+    assert main(["ablation", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one Optuna study per data set" in text and "(data set, variant)" not in text
+    readme = (REPO / "README.md").read_text()
+    assert "one study per data set" in readme
+
+
+def test_make_help_piped_has_no_colour_codes_and_no_make_variables():
+    """`make help | less`: plain lines, every target listed, no escape codes and no literal $(VAR)."""
+    import shutil
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    res = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "\x1b[" not in res.stdout and "$(" not in res.stdout, res.stdout
+    targets = re.findall(r"^([a-zA-Z_-]+):.*?## ", (REPO / "Makefile").read_text(), flags=re.M)
+    listed = [line.split()[0] for line in res.stdout.splitlines()]
+    assert listed == targets
+
+
+def test_accrot_warnings_are_held_with_lightnings_lines_and_printed_once():
+    """accrot's own warnings wait for the input to prove good (a bad input stays the only line), reach a handler
+    their logger already had exactly once (the demo's terminal handler printed them twice), and are dropped with a
+    failed command."""
+    import io
+    import logging
+
+    from accrot.logs import hold_startup_logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    ours = logging.getLogger("accrot")
+    ours.addHandler(handler)
+    try:
+        with hold_startup_logs():
+            logging.getLogger("accrot.lit").warning("accrot: warning: once")
+            assert stream.getvalue() == ""
+        assert stream.getvalue() == "accrot: warning: once\n"
+        with pytest.raises(ValueError), hold_startup_logs():
+            logging.getLogger("accrot.lit").warning("accrot: warning: dropped")
+            raise ValueError("bad input")
+        assert stream.getvalue() == "accrot: warning: once\n" and ours.handlers[-1] is handler and ours.propagate
+    finally:
+        ours.removeHandler(handler)

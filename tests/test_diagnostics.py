@@ -251,7 +251,7 @@ def fitted_run(tmp_path_factory):
                "--trainer.callbacks+=callbacks.diagnostics.DiagnosticsCallback",
                "--trainer.callbacks.multipliers=[1,2]", "--trainer.callbacks.blocks=1"])
     assert rc == 0
-    (run_dir,) = list(root.glob("accum-none/version_*"))
+    (run_dir,) = list(root.glob("accum-random_position-none/version_*"))  # the default increments
     return run_dir
 
 

@@ -54,6 +54,30 @@ def test_line_mode_prints_one_line_per_finished_run():
                                            "[2/2] RoPE: pruned: at step 4 (0:02)"]
 
 
+def test_line_mode_never_wraps_a_line():
+    """A log file has no width: at rich's default 80 columns a long run name split `NLL` from its number."""
+    out = io.StringIO()
+    console = Console(file=out)  # not a terminal: rich assumes 80 columns
+    what = "accum/learned+values → runs/demo/accum_learned_values/version_0 " * 2
+    RunDisplay("demo", 1, console, near="1×", far="32×").update(
+        done=1, finished=[Finished(what, near=2.218, far=2.5, seconds=9)])
+    (line,) = out.getvalue().splitlines()
+    assert len(line) > 80 and line.endswith("NLL 2.218 at 1×, 2.500 at 32× (0:09)")
+
+
+def test_line_mode_numbers_each_place_once_and_a_failed_run_takes_none():
+    """A failed trial is re-queued, so it is not a run done: `[-/N]`; the runs done keep their own places, even when
+    a failure and completions arrive in one update (a resumed sweep printed `[4/4]` twice)."""
+    out = io.StringIO()
+    display = RunDisplay("sweep", 4, Console(file=out, width=200))
+    display.update(done=1, finished=[Finished("#0", near=5.0, far=6.0)])
+    display.update(done=3, finished=[Finished("#1", state="failed", detail="stopped by Ctrl-C (SIGINT)"),
+                                     Finished("#2", near=5.0, far=6.0), Finished("#3", near=5.0, far=6.0)])
+    display.update(done=4, finished=[Finished("#4", near=5.0, far=6.0)])
+    places = [line.split("]")[0] + "]" for line in out.getvalue().splitlines()]
+    assert places == ["[1/4]", "[-/4]", "[2/4]", "[3/4]", "[4/4]"]
+
+
 def test_quiet_is_line_mode_on_a_terminal_too():
     assert not RunDisplay("x", 1, terminal(), quiet=True).live
 

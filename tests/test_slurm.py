@@ -218,7 +218,7 @@ def test_two_node_ddp_run_under_slurm(slurm, tmp_path, capsys):
     assert record["status"] == "finished" and record["step"] == 6
     assert record["launch"]["world_size"] == 2 and record["launch"]["num_nodes"] == 2
     assert record["launch"]["environment"] == "SLURMEnvironment" and record["launch"]["slurm_job"] == job
-    assert "Starting with 2 processes" in _log(root)
+    assert "Starting with 2 processes" in (runs[0] / "console.log").read_text()  # Lightning's lines: the run's log
     assert json.loads((runs[0] / "extrapolation.json").read_text())["final"]["step"] == 6
 
 

@@ -6,6 +6,8 @@ study, ``accrot report`` writes its table, figures and CSV, and bad input stops 
 from __future__ import annotations
 
 import contextlib
+import glob
+import io
 import json
 import os
 import signal
@@ -571,6 +573,63 @@ def test_killed_worker_trial_is_failed_with_reason_and_retried(tmp_path):
     assert sorted(t.user_attrs["seed"] for t in complete) == [0, 1]
     assert {t.user_attrs["config"] for t in complete} == {0}
     assert len({json.dumps(t.params, sort_keys=True) for t in complete}) == 1
+
+
+@pytest.mark.slow
+def test_sigint_to_the_parent_alone_stops_its_workers_at_once_and_says_ctrl_c(tmp_path):
+    """`kill -INT PARENT` (a scheduler, a script; the workers, in their own sessions, hear nothing): the parent passes
+    Ctrl-C on at once, the worker finishes its step, checkpoints and fails its trial saying Ctrl-C, the trial is
+    queued again, no trial completes, and the parent exits 130 long before it would have to kill anyone."""
+    from accrot.sweep.parent import STOP_GRACE
+
+    every5 = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # a checkpoint says training is under way
+              "init_args": {"save_last": True, "every_n_train_steps": 5, "save_top_k": 0}}
+    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 5000,
+                 "trainer.callbacks": [every5]}
+    spec = write_spec(tmp_path, "sigint", trials=1, seeds=[0], retries=1, pruner={"type": "none"},
+                      overrides=overrides)
+    root = tmp_path / "root"
+    proc = subprocess.Popen([sys.executable, "-m", "accrot.cli", "sweep", str(spec), f"--root={root}", "--workers=1",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "WANDB_MODE": "disabled"})
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # training is under way once the step-5 checkpoint is
+        if glob.glob(str(root / "sigint" / "runs" / "trial_0000" / "version_0" / "checkpoints" / "last.ckpt")):
+            break
+        time.sleep(0.3)
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=180)
+    assert time.monotonic() - sent < STOP_GRACE, err
+    assert proc.returncode == 130, err
+    assert "interrupted by Ctrl-C (SIGINT): 1 worker(s) stopped" in err, err
+    log = (root / "sigint" / "workers" / "worker-0.log").read_text()
+    assert "stopped by Ctrl-C (SIGINT); its trial is failed and queued again" in log, log[-2000:]
+    study = load(f"sqlite:///{root}/sigint/study.db", "sigint")
+    states = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert [t.state for t in states.values()] == [TrialState.FAIL, TrialState.WAITING]
+    assert states[0].user_attrs["fail_reason"].endswith("was stopped by Ctrl-C (SIGINT) during the trial (checkpointed)")
+    assert states[1].user_attrs["retry_of"] == 0
+
+
+def test_a_resumed_parent_lists_only_the_trials_it_finishes(tmp_path):
+    """Trials that finished before the parent started were shown by the run that finished them."""
+    from rich.console import Console
+
+    from accrot.sweep.parent import Parent
+
+    spec = load_spec(write_spec(tmp_path, "again"))
+    study = optuna.create_study(study_name="again")
+    study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    parent = Parent(spec, StorageRef.parse(None, "again", tmp_path), tmp_path, study._storage, [study],
+                    Console(file=io.StringIO()))
+    assert parent.seen == {("again", 0), ("again", 1)}
+    parent.near_far = ("nll@1x", "nll@2x")
+    study.add_trial(optuna.trial.create_trial(value=0.5))  # finished by this parent's workers
+    _, _, finished = parent._read({})
+    assert [f.what for f in finished] == ["again #2"]
 
 
 @pytest.mark.slow

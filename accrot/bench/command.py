@@ -101,6 +101,7 @@ from accrot.bench.pipeline import pipeline_table, run_pipeline
 from accrot.bench.schemes import ops_table, run_schemes, schemes_table
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
+from accrot.run.args import check_device
 
 
 # -- command line -------------------------------------------------------------------------------------------
@@ -150,6 +151,28 @@ def _schemes_settings(args) -> dict[str, Any]:
 
 
 COMMANDS = ("schemes", "path", "pipeline", "all", "storage")
+# what `--help` says: plain text (the module docstring above is the reference, with its method and targets)
+HELP = {
+    "schemes": "Every cell of the scheme grid (rotation x far_mass x rotate_values, accum with random and learned "
+               "increments) against NoPE, measured interleaved in one process: the training step at tiny and small, "
+               "the tiny model's evaluation at 4k and 16k tokens (time and peak memory), and one layer's attention op "
+               "alone; ratios to NoPE with the targets (pass/fail per row); --quick: a first look in a minute or "
+               "two.",
+    "path": "PaTH's chunked kernel against its recurrence twin (on CUDA: against fla's Triton kernel), its "
+            "evaluation peak memory (linear in T), and on the CPU its public peer, fla's naive_path_attn "
+            "(pip-installed on first use into .venv/accrot-peers/; --peer none skips it).",
+    "pipeline": "The Lightning training loop against a bare PyTorch loop on the same model and batches, step by step "
+                "in pairs, at the tiny and the small shape (targets 1.05x and 1.02x).",
+    "all": "schemes, path and pipeline in one run (one table each, one JSON report; make bench): 7 to 15 minutes on "
+           "2 cores, by CPU; --quick: a few minutes. Every report starts with the machine it measured.",
+    "storage": "Optuna storages under load: many lightweight sweep workers (a trivial objective, no training) on a "
+               "throwaway PostgreSQL server directly and through accrot's gRPC storage proxy, a worker and the proxy "
+               "killed and restarted mid-run; trials per second, database connections held and trials lost "
+               "(make bench-storage; not part of all).",
+}
+OVERVIEW = ("usage: accrot bench {schemes,path,pipeline,all,storage} [options]   (accrot bench COMMAND --help for its "
+            "options)\n\nSide-by-side benchmarks: every number is a ratio measured in one process on this machine "
+            "(ratios from two machines do not compare).\n\n" + "\n".join(f"  {c:<9} {HELP[c]}" for c in HELP))
 DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
                "all": "bench.json", "storage": "bench_storage.json"}
 QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
@@ -167,7 +190,7 @@ def _storage_args(parser) -> None:
 
 
 def _parser(command: str) -> ArgumentParser:
-    parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=__doc__)
+    parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=HELP[command])
     if command in ("schemes", "path", "all"):
         parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     if command in ("schemes", "all"):
@@ -210,7 +233,7 @@ def _quick(args, argv: Sequence[str]) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(OVERVIEW)
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
@@ -303,6 +326,8 @@ def _checked_args(command: str, rest: list[str]):
     _quick(args, rest)
     if command == "storage":
         _check_storage(args)
+    if hasattr(args, "device"):
+        args.device = check_device(args.device)
     if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
         raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
     if command in ("path", "all"):  # shapes and lengths of the PaTH kernels: a 0 would crash (or divide) deep inside

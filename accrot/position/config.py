@@ -26,6 +26,35 @@ PathKernel = Literal["chunked", "recurrent", "fla"]
 MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
 
 
+def _accum(c: SchemeConfig) -> bool:
+    return c.rotation == "accum"
+
+
+def _accum_learned(c: SchemeConfig) -> bool:
+    return c.rotation == "accum" and c.increments == "learned"
+
+
+_PATH = ("rotation='path'", lambda c: c.rotation == "path")
+_ACCUM = ("rotation='accum'", _accum)
+# the options only some schemes read: field -> (who reads it, whether this config's scheme does). A value other than
+# the default on a scheme that never reads it is a warning (SchemeConfig.ignored): the run would not be what it says
+_READ_BY = {
+    "rope_base": ("rotation='rope' or 'accum'", lambda c: c.rotation in ("rope", "accum")),
+    "increment_mean": _ACCUM, "increment_spread": _ACCUM, "increment_family": _ACCUM, "window": _ACCUM,
+    "sigma": _ACCUM, "window_eps": _ACCUM, "increment_rank": _ACCUM, "learned_ladder": _ACCUM,
+    "resample": ("rotation='accum' with random_position increments (or a learned mixing floor)",
+                 lambda c: _accum(c) and (c.increments == "random_position" or c.window is not None
+                                          or c.sigma is not None)),
+    "max_increment": ("increments='learned'", _accum_learned),
+    "learned_init_std": ("increments='learned'", _accum_learned),
+    "conv_size": ("rotation='path' or increments='learned'", lambda c: c.rotation == "path" or _accum_learned(c)),
+    "forget_bias_init": ("far_mass='forget'", lambda c: c.far_mass == "forget"),
+    "beta_max": _PATH, "path_rank": _PATH, "chunk_size": _PATH, "path_kernel": _PATH,
+    "block_size": ("far_mass='alibi' or 'forget' without rotation='path'",
+                   lambda c: c.far_mass != "none" and c.rotation != "path"),
+}
+
+
 @dataclass
 class SchemeConfig:
     """One cell of the ablation grid plus the knobs of its parts.
@@ -153,6 +182,13 @@ class SchemeConfig:
         ``rope/none``. Figures, tables, sweeps and error messages name a scheme by it."""
         rotation = f"{self.rotation}:{self.increments}" if self.increments else self.rotation
         return f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
+
+    def ignored(self) -> list[tuple[str, str]]:
+        """``(field, who reads it)`` for every option set to other than its default that this scheme never reads
+        (``window`` with ``rotation='rope'``): the run would silently not be what its config says."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return [(name, reader) for name, (reader, reads) in _READ_BY.items()
+                if getattr(self, name) != defaults[name] and not reads(self)]
 
     @classmethod
     def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:

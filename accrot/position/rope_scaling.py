@@ -87,7 +87,10 @@ def apply_rope_scaling(model: torch.nn.Module, scaling: RopeScaling | None) -> i
 
     parts = [m for m in model.modules() if isinstance(m, RoPE)]
     if scaling is not None and not parts:
-        raise ConfigError(f"rope_scaling={scaling.kind!r} needs a RoPE model (rotation=rope); this one has none")
+        cell = getattr(getattr(model, "scheme_config", None), "label", None)  # a LitLM names its scheme's cell
+        what = f"this model is {cell()}" if cell else "this model has no RoPE part"
+        raise ConfigError(f"rope_scaling={scaling.kind!r} needs a RoPE model (rotation=rope); {what}: the extensions "
+                          "rescale RoPE's fixed frequencies, which other schemes do not have")
     for part in parts:
         part.set_scaling(scaling)
     return len(parts)

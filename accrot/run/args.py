@@ -1,9 +1,13 @@
-"""From what a user types to what LightningCLI parses: shipped config names, config files checked before the
-parser sees them (one line for a broken one), and ``fit --resume RUN_DIR`` rewritten to the run's own config and
-last checkpoint."""
+"""From what a user types to what LightingCLI and the other commands parse: shipped config names, config files
+checked before the parser sees them (one line for a broken one), ``fit --resume RUN_DIR`` rewritten to the run's own
+config and last checkpoint, data module classes, devices and lists of numbers (one line naming the option for a bad
+one)."""
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from accrot.errors import UsageError
@@ -92,8 +96,8 @@ def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
         value, rest = args[i].split("=", 1)[1], args[:i] + args[i + 1 :]
     if not rest or rest[0] != "fit":
         raise UsageError("--resume is an option of accrot fit: accrot fit --resume RUN_DIR")
-    clash = [a for a in rest if a in ("-c", "--config", "--ckpt_path", "--resume")
-             or a.startswith(("--config=", "--ckpt_path=", "--resume="))]
+    clash = [a for a in rest if a in ("-c", "--config", "--ckpt_path", "--resume", "--init_from")
+             or a.startswith(("--config=", "--ckpt_path=", "--resume=", "--init_from="))]
     if clash:
         raise UsageError(f"--resume takes the run's own config.yaml and last checkpoint; drop {clash[0].split('=')[0]} "
                          "(overrides such as --trainer.max_steps=N are fine)")
@@ -107,3 +111,93 @@ def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
         raise UsageError(f"--resume {value!r} has no checkpoints/last.ckpt (the run stopped before its first "
                          "checkpoint); start it again")
     return ["fit", "--config", str(run / "config.yaml"), *rest[1:], f"--ckpt_path={ckpt}"], run.resolve()
+
+
+def numbers(values: Sequence[str] | None, flag: str) -> list[float] | None:
+    """A list option given as shell words (``1 2 4``), one YAML-like list (``'[1,2,4]'``) or commas (``1,2,4``), as
+    floats; a one-line UsageError with an example otherwise."""
+    if values is None:
+        return None
+    out = []
+    try:
+        for v in values:
+            out += [float(part) for part in str(v).strip().strip("[]").split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}={' '.join(map(str, values))!r} is not valid; give numbers, e.g. {flag} 1 2 4 "
+                         f"(or '[1,2,4]')") from None
+    if not out:
+        raise UsageError(f"{flag} needs at least one number, e.g. {flag} 1 2 4")
+    return out
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: a SLURM or cgroup share), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_device(device: str, flag: str = "--device") -> str:
+    """A torch device this machine has (``cpu``, ``cuda``, ``cuda:1``, ``mps``), or a one-line UsageError naming
+    the valid ones: an unknown name (``gpu``), CUDA on a build or machine without it, an index past the last GPU."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        close = difflib.get_close_matches(str(device), ["cpu", "cuda", "mps"], n=1, cutoff=0.3)
+        hint = "cuda" if str(device).lower() in ("gpu", "gpus", "nvidia") else close[0] if close else None
+        raise UsageError(f"{flag}={device!r} is not a device; {f'did you mean {hint}? ' if hint else ''}devices "
+                         f"here: {', '.join(available_devices())}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise UsageError(f"{flag}={device!r} needs a CUDA GPU, but {why} (torch {torch.__version__}); "
+                             f"devices here: {', '.join(available_devices())}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"{flag}={device!r} is not valid; this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s): devices here: {', '.join(available_devices())}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"{flag}={device!r} needs Apple's MPS, which this machine lacks; devices here: "
+                         f"{', '.join(available_devices())}")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"{flag}={device!r} is not valid; devices here: {', '.join(available_devices())}")
+    return str(dev)
+
+
+def available_devices() -> list[str]:
+    """The devices ``--device`` may name on this machine."""
+    import torch
+
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += ["cuda"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        out.append("mps")
+    return out
+
+
+def data_module_class(class_path: str, where: str = "data"):
+    """The data module class ``class_path`` names (``data_modules.PasskeyDataModule``, a short shipped name, or
+    ``module.Class`` of one's own), or a one-line UsageError with the close match and the shipped ones."""
+    import importlib
+    import inspect
+
+    import data_modules
+    from data_modules import TokenStreamDataModule
+
+    shipped = [n for n in data_modules.__all__ if inspect.isclass(getattr(data_modules, n))
+               and issubclass(getattr(data_modules, n), TokenStreamDataModule)
+               and n not in ("TokenStreamDataModule", "SyntheticDataModule")]
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module or "data_modules"), name)
+    except (ImportError, AttributeError, ValueError):
+        cls = None
+    if inspect.isclass(cls) and issubclass(cls, TokenStreamDataModule):
+        return cls
+    close = difflib.get_close_matches(name, shipped, n=1, cutoff=0.6)
+    hint = f"did you mean data_modules.{close[0]}? " if close else ""
+    raise UsageError(f"{where}={class_path!r} is not a data module; {hint}shipped: {', '.join(sorted(shipped))} "
+                     "(data_modules.NAME), or module.Class of your own (a TokenStreamDataModule)")

@@ -3,39 +3,106 @@ data module, for the commands that read a finished run (``accrot eval``, ``accro
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import inspect
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
-from accrot.errors import UsageError, one_line
+from accrot.errors import BadInput, UsageError, one_line
 from accrot.lit import LitLM
-from accrot.resume import read_checkpoint, settings_differences
-from accrot.run.args import check_config_file
+from accrot.resume import last_checkpoint, read_checkpoint, settings_differences
+from accrot.run.args import check_config_file, data_module_class
+from accrot.run.rundir import RunDirs
 
 
 def load_data_module(config_file: Path, overrides: dict | None = None):
-    """Instantiate the ``data`` section of a run's resolved ``config.yaml``."""
+    """Instantiate the ``data`` section of a run's resolved ``config.yaml`` (or of ``eval --config``, which may name
+    another data module); a class that does not exist, an option it does not take or a value it refuses is one
+    line naming the config."""
     cfg = yaml.safe_load(config_file.read_text()) or {}
     data = cfg.get("data") or {}
-    if "class_path" not in data:
-        raise UsageError(f"{config_file} has no data.class_path; pass --config with the run's config.yaml")
-    module, _, cls = data["class_path"].rpartition(".")
+    where = f"config {str(config_file)!r}: data"
+    if isinstance(data, str):  # `data: data_modules.PasskeyDataModule`, the class alone with its defaults
+        data = {"class_path": data}
+    if not isinstance(data, dict) or "class_path" not in data:
+        raise UsageError(f"{where} has no class_path; pass --config with the run's config.yaml, or a config whose "
+                         "data: names a class_path (and its init_args)")
+    cls = data_module_class(data["class_path"], f"{where}.class_path")
     kwargs = dict(data.get("init_args") or {})
     kwargs.update(overrides or {})
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    params = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        options = [n for n in params if n != "self"]
+        unknown = [k for k in kwargs if k not in options]
+        if unknown:
+            raise UsageError(f"{where}.init_args.{unknown[0]} is not an option of {data['class_path']}; its options: "
+                             f"{', '.join(options)}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, BadInput):
+            raise
+        raise UsageError(f"{where}: {data['class_path']} refuses its init_args: {one_line(str(err))}") from err
 
 
-def resolve_run(ckpt: str, config: str | None) -> tuple[Path, Path, Path]:
-    """``(checkpoint, run directory, config.yaml)`` of a run's checkpoint; a one-line UsageError if one is missing."""
+def find_checkpoint(ckpt: str) -> Path:
+    """``--ckpt``: a .ckpt file, or a run directory (its newest checkpoint, ``checkpoints/last.ckpt``); a one-line
+    UsageError otherwise."""
     path = Path(ckpt)
+    if path.is_dir():
+        found = last_checkpoint(path)
+        if found.is_file():
+            return found
+        raise UsageError(f"--ckpt {str(path)!r} is a directory without checkpoints/last.ckpt; pass a run directory "
+                         "that holds one, or the path of a .ckpt file")
     if not path.is_file():
-        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass the path of a .ckpt file")
-    run_dir = path.resolve().parent.parent  # <run>/checkpoints/x.ckpt
-    cfg = Path(config) if config else run_dir / "config.yaml"
-    if not cfg.is_file():
-        raise UsageError(f"config {str(cfg)!r} does not exist; pass --config with the run's config.yaml")
-    return path, run_dir, check_config_file(cfg)
+        raise UsageError(f"checkpoint {str(path)!r} does not exist; pass the path of a .ckpt file or a run directory")
+    return path
+
+
+def run_config(ckpt: Path, config: str | None) -> tuple[Path, Path]:
+    """``(run directory, config.yaml)`` of an accrot checkpoint, ``<run>/checkpoints/x.ckpt`` beside
+    ``<run>/config.yaml``; ``--config`` names another. A one-line UsageError if there is none."""
+    run_dir = ckpt.resolve().parent.parent
+    if config:
+        cfg = Path(config)
+        if not cfg.is_file():
+            raise UsageError(f"--config {str(cfg)!r} does not exist; pass the run's config.yaml (or a config that "
+                             "changes only its data)")
+        return run_dir, check_config_file(cfg)
+    cfg = run_dir / "config.yaml"
+    if ckpt.resolve().parent.name != "checkpoints" or not cfg.is_file():
+        raise UsageError(f"checkpoint {str(ckpt)!r} is not inside a run directory (RUN/checkpoints/x.ckpt beside "
+                         "RUN/config.yaml); pass --config with its run's config.yaml")
+    return run_dir, check_config_file(cfg)
+
+
+def open_checkpoint(ckpt: str, config: str | None) -> tuple[Path, LitLM, dict, Path, Path]:
+    """``--ckpt`` and ``--config`` of ``accrot eval`` / ``diagnose``: ``(checkpoint, model, its state, run directory,
+    config.yaml)``. The checkpoint is read before its config is looked for, so a corrupt one is named as such."""
+    path = find_checkpoint(ckpt)
+    model, state = load_checkpoint(path)
+    run_dir, cfg = run_config(path, config)
+    return path, model, state, run_dir, cfg
+
+
+@contextlib.contextmanager
+def output_folder(out: Path) -> Iterator[Path]:
+    """``--out`` made and proven writable now, before any computing; if the body fails, a folder this command made
+    is removed (nothing half-written) and a write that failed mid-way names its file and ``--out``. One-line
+    UsageErrors naming ``--out``."""
+    dirs = RunDirs()
+    dirs.make(out, option="--out", what="the output folder")
+    try:
+        yield out
+    except BaseException as err:
+        dirs.remove_incomplete()
+        if isinstance(err, OSError) and err.filename:  # a disk that filled: bad input, not a bug
+            raise UsageError(f"cannot write {str(err.filename)!r} ({err.strerror}); pass a writable --out with free "
+                             "space") from None
+        raise
 
 
 def load_checkpoint(path: str | Path):

@@ -1,5 +1,6 @@
 """``accrot diagnose --ckpt PATH``: the theory diagnostics of a checkpoint (coherence, mixing windows, far mass,
-value far norms) on its run's own evaluation blocks, as ``diagnostics.json``, figures and a table."""
+value far norms) on its run's own evaluation blocks, as ``diagnostics.json``, figures and a table. Every option, the
+checkpoint, the device and the output folder are checked before any computing."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
@@ -18,8 +19,13 @@ from accrot.diagnostics import diagnose, plot_diagnostics, summary
 from accrot.diagnostics.bundle import finite_or_none
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
-from accrot.lit import LitLM
-from accrot.run.checkpoints import load_data_module, resolve_run
+from accrot.run.args import check_device, numbers
+from accrot.run.checkpoints import load_data_module, open_checkpoint, output_folder
+
+HELP = ("The theory diagnostics of a checkpoint of an accrot run, on its run's own evaluation blocks: coherence and "
+        "mixing windows of the accumulated rotations, attention mass beyond --far_window, value far norms, per layer "
+        "at each length. Writes diagnostics.json and figures into --out (default RUN/diagnostics) and prints the "
+        "table. --ckpt takes a .ckpt file or a run directory (its checkpoints/last.ckpt).")
 
 
 def _fmt_window(x: float) -> str:
@@ -51,42 +57,54 @@ def diagnostics_table(result: Mapping):
     return table
 
 
-def _floats(values: Sequence[str]) -> list[float]:
-    """``1 8 32``, ``[1,8,32]`` or ``1,8,32`` as floats."""
-    out = []
-    for v in values:
-        for part in str(v).strip("[]").split(","):
-            if part.strip():
-                out.append(float(part))
-    return out
-
-
 def main(argv: list[str]) -> int:
     """``accrot diagnose --ckpt PATH``: coherence, mixing windows, far mass and value far norms of a checkpoint;
     writes diagnostics.json + PNGs into <run>/diagnostics/."""
-    parser = ArgumentParser(prog="accrot diagnose", exit_on_error=False, description=main.__doc__)
-    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint (.ckpt) of an accrot run")
+    parser = ArgumentParser(prog="accrot diagnose", exit_on_error=False, description=HELP)
+    parser.add_argument("--ckpt", type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
+                        "directory")
     parser.add_argument("--config", type=str | None, default=None,
-                        help="the run's config.yaml (default: found next to the checkpoint's run directory)")
+                        help="the run's config.yaml (default: RUN/config.yaml beside RUN/checkpoints/)")
     parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "8", "32"],
-                        help="lengths as multiples of the training length: 1 8 32 or [1,8,32]")
+                        help="lengths as multiples of the training length: 1 8 32 or '[1,8,32]'")
     parser.add_argument("--blocks", type=int, default=16,
                         help="blocks per length, spread over the validation split (the replicates of every error bar)")
     parser.add_argument("--eps", type=float, default=0.05, help="ε of the mixing window")
     parser.add_argument("--far_window", type=int | None, default=None, help="far = keys more than this many tokens back "
                         "(default: training length / 4)")
     parser.add_argument("--queries", type=int, default=32, help="last queries per block for far mass")
-    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/diagnostics)")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/diagnostics)")
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
     args = parser.parse_args(argv)
+    multipliers = _check_options(args)
+    device = check_device(args.device)
+    ckpt, lit, _, run_dir, config = open_checkpoint(args.ckpt, args.config)
+    dm = load_data_module(config)
+    train_length = int(dm.seq_len)
+    lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
+    blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
+    with output_folder(Path(args.out) if args.out else run_dir / "diagnostics") as out:
+        lit.eval().to(device)
+        t0 = time.perf_counter()
+        with Console(stderr=True).status("diagnosing"):
+            result = diagnose(lit.model, blocks, train_length, eps=args.eps, far_window=args.far_window,
+                              n_queries=args.queries)
+        result.update(checkpoint=str(ckpt), seconds=round(time.perf_counter() - t0, 3),
+                      blocks={str(n): int(b.shape[0]) for n, b in blocks.items()},
+                      data=finite_or_none(dm.describe()))
+        plot_diagnostics(result, out)
+        atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))
+    Console(width=None if sys.stdout.isatty() else 120).print(diagnostics_table(result))  # a log: no wrapping
+    print(out / "diagnostics.json")
+    return 0
 
-    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
-    try:
-        multipliers = _floats(args.multipliers)
-    except ValueError as err:
-        raise UsageError(f"--multipliers={' '.join(args.multipliers)!r} is not valid; give numbers, e.g. 1 8 32") from err
-    if not multipliers or any(not m > 0 for m in multipliers):
-        raise UsageError(f"--multipliers={multipliers!r} is not valid; give positive multiples of the training length")
+
+def _check_options(args) -> list[float]:
+    """The multipliers; every numeric option checked (one line naming it)."""
+    multipliers = numbers(args.multipliers, "--multipliers")
+    if any(not m > 0 for m in multipliers):
+        raise UsageError(f"--multipliers={multipliers!r} is not valid; give positive multiples of the training "
+                         "length, e.g. --multipliers 1 8 32")
     if args.blocks < 1:
         raise UsageError(f"--blocks={args.blocks} is not valid; it must be a positive integer")
     if not 0.0 < args.eps < 1.0:
@@ -95,26 +113,4 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--far_window={args.far_window} is not valid; it must be >= 0")
     if args.queries < 1:
         raise UsageError(f"--queries={args.queries} is not valid; it must be a positive integer")
-    try:
-        lit = LitLM.load_from_checkpoint(ckpt, map_location="cpu")
-    except Exception as err:  # noqa: BLE001 - any failure to load is the same bad input
-        raise UsageError(f"checkpoint {str(ckpt)!r} is not a readable accrot checkpoint ({type(err).__name__})") from err
-    dm = load_data_module(config)
-    train_length = int(dm.seq_len)
-    lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
-    blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
-    lit.eval().to(args.device)
-    t0 = time.perf_counter()
-    with Console(stderr=True).status("diagnosing"):
-        result = diagnose(lit.model, blocks, train_length, eps=args.eps, far_window=args.far_window,
-                          n_queries=args.queries)
-    result.update(checkpoint=str(ckpt), seconds=round(time.perf_counter() - t0, 3),
-                  blocks={str(n): int(b.shape[0]) for n, b in blocks.items()},
-                  data=finite_or_none(dm.describe()))
-    out = Path(args.out) if args.out else run_dir / "diagnostics"
-    out.mkdir(parents=True, exist_ok=True)
-    plot_diagnostics(result, out)
-    atomic_write_text(out / "diagnostics.json", json.dumps(result, indent=1))
-    Console(width=None if sys.stdout.isatty() else 120).print(diagnostics_table(result))  # a log: no wrapping
-    print(out / "diagnostics.json")
-    return 0
+    return multipliers

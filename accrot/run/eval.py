@@ -1,5 +1,6 @@
 """``accrot eval --ckpt PATH``: a checkpoint evaluated at many lengths, on the fixed blocks of its run's data
-(``extrapolation.json``, ``extrapolation.png`` and the table)."""
+(``extrapolation.json``, ``extrapolation.png`` and the table). Every option, the checkpoint, the device and the
+output folder are checked before any computing: a bad one is one line naming the option."""
 
 from __future__ import annotations
 
@@ -13,55 +14,65 @@ from accrot.errors import UsageError
 from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, plot_curves
 from accrot.io import atomic_write_text
 from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
-from accrot.run.checkpoints import check_eval_config, load_checkpoint, load_data_module, resolve_run
+from accrot.run.args import check_device, numbers
+from accrot.run.checkpoints import check_eval_config, load_data_module, open_checkpoint, output_folder
+
+HELP = ("Evaluate a checkpoint of an accrot run at many multiples of its training length, on the fixed evaluation "
+        "blocks of its data: writes extrapolation.json and extrapolation.png into --out (default RUN/eval, or "
+        "RUN/eval-KIND with --rope_scaling) and prints the NLL table. --ckpt takes a .ckpt file or a run directory "
+        "(its checkpoints/last.ckpt); --config may point at other data of the same training length, never at "
+        "another model.")
 
 
 def main(argv: list[str]) -> int:
     """``accrot eval --ckpt PATH``: evaluate a checkpoint at many lengths; writes JSON + PNG."""
-    parser = ArgumentParser(prog="accrot eval", exit_on_error=False, description=main.__doc__)
-    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint (.ckpt) of an accrot run")
+    parser = ArgumentParser(prog="accrot eval", exit_on_error=False, description=HELP)
+    parser.add_argument("--ckpt", type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
+                        "directory")
     parser.add_argument("--config", type=str | None, default=None,
-                        help="the run's config.yaml (default: found next to the checkpoint's run directory)")
-    parser.add_argument("--multipliers", type=list[float], default=[1, 2, 4, 8, 16, 32],
-                        help="evaluation lengths as multiples of the training length")
-    parser.add_argument("--lengths", type=list[int] | None, default=None, help="explicit lengths (override)")
+                        help="the run's config.yaml (default: RUN/config.yaml beside RUN/checkpoints/)")
+    parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "2", "4", "8", "16", "32"],
+                        help="evaluation lengths as multiples of the training length: 1 2 4 or '[1,2,4]'")
+    parser.add_argument("--lengths", type=str, nargs="+", default=None,
+                        help="explicit lengths in tokens instead: 128 512 or '[128,512]'")
     parser.add_argument("--budget_tokens", type=int, default=32768, help="scored tokens per length")
     parser.add_argument("--max_batch_tokens", type=int, default=16384, help="tokens per forward pass")
-    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: <run>/eval)")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/eval)")
+    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
     parser.add_argument("--rope_scaling", type=str | None, default=None,
                         help="an evaluation-time RoPE extension: pi, ntk or yarn (RoPE checkpoints only)")
     parser.add_argument("--rope_factor", type=float | None, default=None,
                         help="the extension's factor s (default: s = T / L at each evaluation length T)")
     args = parser.parse_args(argv)
-    ckpt, run_dir, config = resolve_run(args.ckpt, args.config)
-    if any(m <= 0 for m in args.multipliers) or any(ln <= 0 for ln in args.lengths or []):
-        raise UsageError("evaluation lengths and multipliers must be positive")
-    model, state = load_checkpoint(ckpt)
+    multipliers, lengths = numbers(args.multipliers, "--multipliers"), numbers(args.lengths, "--lengths")
+    if any(m <= 0 for m in multipliers) or any(ln <= 0 or ln != int(ln) for ln in lengths or []):
+        raise UsageError("evaluation lengths and multipliers must be positive (lengths: whole tokens), e.g. "
+                         "--multipliers 1 2 4")
+    device = check_device(args.device)
+    ckpt, model, state, run_dir, config = open_checkpoint(args.ckpt, args.config)
     dm = load_data_module(config)
     if args.config:  # another config than the run's own: it may name other data, never another model
         check_eval_config(ckpt, state, Path(args.config), dm)
     train_length = int(dm.seq_len)
-    lengths = args.lengths or sorted({max(1, round(m * train_length)) for m in args.multipliers})
+    lengths = [int(n) for n in lengths] if lengths else sorted({max(1, round(m * train_length)) for m in multipliers})
     scaling = _scaling(args, train_length)
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
     apply_rope_scaling(model, scaling)
-    model.eval().to(args.device)
-    console = Console(stderr=True)
-    with console.status("evaluating"):
-        results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=args.device,
-                                   masks=sets.masks, depths=sets.depths)
-    rows = [r.to_dict() for r in results]
-    out = Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}")
-    out.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
-           "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
-           "final": {"step": state.get("global_step"), "lengths": rows}}
-    if scaling is not None:
-        doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}
-    atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
-    label = model.scheme_config.label() if scaling is None else scaling.label()
-    plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
+    folder = Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}")
+    with output_folder(folder) as out:
+        model.eval().to(device)
+        with Console(stderr=True).status("evaluating"):
+            results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=device,
+                                       masks=sets.masks, depths=sets.depths)
+        rows = [r.to_dict() for r in results]
+        doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
+               "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
+               "final": {"step": state.get("global_step"), "lengths": rows}}
+        if scaling is not None:
+            doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}
+        label = model.scheme_config.label() if scaling is None else scaling.label()
+        plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
+        atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
     Console().print(nll_table({label: rows}, train_length))
     if sets.masks is not None:  # a synthetic task scores answers: their accuracy too
         Console().print(nll_table({label: rows}, train_length, title="answer accuracy per length", field_="accuracy"))

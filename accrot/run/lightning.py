@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import re
 import sys
@@ -38,9 +39,9 @@ from accrot.resume import (
     remove_partials,
     settings_differences,
 )
-from accrot.run.args import resolve_config_args, resume_args
+from accrot.run.args import data_module_class, resolve_config_args, resume_args, usable_cores
 from accrot.run.launch import check_launch
-from accrot.run.rundir import RunDirs
+from accrot.run.rundir import RunDirs, check_run_name, default_run_name
 from callbacks.checkpoint import make_resumable
 from callbacks.extrapolation import ExtrapolationCallback
 from callbacks.preemption import Preemption
@@ -48,14 +49,16 @@ from callbacks.progress import ProgressBar
 from callbacks.run_record import RunRecord
 from data_modules import TokenStreamDataModule
 
+_log = logging.getLogger(__name__)  # accrot's warnings: held with Lightning's start-up lines (accrot.logs)
+
 
 class AccrotSaveConfig(SaveConfigCallback):
     """The saved ``config.yaml`` re-runs the run from scratch: it never names a checkpoint to start from
-    (``run.json`` records the one a run started or resumed from)."""
+    (``run.json`` records the one a run started, resumed or took its weights from)."""
 
     def __init__(self, parser, config, *args, **kwargs) -> None:
         config = config.clone()
-        for key in ("ckpt_path", "resume"):
+        for key in ("ckpt_path", "resume", "init_from"):
             if key in config:
                 config[key] = None
         super().__init__(parser, config, *args, **kwargs)
@@ -64,11 +67,16 @@ class AccrotCLI(LightningCLI):
     """LightningCLI with accrot's run layout: ``<root>/<name>/version_N/`` holds everything of a run.
 
     ``resume_dir`` (set by :func:`run_lightning` for ``--resume``) makes the loggers reopen that run
-    directory instead of opening a new version."""
+    directory instead of opening a new version; ``resume_overrides``: the model and data flags typed beside
+    ``--resume`` (a refusal names them). ``console_log``: the command is a user's ``accrot fit``: it prints its run
+    directory first and last, and Lightning's own lines go to the run's ``console.log``."""
 
     def __init__(self, *args: Any, resume_dir: Path | None = None, launch_argv: list[str] | None = None,
-                 dirs: RunDirs | None = None, **kwargs: Any) -> None:
+                 dirs: RunDirs | None = None, resume_overrides: list[str] | None = None, console_log: bool = False,
+                 **kwargs: Any) -> None:
         self.resume_dir = resume_dir
+        self.resume_overrides = list(resume_overrides or [])
+        self.console_log = console_log
         self.launch_argv = launch_argv  # the command as typed (``trainer.devices>1`` re-runs it per rank)
         self.dirs = dirs if dirs is not None else RunDirs()
         kwargs.setdefault("save_config_callback", AccrotSaveConfig)
@@ -76,13 +84,17 @@ class AccrotCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--name", type=str | None, default=None,
-                            help="run name (default: rotation-far_mass[-values] of the scheme)")
+                            help="run name, a folder inside --root (default: the scheme's cell, "
+                                 "rotation[-increments]-far_mass[-values], e.g. accum-learned-none)")
         parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
         parser.add_argument("--wandb", type=str, default="auto",
                             help="auto (online if logged in, else offline), online, offline or disabled")
         parser.add_argument("--resume", type=str | None, default=None,
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
+        parser.add_argument("--init_from", type=str | None, default=None,
+                            help="fit only: CKPT whose weights start a new run (a fresh optimiser, schedule and step "
+                                 "count; run.json records it as init_from)")
         parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
         # the vocabulary is the data's (bytes: 256; a synthetic task or HF tokenizer: its own size)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -94,6 +106,9 @@ class AccrotCLI(LightningCLI):
             # an unknown flag, or an unknown key inside a config file (jsonargparse: "does not accept")
             unknown = (re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
                        or re.search(r"does not accept option '([\w.]+)'", str(err)))
+            bad_class = re.search(r'Parser key "data".*?Problem with given class_path \'([^\']+)\'', str(err), re.S)
+            if bad_class and not unknown:  # a misspelt data module: one line with the close match
+                data_module_class(bad_class.group(1), "data")
             if not unknown:
                 raise
             raise UsageError(self._unknown_key_message(parser, unknown.group(1))) from err
@@ -139,6 +154,8 @@ class AccrotCLI(LightningCLI):
             # seeds are independent replicates; the config saved with the run records the value
             run_seed = cfg.get("seed_everything")
             scheme.seed = run_seed if isinstance(run_seed, int) and not isinstance(run_seed, bool) else 0
+        if cfg.get("name") is not None:  # --name=../../x would write outside --root
+            check_run_name(cfg.get("root", "runs"), cfg["name"])
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
@@ -147,6 +164,7 @@ class AccrotCLI(LightningCLI):
         cfg = self.config_init[self.subcommand]
         trainer_cfg = cfg["trainer"]
         io = self._checkpoint_io(trainer_cfg, kwargs)
+        init = self._init_from(cfg)  # before --ckpt_path's checks: giving both is the first thing to say
         checkpoint = self._checkpoint_to_load(cfg, io)
         resumed = self.resume_dir is not None and checkpoint is not None
         record = (checkpoint or {}).get("accrot") or {}
@@ -163,7 +181,12 @@ class AccrotCLI(LightningCLI):
             rank_zero_info(f"resuming {self.resume_dir} at step {checkpoint.get('global_step')}")
         callbacks = [make_resumable(c) for c in (trainer_cfg.get("callbacks") or [])]
         start = {"ckpt_path": str(cfg.get("ckpt_path")), "step": checkpoint.get("global_step")} if checkpoint else None
-        callbacks.append(RunRecord(resumed=resumed, start=start))
+        how = (f"resuming at step {checkpoint.get('global_step')}" if resumed else
+               f"a new run from the weights of {init['ckpt_path']} (step {init['step']})" if init else
+               f"a new run from the training state of {start['ckpt_path']} (step {start['step']})" if start else
+               "a new run")
+        callbacks.append(RunRecord(resumed=resumed, start=start, init=init,
+                                   announce=how if self.console_log and self.subcommand == "fit" else None))
         if not any(isinstance(c, Preemption) for c in callbacks):  # checkpoint + requeue on SIGUSR1/SIGTERM
             callbacks.append(Preemption())
         check_launch(trainer_cfg)  # `srun -n1` with devices=2 would silently train on one rank
@@ -173,7 +196,35 @@ class AccrotCLI(LightningCLI):
         trainer_cfg["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         check_path_kernel(getattr(self, "model", None), trainer.strategy.root_device)
+        if rank_zero_only.rank == 0:  # one line each, held until training starts (accrot.logs)
+            for line in start_warnings(getattr(self, "model", None), trainer, cfg.get("data")):
+                _log.warning(line)
         return trainer
+
+    def _init_from(self, cfg) -> dict | None:
+        """``--init_from CKPT``: the checkpoint's weights, loaded into the model now; the optimiser, its schedule and
+        the step count start fresh (Lightning restores nothing). What ``run.json`` records as ``init_from``."""
+        path = cfg.get("init_from")
+        if path is None:
+            return None
+        if self.subcommand != "fit":
+            raise UsageError("--init_from is an option of accrot fit (validate and test take --ckpt_path)")
+        if cfg.get("ckpt_path") is not None:
+            raise UsageError("--init_from starts a new run from a checkpoint's weights, --ckpt_path continues one from "
+                             "its whole training state; give one of them")
+        try:
+            checkpoint = read_checkpoint(path)
+        except ValueError as err:
+            raise UsageError(str(err).replace("checkpoint ", "--init_from checkpoint ", 1)) from None
+        reason = check_fits(checkpoint, self.model, path, advice=(
+            "a new run from its weights takes the model of the checkpoint's run: accrot fit --config "
+            "RUN_DIR/config.yaml --init_from CKPT (the data, the optimiser and the schedule may change)"))
+        if reason:
+            raise UsageError(reason)
+        self.model.load_state_dict(checkpoint["state_dict"], strict=True)
+        source = Path(path).resolve()
+        return {"ckpt_path": str(source), "step": checkpoint.get("global_step"),
+                "run_dir": str(source.parent.parent) if (source.parent.parent / "config.yaml").is_file() else None}
 
     @staticmethod
     def _checkpoint_io(trainer_cfg, kwargs) -> AtomicCheckpointIO | None:
@@ -188,10 +239,7 @@ class AccrotCLI(LightningCLI):
         return mine
 
     def run_name(self, cfg) -> str:
-        scheme = cfg["model"].scheme_config
-        return cfg.get("name") or "-".join(
-            [scheme.rotation, scheme.far_mass] + (["values"] if scheme.rotate_values else [])
-        )
+        return cfg.get("name") or default_run_name(cfg["model"].scheme_config)
 
     def _checkpoint_to_load(self, cfg, io: AtomicCheckpointIO | None) -> dict | None:
         """Resolve ``--ckpt_path last`` to the newest resumable run of this name; read and check the
@@ -212,11 +260,7 @@ class AccrotCLI(LightningCLI):
             checkpoint = read_checkpoint(ckpt)
         except ValueError as err:
             raise UsageError(str(err)) from None
-        if self.resume_dir is not None:  # --resume read the run's own config.yaml: it was edited
-            fix = (f"undo the edit of {str(self.resume_dir / 'config.yaml')!r}, or train a new run with "
-                   f"it: accrot fit --config {self.resume_dir / 'config.yaml'}")
-        else:
-            fix = "resume a run with `accrot fit --resume RUN_DIR`, which uses its own config"
+        fix = self._mismatch_advice()
         reason = check_fits(checkpoint, cfg["model"], ckpt, advice=fix)  # another scheme or shape: specific
         if reason:
             raise UsageError(reason)
@@ -227,9 +271,40 @@ class AccrotCLI(LightningCLI):
                 raise UsageError(f"checkpoint {str(ckpt)!r} was trained with other settings than the config: "
                                  f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; {fix} (a resumed "
                                  "run may change trainer.max_steps, evaluation and logging only)")
+        if self.subcommand == "fit":
+            self._check_steps_left(cfg, checkpoint, ckpt)
         if io is not None:
             io.preload(ckpt, checkpoint)  # Lightning's restore takes it from memory: read once
         return checkpoint
+
+    def _mismatch_advice(self) -> str:
+        """What to do when the checkpoint a command continues does not fit its config."""
+        if self.resume_dir is None:
+            return "resume a run with `accrot fit --resume RUN_DIR`, which uses its own config"
+        config = self.resume_dir / "config.yaml"
+        if self.resume_overrides:  # the flags typed beside --resume change the model or the data
+            flags = " ".join(self.resume_overrides)
+            return (f"a resumed run keeps its model and data: drop {flags}, or train a new run with "
+                    f"{'them' if len(self.resume_overrides) > 1 else 'it'}: accrot fit --config {config} {flags}")
+        # --resume read the run's own config.yaml: it was edited
+        return f"undo the edit of {str(config)!r}, or train a new run with it: accrot fit --config {config}"
+
+    def _check_steps_left(self, cfg, checkpoint: dict, ckpt: str) -> None:
+        """A checkpoint at or past ``trainer.max_steps`` leaves nothing to train: Lightning would restore it, train
+        no step and call the run finished (a resume that did nothing). One line instead: how to train longer, or to
+        start over from its weights."""
+        max_steps, step = cfg["trainer"].get("max_steps"), checkpoint.get("global_step")
+        if max_steps is None or max_steps < 0 or step is None or step < max_steps:
+            return
+        if self.resume_dir is not None:
+            raise UsageError(f"run {str(self.resume_dir)!r} is at step {step} and trainer.max_steps={max_steps}: "
+                             f"nothing left to train; pass --trainer.max_steps=N with N > {step} to train longer, or "
+                             f"start a new run from its weights: accrot fit --config {self.resume_dir / 'config.yaml'} "
+                             f"--init_from {ckpt}")
+        raise UsageError(f"checkpoint {str(ckpt)!r} is at step {step} and trainer.max_steps={max_steps}: nothing left "
+                         f"to train (--ckpt_path continues its training state); start a new run from its weights with "
+                         f"--init_from {ckpt}, or train its run longer: accrot fit --resume RUN_DIR "
+                         f"--trainer.max_steps=N (N > {step})")
 
     def _loggers(self, cfg, keep_rows: int | None = None, wandb_id: str | None = None) -> list:
         name = self.run_name(cfg)
@@ -259,10 +334,23 @@ class AccrotCLI(LightningCLI):
         tags += [t.strip() for t in os.environ.get("WANDB_TAGS", "").split(",") if t.strip()]
         resolved = json.loads(json.dumps(self.config[self.subcommand].clone().as_dict(), default=str))
         resume = {"id": wandb_id, "resume": "allow"} if wandb_id else {}
-        return WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
-                           project=os.environ.get("WANDB_PROJECT", "accrot"), entity=os.environ.get("WANDB_ENTITY"),
-                           group=os.environ.get("WANDB_RUN_GROUP"), job_type=os.environ.get("WANDB_JOB_TYPE"),
-                           tags=tags, config=resolved, **resume)
+        if self.console_log:  # a user's fit: wandb's banner and run summary stay in its own logs (RUN/wandb/)
+            import wandb
+
+            resume["settings"] = wandb.Settings(silent=True)
+        logger = WandbLogger(save_dir=str(self.run_dir), name=f"{name}/{self.run_dir.name}",
+                             project=os.environ.get("WANDB_PROJECT", "accrot"), entity=os.environ.get("WANDB_ENTITY"),
+                             group=os.environ.get("WANDB_RUN_GROUP"), job_type=os.environ.get("WANDB_JOB_TYPE"),
+                             tags=tags, config=resolved, **resume)
+        if logger._wandb_init.get("anonymous") is None:  # Lightning passes None, which wandb warns is deprecated
+            logger._wandb_init.pop("anonymous", None)
+        return logger
+
+    def after_fit(self) -> None:
+        """The run directory again, as the command's last line (a user's ``accrot fit``)."""
+        if self.console_log and self.trainer.is_global_zero:
+            where = getattr(self, "run_dir", None) or self.trainer.default_root_dir
+            print(f"run directory: {where} (finished at step {self.trainer.global_step})", flush=True)
 
     def before_fit(self) -> None:
         # cut the evaluation blocks before any training, so a length the stream cannot fill fails fast
@@ -271,6 +359,24 @@ class AccrotCLI(LightningCLI):
                 cb.prepare(self.datamodule)
         if self.launch_argv is not None:  # Lightning's DDP launcher re-runs sys.argv once per extra device
             sys.argv = list(self.launch_argv)
+
+
+def start_warnings(model, trainer, data) -> list[str]:
+    """One line for each setting that will not do what it says: more CPU processes than cores (each rank also
+    trains its own batch), and scheme options the chosen scheme never reads."""
+    lines = []
+    cores, ranks = usable_cores(), trainer.num_devices
+    if trainer.strategy.root_device.type == "cpu" and ranks > cores:
+        batch = (getattr(data, "hparams", None) or {}).get("batch_size")
+        each = f" = {ranks * batch}" if isinstance(batch, int) else ""
+        lines.append(f"accrot: warning: trainer.devices={ranks} starts {ranks} CPU processes on {cores} core"
+                     f"{'s' if cores != 1 else ''}: they share the cores, and the global batch is {ranks} x "
+                     f"data.batch_size{each}; use trainer.devices <= {cores} on this machine")
+    scheme = getattr(model, "scheme_config", None)
+    for name, reader in scheme.ignored() if scheme is not None else []:
+        lines.append(f"accrot: warning: model.scheme.{name}={getattr(scheme, name)!r} is ignored by "
+                     f"{scheme.label()} (only {reader} reads it)")
+    return lines
 
 
 def check_path_kernel(model, device) -> None:
@@ -305,12 +411,16 @@ def wandb_mode(requested: str) -> str:
     return "offline"
 
 
-def run_lightning(args: list[str]):
-    """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``)."""
+def run_lightning(args: list[str], console_log: bool = False):
+    """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``).
+    ``console_log``: a user's own command (``accrot fit`` in a shell): the run directory is printed first and last,
+    and Lightning's lines go to its ``console.log`` (a demo or sweep trial keeps its caller's output)."""
     phases.start_run().enter("setup")  # where this run's wall time goes (run.json's "timing")
     dirs = RunDirs()
     launch_argv = [sys.argv[0], *args]
+    typed = list(args)
     args, resume_dir = resume_args(list(args))
+    overrides = _model_and_data_flags(typed) if resume_dir is not None else []  # what a refused resume names
     args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
     try:
@@ -326,6 +436,8 @@ def run_lightning(args: list[str]):
                 resume_dir=resume_dir,
                 launch_argv=launch_argv,
                 dirs=dirs,
+                resume_overrides=overrides,
+                console_log=console_log,
             )
     except BaseException as err:
         # nothing half-written: a run that failed before its first checkpoint leaves no directory behind;
@@ -338,6 +450,17 @@ def run_lightning(args: list[str]):
         sys.argv = argv0
         finish_wandb()
     return cli
+
+
+def _model_and_data_flags(args: list[str]) -> list[str]:
+    """The ``--model.*`` and ``--data*`` flags of a command line, each with its value (``--k=v`` or ``--k v``);
+    ``num_workers``, which a resumed run may change, left out."""
+    out = []
+    for i, arg in enumerate(args):
+        if arg.startswith(("--model", "--data")) and "num_workers" not in arg:
+            given = "=" in arg or i + 1 >= len(args) or args[i + 1].startswith("--")
+            out.append(arg if given else f"{arg}={args[i + 1]}")
+    return out
 
 
 def finish_wandb() -> None:

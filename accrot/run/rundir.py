@@ -1,5 +1,7 @@
-"""The run directory a command creates: made and proven writable before any work (an unwritable or full
-folder is one line), and removed again when the command fails before its first checkpoint (nothing half-written).
+"""The run directory a command creates: named after the scheme cell it trains, kept inside ``--root``, made and
+proven writable before any work (an unwritable or full folder is one line), and removed again when the command fails
+before its first checkpoint (nothing half-written). The output folders of ``accrot eval`` and ``accrot diagnose``
+are made and proven writable the same way, before their computing starts.
 """
 
 from __future__ import annotations
@@ -10,6 +12,35 @@ from pathlib import Path
 
 from accrot.errors import UsageError
 
+# accum's increment options that make another kind of cell (the ablation's drift control, the frequency ladder, ...):
+# the name carries them when they differ from the default, so two different cells never share a folder
+_NAMED_INCREMENT_OPTIONS = {"increment_mean": "zero", "increment_spread": "constant", "increment_family": "gaussian"}
+
+
+def default_run_name(scheme) -> str:
+    """The folder name of a run of ``scheme`` (a SchemeConfig) under ``--root``: its cell,
+    ``rotation[-increments]-far_mass[-values]`` (``rope-none``, ``accum-learned-forget-values``), plus the accum
+    options that change what the increments are (``-mean_rope``, ``-spread_ladder``, ``-family_uniform``,
+    ``-learned_ladder``) and a RoPE base other than 10000 (``rope-none-base500000``)."""
+    parts = [scheme.rotation, scheme.increments, scheme.far_mass, "values" if scheme.rotate_values else None]
+    if scheme.rotation == "accum":
+        parts += [f"{k.removeprefix('increment_')}_{getattr(scheme, k)}" for k, off in _NAMED_INCREMENT_OPTIONS.items()
+                  if getattr(scheme, k) != off]
+        parts.append("learned_ladder" if scheme.learned_ladder else None)
+    if scheme.rotation == "rope" and scheme.rope_base != 10000.0:
+        parts.append(f"base{scheme.rope_base:g}")
+    return "-".join(p for p in parts if p)
+
+
+def check_run_name(root: str, name: str) -> None:
+    """``--name`` is a folder inside ``--root`` (it may nest: ``--name=long/rope``); one that leaves it
+    (``../x``, an absolute path) or names the root itself is a one-line UsageError."""
+    base = Path(root).expanduser().absolute()
+    target = Path(os.path.normpath(base / Path(name).expanduser()))
+    if not str(name).strip() or target == base or base not in target.parents:
+        raise UsageError(f"--name={name!r} is not valid; a run name is a folder inside --root ({str(root)!r}), "
+                         "without '..' or an absolute path (e.g. --name=rope-long)")
+
 
 class RunDirs:
     """The directories one command created (outermost first) and the run directory it writes."""
@@ -18,8 +49,9 @@ class RunDirs:
         self.created: list[Path] = []
         self.run_dir: Path | None = None
 
-    def make(self, run_dir: Path) -> None:
-        """Create the run directory now (recording what this command created) and prove it writable."""
+    def make(self, run_dir: Path, option: str = "--root", what: str = "the run directory") -> None:
+        """Create the run directory now (recording what this command created) and prove it writable; ``option``
+        and ``what``: how the one-line error names the command's own option and the folder."""
         self.run_dir = Path(run_dir)
         missing, p = [], Path(run_dir).absolute()
         while not p.exists() and p != p.parent:
@@ -30,8 +62,8 @@ class RunDirs:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             write_probe(Path(run_dir) / f".accrot-write-probe-{os.getpid()}")
         except OSError as err:
-            raise UsageError(f"cannot write the run directory {str(run_dir)!r} ({err.strerror or err}); pass a "
-                             "writable --root with free space") from None
+            raise UsageError(f"cannot write {what} {str(run_dir)!r} ({err.strerror or err}); pass a writable "
+                             f"{option} with free space") from None
 
     def remove_incomplete(self) -> None:
         """Remove the run directory unless it holds a checkpoint; a parent folder this command created only if

@@ -5,8 +5,9 @@ budget, seeds and evaluation blocks, evaluates each run to 64× its training len
 diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.study.report` builds it): the
 tables, the figures and every claim of PAPER.md marked supported / not supported / inconclusive.
 
-It is a sweep (:mod:`accrot.sweep`): one Optuna study per (data set, variant), a grid of one learning rate ×
-the seeds. The spec it generates is written beside the results (``<study>.yaml``), so
+It is a sweep (:mod:`accrot.sweep`): one Optuna study per data set (``<study>/corpus``, ``<study>/local``), in which
+the whole grid of variants × seeds (one learning rate) is queued at the start, each trial carrying its variant and
+seed. The spec it generates is written beside the results (``<study>.yaml``), so
 
 * a second ``accrot ablation`` with the same options resumes: trials already complete are not run again (the
   storage knows them), an interrupted one is retried;
@@ -31,7 +32,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from accrot.errors import UsageError
+from accrot.errors import DataError, UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import config_path
 from accrot.study.report import build_report, write_notes
@@ -106,11 +107,21 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
     }
 
 
+HELP = ("The paper's ablation in one command: every variant on each data set (default: the embedded corpus and the "
+        "local-dependency task) with the same recipe, token budget, seeds and evaluation blocks, evaluated to 64x L "
+        "(32x at --size tiny), the theory diagnostics on the corpus models, and REPORT.md with the tables, figures "
+        "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
+        "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
+        "the same command again after an interruption. Sizes: study (default; 78 runs, about 50 min on 2 CPU "
+        "cores), tiny (a 12-minute quick look), small and paper (a GPU); --max_steps, --seeds and --multipliers "
+        "below a size's make a quick look, which the report marks as such.")
+
+
 def main(argv: list[str]) -> int:
     """``accrot ablation [--size study|tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=__doc__)
+    parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=HELP)
     parser.add_argument("--size", type=str, default="study",
                         help="study (the default), tiny, small or paper (see the README for costs)")
     parser.add_argument("--seeds", type=int | None, default=None, help="seeds per variant (default: the size's)")
@@ -151,7 +162,8 @@ def main(argv: list[str]) -> int:
         spec = load_spec(spec_path)
         ref = StorageRef.parse(args.storage, spec.name, out)
         with _sigterm_as_interrupt():
-            rc = run_sweep(spec, ref, out, args.workers, on_progress=lambda: write_notes(spec, ref), quiet=args.quiet)
+            rc = run_sweep(spec, ref, out, args.workers, on_progress=lambda: write_notes(spec, ref), quiet=args.quiet,
+                           headline=headline(describe_scope(spec_doc, args.size)))
         if rc != 0 or args.workers == 0:
             return rc
     elif not spec_path.is_file():
@@ -159,12 +171,57 @@ def main(argv: list[str]) -> int:
     spec = load_spec(spec_path)
     ref = StorageRef.parse(args.storage, spec.name, out)
     meta = {"command": "accrot ablation " + " ".join(argv), "size": args.size, "size_cost": size.cost,
-            "seeds": seeds, "workers": args.workers, "started": started}
+            "seeds": seeds, "workers": args.workers, "started": started,
+            "scope": describe_scope(yaml.safe_load(spec_path.read_text()), args.size)}
     built = time.perf_counter()
     report = build_report(spec, ref, folder, meta, console=Console(stderr=True, highlight=False))
     # the eval-time extension rows (PI, NTK, YaRN of the RoPE runs) are evaluated here, after the sweep's split
     print(f"report: {report} (built in {time.perf_counter() - built:.0f} s, eval-time extension rows included)")
     return 0
+
+
+def describe_scope(doc: dict[str, Any], size_name: str) -> dict[str, Any]:
+    """What an ablation runs, read from its spec (``build_spec``'s document): variants × data sets × seeds, steps,
+    model shape, training and evaluation lengths; and ``below``, where it falls short of its size preset (fewer
+    steps, seeds or lengths), which makes it a quick look."""
+    base = yaml.safe_load(Path(config_path(doc["base"])).read_text())
+    common, strata = doc["overrides"], doc["variants"]
+    steps = int(common.get("trainer.max_steps", base["trainer"]["max_steps"]))
+    seq_len = base["data"]["init_args"]["seq_len"]
+    scope = {
+        "variants": list(dict.fromkeys(k.split(".", 1)[1] for k in strata)),
+        "datasets": list(dict.fromkeys(k.split(".", 1)[0] for k in strata)),
+        "seeds": len(doc["seeds"]), "runs": len(strata) * len(doc["seeds"]) * len(doc["space"]["model.lr"]),
+        "steps": steps, "d_model": common.get("model.d_model", base["model"]["d_model"]),
+        "n_layers": common.get("model.n_layers", base["model"]["n_layers"]),
+        "train_lengths": sorted({v.get("data.init_args.seq_len", seq_len) for v in strata.values()}),
+        "multipliers": [float(m) for m in common["extrapolation.multipliers"]], "preset": size_name, "below": [],
+    }
+    size = SIZES.get(size_name)
+    if size is not None:
+        preset_steps = int(size.overrides.get("trainer.max_steps", base["trainer"]["max_steps"]))
+        for fewer, of, what in ((steps, preset_steps, "steps"), (scope["seeds"], size.seeds, "seeds")):
+            if fewer < of:
+                scope["below"].append(f"{fewer} {what} of its {of}")
+        if max(scope["multipliers"]) < max(size.multipliers):
+            scope["below"].append(f"lengths to {max(scope['multipliers']):g}× of its {max(size.multipliers):g}×")
+    return scope
+
+
+def headline(scope: dict[str, Any]) -> str:
+    """``12 runs = 3 variants × 2 data sets × 2 seeds, 5 steps each (d 96, 2 layers, L = 128), evaluated at 1×, 2×,
+    4× L; below the study preset (5 steps of its 300, ...): a quick look``: what the ablation starts."""
+    def n(count: int, what: str) -> str:
+        return f"{count} {what}{'s' if count != 1 else ''}"
+
+    lengths = "/".join(str(L) for L in scope["train_lengths"])
+    text = (f"{n(scope['runs'], 'run')} = {n(len(scope['variants']), 'variant')} × "
+            f"{n(len(scope['datasets']), 'data set')} × {n(scope['seeds'], 'seed')}, {scope['steps']} steps each "
+            f"(d {scope['d_model']}, {scope['n_layers']} layers, L = {lengths}), evaluated at "
+            f"{', '.join(f'{m:g}×' for m in scope['multipliers'])} L")
+    if scope["below"]:
+        text += f"; below the {scope['preset']} preset ({', '.join(scope['below'])}): a quick look"
+    return text
 
 
 def _check_args(args) -> tuple[Size, int, list[str], list[str]]:
@@ -206,7 +263,16 @@ def _check_data(datasets: list[str], args) -> None:
         from data_modules.stdlib import StdlibDataModule
 
         args.text_root = str(Path(args.text_root).expanduser().resolve())
-        StdlibDataModule(root=args.text_root, glob=DATASETS["text"]["data.init_args.glob"])  # lists and splits its files
+        try:  # lists and splits its files
+            StdlibDataModule(root=args.text_root, glob=DATASETS["text"]["data.init_args.glob"])
+        except DataError as err:  # the data module's advice names its glob and split options, which the ablation lacks
+            if "match glob" in str(err):
+                raise UsageError(f"--text_root {args.text_root!r} holds no .txt files (at any depth); pass a folder of "
+                                 ".txt files") from None
+            if "val_fraction" in str(err):
+                raise UsageError(f"--text_root {args.text_root!r} has too few .txt files to hold out a validation "
+                                 "split (5 % of the files, at least one); pass a folder with more files") from None
+            raise
     elif args.text_root is not None:
         raise UsageError("--text_root is given but --datasets does not name text; add text to --datasets")
 

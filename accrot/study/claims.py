@@ -118,7 +118,7 @@ def _c4(res: Results) -> Claim:
 def _c5(res: Results) -> Claim:
     d = res.corpus
     c = Claim("C5", "ALiBi stays length-stable",
-              f"ALiBi: max over lengths of NLL(m) / NLL(1×) − 1 (per seed)",
+              "ALiBi: max over lengths of NLL(m) / NLL(1×) − 1 (per seed)",
               rule=f"for when the interval of the maximum rise lies under {C5_TOLERANCE:.0%}")
     c.comparisons.append(compare_threshold("ALiBi curve", res.per_seed(d, "ALiBi", _max_rise), C5_TOLERANCE,
                                            label="max rise "))

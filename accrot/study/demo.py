@@ -38,13 +38,13 @@ def main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
     from rich.console import Console
 
-    from accrot.display import Finished, RunDisplay, Running
+    from accrot.display import Finished, RunDisplay, Running, plain_help
     from accrot.errors import UsageError
     from accrot.evaluation import nll_table, plot_curves
     from accrot.io import atomic_write_text
     from accrot.run.args import config_path
 
-    parser = ArgumentParser(prog="accrot demo", exit_on_error=False, description=__doc__)
+    parser = ArgumentParser(prog="accrot demo", exit_on_error=False, description=plain_help(__doc__))
     parser.add_argument("--config", type=str, default="tiny", help="shipped config name or YAML path")
     parser.add_argument("--root", type=str, default="runs/demo", help="folder for the runs and the comparison")
     parser.add_argument("--variants", type=list[str] | None, default=None,

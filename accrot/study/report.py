@@ -497,10 +497,7 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
     head = [
         f"# {meta.get('study', folder.name)}: does accumulation explain extrapolation?", "",
         f"- command: `{meta.get('command', '')}`",
-        f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
-        f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {res.trained()}"
-        + (f" (and {len(res.runs) - res.trained()} eval-time extension rows of the RoPE runs)"
-           if len(res.runs) > res.trained() else ""),
+        *_scope_lines(meta, res, train_length),
         f"- revision: {_revision()}; written {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
         + (f"; this invocation took {wall / 60:.1f} min" if wall else ""),
         "- every variant: the same recipe, data, token budget, seeds and evaluation blocks; only the position "
@@ -513,7 +510,7 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
         "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
         "needs.", ""]
-    claims_md = ["## Claims", "", *caution, _claims_md(claims), _windows_md(res), _far_md(res),
+    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _claims_md(claims), _windows_md(res), _far_md(res),
                  _calibration_md(check_calibration(res)), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
@@ -523,6 +520,36 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         [{**asdict(c), "verdict": c.verdict, "why": c.why()} for c in claims], indent=1))
     atomic_write_text(folder / "REPORT.md", text)
     return folder / "REPORT.md"
+
+
+def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[str]:
+    """The header's account of what ran (``meta["scope"]``, from the ablation's spec: variants × data sets × seeds,
+    steps, lengths) and of the size preset it was measured against."""
+    extensions = (f" (and {len(res.runs) - res.trained()} eval-time extension rows of the RoPE runs)"
+                  if len(res.runs) > res.trained() else "")
+    scope = meta.get("scope")
+    if not scope:  # a report built without the ablation's spec at hand
+        return [f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
+                f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {res.trained()}{extensions}"]
+    lengths = ", ".join(f"{m:g}×" for m in scope["multipliers"])
+    ran = (f"- ran: {scope['runs']} runs = {len(scope['variants'])} variants ({', '.join(scope['variants'])}) × "
+           f"{len(scope['datasets'])} data sets ({', '.join(scope['datasets'])}) × {scope['seeds']} seeds; "
+           f"{scope['steps']} training steps each (d {scope['d_model']}, {scope['n_layers']} layers, training length "
+           f"L = {train_length}); evaluated at {lengths} L; complete runs: {res.trained()}{extensions}")
+    preset = f"- size preset: {scope['preset']} ({meta.get('size_cost', '')})"
+    if scope["below"]:
+        preset += f"; this study ran below it ({', '.join(scope['below'])}): a quick look, not a result"
+    return [ran, preset]
+
+
+def _quick_look(meta: Mapping[str, Any]) -> list[str]:
+    """The claims section's first words when the study ran below its size preset."""
+    scope = meta.get("scope") or {}
+    if not scope.get("below"):
+        return []
+    return [f"> **A quick look, not a result**: this study ran below its `{scope['preset']}` preset "
+            f"({', '.join(scope['below'])}). Its verdicts describe these short runs only; the claims are checked at "
+            f"the preset (`accrot ablation --size {scope['preset']}`).", ""]
 
 
 def _revision() -> str:
@@ -535,8 +562,8 @@ def _revision() -> str:
 
 
 def build_report(spec, ref, folder: Path, meta: Mapping[str, Any], console=None) -> Path:
-    from accrot.study.results import Results
     from accrot.study.extensions import extension_runs
+    from accrot.study.results import Results
 
     res = collect(spec, ref)
     res = Results([*res.runs, *extension_runs(res, console)])  # RoPE's eval-time extensions, from its checkpoints

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from pathlib import Path
 
 import optuna
 from optuna.trial import TrialState
+from rich.markup import escape
 
-from accrot.display import Finished, RunDisplay, Running
+from accrot.display import Finished, RunDisplay, Running, plain_help
 from accrot.errors import UsageError
 from accrot.metrics import metric_key
 from accrot.phases import WORKER_SPAWNED_AT
@@ -127,11 +129,13 @@ class _Worker:
         return f"{socket.gethostname()}:{self.proc.pid}"
 
 
-def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_progress=None, quiet: bool = False) -> int:
+def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_progress=None, quiet: bool = False,
+              headline: str | None = None) -> int:
     """The parent: validate, create the studies, run ``workers`` worker processes, recover dead ones.
     ``on_progress()`` (the ablation's study notes) is called when trials have finished, at most every
     :data:`PROGRESS_EVERY` seconds; its failure is one yellow line, never the sweep's. On a terminal the
-    progress is one live display; ``quiet`` (or a stderr that is not a terminal): a line per finished run."""
+    progress is one live display; ``quiet`` (or a stderr that is not a terminal): a line per finished run.
+    ``headline``: what the sweep runs, in its caller's words (the ablation's variants × data sets × seeds)."""
     from rich.console import Console
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -143,8 +147,7 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
     with creation_lock(ref, spec.name):
         storage = open_storage(ref, None if ref.attr_heartbeat else spec.heartbeat, spec.retries, create=True)
         studies = create_studies(spec, storage, infos)
-    console.print(f"[bold]{spec.name}[/]: {len(studies)} stud{'y' if len(studies) == 1 else 'ies'} × "
-                  f"{spec.trials} configurations × {len(spec.seeds)} seed(s) on {redact(ref.url)}")
+    console.print(f"[bold]{spec.name}[/]: {escape(headline or _headline(spec))} on {escape(redact(ref.url))}")
     if workers == 0:
         console.print(f"studies ready; add workers with `accrot sweep {spec.path} --worker --storage URL`")
         return 0
@@ -158,8 +161,31 @@ def run_sweep(spec: SweepSpec, ref: StorageRef, root: Path, workers: int, on_pro
 
 
 class Terminated(KeyboardInterrupt):
-    """The parent was sent SIGTERM (``accrot ablation`` turns it into this): stop like Ctrl-C, but the workers, who
-    did not get the signal, are told at once."""
+    """The parent was sent SIGTERM or SIGHUP (a scheduler, ``kill``, a closed terminal): stop as on Ctrl-C, the
+    workers told with SIGTERM (their runs end ``preempted``)."""
+
+
+class _stop_signals:
+    """While the workers run, SIGTERM and SIGHUP raise :class:`Terminated` in the parent (Ctrl-C and SIGINT raise
+    KeyboardInterrupt, as Python does): either way the parent stops its workers before it exits."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self) -> None:
+        self._old = {}
+        if threading.current_thread() is not threading.main_thread():  # a parent run from a thread (tests): Python
+            return  # takes signals in the main thread only
+        self._old = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._raise)
+
+    @staticmethod
+    def _raise(signum, frame) -> None:
+        raise Terminated
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 class Parent:
@@ -176,7 +202,10 @@ class Parent:
         self.next_index = 0
         self.gpus = _gpu_ids()
         self.failed_workers = 0
-        self.seen: set[tuple[str, int]] = set()
+        # trials that finished before this parent started were shown by the run that finished them (a resumed sweep
+        # lists only what it finishes itself)
+        self.seen: set[tuple[str, int]] = {(s.study_name, t.number) for s in studies
+                                           for t in s.get_trials(deepcopy=False, states=FINISHED)}
         self.quiet = quiet
 
     def run(self, workers: int) -> int:
@@ -192,11 +221,12 @@ class Parent:
                            f"STORAGE='{self.ref.dashboard}'{artifacts}")
         self.display = self.make_display()
         try:
-            with self.display:
+            with _stop_signals(), self.display:
                 self.watch(live, max_respawns=workers * max(1, self.spec.retries))
                 self.refresh(live)
         except KeyboardInterrupt as err:
-            self.interrupt(live, signalled=isinstance(err, Terminated))
+            with _stop_signals():  # a second signal while the workers stop must not cut the parent short
+                self.interrupt(live, signalled=isinstance(err, Terminated))
             raise
         finally:
             for fd in self.claims:
@@ -241,7 +271,9 @@ class Parent:
         cmd = [sys.executable, "-c", _WORKER_BOOT, "sweep", str(self.spec.path), "--worker",
                f"--root={self.root}", f"--worker_index={i}"]
         with open(log, "ab") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=wenv)
+            # its own session: a terminal's Ctrl-C reaches the parent alone, which tells every worker once
+            # (Parent.interrupt); a worker that got it twice would stop mid-step without its checkpoint
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=wenv, start_new_session=True)
         return _Worker(i, proc, log)
 
     def work_left(self) -> bool:
@@ -280,24 +312,40 @@ class Parent:
                            f"failed{' and re-queued' if self.spec.retries else ''}; log: {w.log}")
 
     def interrupt(self, live: list[_Worker], signalled: bool = False) -> None:
-        """Ctrl-C: a terminal's Ctrl-C reached the workers too; give them time, then terminate, then kill, and
-        fail (and re-queue) what they were running. ``signalled`` (the parent alone got SIGTERM, as from a
-        scheduler or ``kill``): the workers heard nothing, so they are sent SIGTERM at once."""
-        steps = ((signal.SIGTERM, 20), (signal.SIGKILL, None)) if signalled else (
-            (None, 10), (signal.SIGTERM, 20), (signal.SIGKILL, None))
+        """The parent was stopped: Ctrl-C or SIGINT (``signalled`` False), SIGTERM or SIGHUP (True). The workers, in
+        their own sessions, heard nothing: each is sent the same stop at once (SIGINT, or SIGTERM), finishes the step
+        it is in, checkpoints and fails its trial with the reason (re-queued); one still running after
+        :data:`STOP_GRACE` seconds is killed, and what it ran is failed and re-queued here."""
+        sig = signal.SIGTERM if signalled else signal.SIGINT
         for w in live:
-            for sig, wait in steps:
-                if sig is not None:
-                    w.proc.send_signal(sig)
-                try:
-                    w.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            if w.proc.poll() is None:
+                w.proc.send_signal(sig)
+        deadline = time.monotonic() + STOP_GRACE
+        for w in live:
+            try:
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        why = "Ctrl-C (SIGINT)" if sig == signal.SIGINT else "SIGTERM"
+        self._requeue({w.id for w in live}, f"the sweep was interrupted ({why})")
+        self.console.print(f"interrupted by {why}: {len(live)} worker(s) stopped, their trials checkpointed where they "
+                           "could be, failed and queued again; run the same command to continue", markup=False)
+
+    def _requeue(self, workers: set[str], reason: str) -> None:
+        """Fail and re-queue what ``workers`` left: a RUNNING trial (a killed worker), or one Optuna failed without a
+        reason or a retry (the stop reached the worker outside its run: sampling, recording)."""
         for s in self.studies:
-            for t in s.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-                if any(t.user_attrs.get("worker") == w.id for w in live):
-                    fail_trial(s, self.storage, t, "the sweep was interrupted", self.retry)
+            trials = s.get_trials(deepcopy=False)
+            retried = {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+            for t in trials:
+                if t.user_attrs.get("worker") not in workers:
+                    continue
+                if t.state == TrialState.RUNNING:
+                    fail_trial(s, self.storage, t, reason, self.retry)
+                elif t.state == TrialState.FAIL and "fail_reason" not in t.user_attrs and t.number not in retried:
+                    self.storage.set_trial_user_attr(t._trial_id, "fail_reason", reason)
+                    self.retry(s, self.storage.get_trial(t._trial_id))
 
     def refresh(self, live: list[_Worker]) -> None:
         """One read of every study for the display (runs done, in progress, newly finished), then the progress hook."""
@@ -380,6 +428,7 @@ def _all_failed(studies) -> list[tuple[str, int, str]]:
 
 
 REPORT_EVERY = 2.0  # seconds between the parent's reads of the trials (the live display, the progress hook)
+STOP_GRACE = 30.0  # seconds a stopped worker has to finish its step and checkpoint before it is killed
 PROGRESS_EVERY = 60.0  # seconds between two calls of run_sweep's on_progress (the ablation's claims notes)
 
 
@@ -409,13 +458,27 @@ def _describe(study, t) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _headline(spec: SweepSpec) -> str:
+    """``4 runs (1 study × 4 configurations × 1 seed)``: the budget the sweep queues, and what it is made of."""
+    studies = spec.studies()
+    total = sum(spec.budget_of(name) for name in studies)
+    per_study = {len(strata) for strata in studies.values()}
+    parts = [f"{len(studies)} stud{'y' if len(studies) == 1 else 'ies'}"]
+    if spec.shared_study and per_study != {1}:
+        parts.append(f"{max(per_study)} variants" if len(per_study) == 1 else "their variants")
+    parts += [f"{spec.trials} configuration{'s' if spec.trials != 1 else ''}",
+              f"{len(spec.seeds)} seed{'s' if len(spec.seeds) != 1 else ''}"]
+    return f"{total} run{'s' if total != 1 else ''} ({' × '.join(parts)})"
+
+
 def _print_summary(console, spec: SweepSpec, studies, ref: StorageRef, root: Path) -> None:
     for s in studies:
         trials = s.get_trials(deepcopy=False)
         counts = {st.name.lower(): sum(t.state == st for t in trials) for st in FINISHED}
         line = f"{s.study_name}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
         done = [t for t in trials if t.state == TrialState.COMPLETE]
-        if done and len(spec.objectives) == 1:
+        # a shared study is a fixed grid of variants × seeds compared side by side (the ablation): no "best"
+        if done and len(spec.objectives) == 1 and not spec.shared_study:
             best = s.best_trial
             line += f"; best #{best.number} {spec.objectives[0].metric}={best.value:.4f} {best.params}"
         console.print(line, markup=False)
@@ -431,7 +494,7 @@ def main(argv: list[str]) -> int:
     """``accrot sweep SPEC [--workers N] [--storage URL]``: run an Optuna study spec."""
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog="accrot sweep", exit_on_error=False, description=main.__doc__)
+    parser = ArgumentParser(prog="accrot sweep", exit_on_error=False, description=plain_help(main.__doc__))
     parser.add_argument("spec", type=str, help="a spec file (sweeps/smoke.yaml) or a shipped spec's name (smoke)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes on this machine (0: validate and create the study only)")

@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from accrot.display import plain_help
 from accrot.io import atomic_savefig, atomic_write_text, pyplot
 from accrot.metrics import mean_std, metric_key, parse_metric, pm
 
@@ -226,7 +227,7 @@ def main(argv: list[str]) -> int:
     """``accrot report --study NAME [--storage URL]``: tables, figures and a CSV of a finished study."""
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog="accrot report", exit_on_error=False, description=main.__doc__)
+    parser = ArgumentParser(prog="accrot report", exit_on_error=False, description=plain_help(main.__doc__))
     parser.add_argument("--study", type=str, required=True, help="the spec's name (its variants are included)")
     parser.add_argument("--storage", type=str | None, default=None,
                         help="the sweep's storage URL (default: <root>/<study>/study.db)")

@@ -148,7 +148,9 @@ def check_partition(partition: str | None, dry_run: bool) -> None:
 def _parser(kind: str):
     from jsonargparse import ArgumentParser
 
-    parser = ArgumentParser(prog=f"accrot slurm {kind}", exit_on_error=False, description=__doc__)
+    from accrot.display import plain_help
+
+    parser = ArgumentParser(prog=f"accrot slurm {kind}", exit_on_error=False, description=plain_help(__doc__))
     if kind == "sweep":
         parser.add_argument("spec", type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
         parser.add_argument("--storage", type=str | None, default=None,

@@ -413,6 +413,9 @@ def _next_study(studies: list[_Study], spec: SweepSpec) -> _Study | None:
 
 
 def _signal_name(err: BaseException) -> str:
-    """The signal that stopped a run (callbacks.preemption records it on the exception): SIGTERM, SIGINT, ..."""
+    """The signal that stopped a run (callbacks.preemption records it on the exception): SIGTERM, ``Ctrl-C
+    (SIGINT)`` (a terminal's Ctrl-C, or SIGINT to the sweep, which passes it on), ..."""
     signum = getattr(err, "signum", None)
+    if signum == signal.SIGINT:
+        return "Ctrl-C (SIGINT)"
     return signal.Signals(signum).name if signum else "SIGTERM"
