@@ -12,7 +12,7 @@ It is applied in training and evaluation alike. The factor depends on the row on
 At t = 0 the factor is 0 and the one visible key takes all the weight, as it would anyway.
 
 ``cfg.ssmax_init`` sets the initial s of every head (0.43 by default, the s of the paper's first figure; training
-then learns it); the factor is computed in float32 (log(t + 1) in float64) whatever the autocast or parameter dtype.
+then learns it); the factor is computed in float32 or wider (log(t + 1) in float64) whatever the autocast or parameter dtype.
 """
 
 from __future__ import annotations
@@ -27,27 +27,29 @@ from accrot.position.scheme import register_far_mass
 
 @register_far_mass("ssmax")
 class ScalableSoftmax(FarMassPart):
-    """``logit_scale(x, tokens) -> [1, H, T]`` float32, s_h·log(t + 1); ``log_decay`` is 0 (no bias)."""
+    """``logit_scale(x, tokens) -> [1, H, T]`` float32 (float64 for float64 x), s_h·log(t + 1); ``log_decay`` is 0
+    (no bias)."""
 
     additive = False
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         self.s = nn.Parameter(torch.full((n_heads,), float(cfg.ssmax_init)))  # [H]
-        self._log_n: dict[torch.device, torch.Tensor] = {}  # log(t + 1) per device, grown on demand
+        self._log_n: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # log(t + 1), grown on demand
 
-    def log_n(self, T: int, device: torch.device) -> torch.Tensor:
-        """log(t + 1) for t = 0..T−1, ``[T]`` float32 (computed in float64; a prefix of a longer table is exact)."""
-        table = self._log_n.get(device)
+    def log_n(self, T: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """log(t + 1) for t = 0..T−1, ``[T]`` (computed in float64; a prefix of a longer table is exact)."""
+        table = self._log_n.get((device, dtype))
         if table is None or table.shape[0] < T:
-            table = torch.arange(1, T + 1, dtype=torch.float64, device=device).log().float()  # [T]
-            self._log_n[device] = table
+            table = torch.arange(1, T + 1, dtype=torch.float64, device=device).log().to(dtype)  # [T]
+            self._log_n[(device, dtype)] = table
         return table[:T]
 
     def logit_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
+        dt = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for a float64 model
         with torch.autocast(device_type=x.device.type, enabled=False):
-            return self.s.float()[None, :, None] * self.log_n(T, x.device)[None, None, :]  # [1, H, T]
+            return self.s.to(dt)[None, :, None] * self.log_n(T, x.device, dt)[None, None, :]  # [1, H, T]
 
     def log_decay(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return x.new_zeros(1, self.n_heads, tokens.shape[1], dtype=torch.float32)  # [1, H, T]
