@@ -76,7 +76,7 @@ class AccrotCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--name", type=str | None, default=None,
-                            help="run name (default: rotation-far_mass[-values] of the scheme)")
+                            help="run name (default: rotation-far_mass[-values][-gate][-layers_...] of the scheme)")
         parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
         parser.add_argument("--wandb", type=str, default="auto",
                             help="auto (online if logged in, else offline), online, offline or disabled")
@@ -189,9 +189,10 @@ class AccrotCLI(LightningCLI):
 
     def run_name(self, cfg) -> str:
         scheme = cfg["model"].scheme_config
-        return cfg.get("name") or "-".join(
-            [scheme.rotation, scheme.far_mass] + (["values"] if scheme.rotate_values else [])
-        )
+        parts = [scheme.rotation, scheme.far_mass] + (["values"] if scheme.rotate_values else [])
+        parts += {"none": [], "elementwise": ["gate"], "headwise": ["headgate"]}[scheme.output_gate]
+        parts += ["layers_" + "_".join(scheme.layer_pattern)] if scheme.layer_pattern else []
+        return cfg.get("name") or "-".join(parts)
 
     def _checkpoint_to_load(self, cfg, io: AtomicCheckpointIO | None) -> dict | None:
         """Resolve ``--ckpt_path last`` to the newest resumable run of this name; read and check the
