@@ -24,8 +24,9 @@ def attention_rows(
     """Attention probabilities of query ``rows [R]`` (ascending positions) over every key: ``[B, H, R, T]``
     float32 (0 for s > t).
 
-    ℓ_ts = D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder / log_decay; the
-    caller chunks the rows (memory B·H·R·T)."""
+    ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder, logit_scale (c_t:
+    scalable softmax's s_h·log(t + 1)) and log_decay; the caller chunks the rows (memory B·H·R·T). The output gate
+    multiplies what the rows average, not the rows."""
     if rows.numel() > 1 and bool((rows.diff() <= 0).any()):
         raise ValueError("rows must be strictly ascending query positions")
     return _probabilities(scheme, _scores(scheme, q, k, x, tokens, rows), x, tokens, rows)
@@ -33,10 +34,12 @@ def attention_rows(
 
 def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
                    rows: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) plus the far-mass bias, causal."""
+    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) times the row's logit factor, plus
+    the far-mass bias, causal."""
     T = scores.shape[-1]
-    logits = scores
-    if scheme.far_mass is not None:
+    factor = scheme.logit_scale(x, tokens).double()  # [B, H, T]: ones but for ssmax (and YaRN's temperature)
+    logits = scores * factor[:, :, rows, None]
+    if scheme.far_mass is not None and scheme.far_mass.additive:
         c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
         logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
     future = torch.arange(T, device=scores.device)[None, :] > rows[:, None]  # [R, T]
@@ -46,7 +49,7 @@ def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tok
 def _scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
             rows: torch.Tensor) -> torch.Tensor:
     """Transported scores D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows`` over every key, ``[B, H, R, T]`` float64,
-    without the far-mass bias (entries s > t are meaningless; callers mask them)."""
+    without the far-mass bias or the row's logit factor (entries s > t are meaningless; callers mask them)."""
     B, H, T, D = q.shape
     q, k = q.float().contiguous(), k.float().contiguous()
     kind = scheme.rotation.kind
