@@ -213,9 +213,9 @@ def test_far_mass_of_scalable_softmax_follows_its_closed_form():
         return ((w * far).sum(-1) / w.sum(-1)).mean(-1)
 
     measured = {}
-    for far_mass, slopes in (("none", [1.0, 1.0]), ("ssmax", [0.5, 1.5])):
-        scheme = build(SchemeConfig(far_mass=far_mass), H * D, H).eval()
-        if far_mass == "ssmax":
+    for kind, slopes in (("none", [1.0, 1.0]), ("ssmax", [0.5, 1.5])):
+        scheme = build(SchemeConfig(far_mass=kind), H * D, H).eval()
+        if kind == "ssmax":
             with torch.no_grad():
                 scheme.far_mass.s.copy_(torch.tensor(slopes))
             c = torch.tensor(slopes, dtype=torch.float64)[:, None] * torch.log(t[:, 0] + 1)[None, :]
@@ -223,8 +223,8 @@ def test_far_mass_of_scalable_softmax_follows_its_closed_form():
             c = torch.ones(H, nq, dtype=torch.float64)
         with torch.no_grad():
             sums = scheme_far_sums(scheme, q, k, torch.zeros_like(q), x, tokens, W, n_queries=nq)
-        measured[far_mass] = sums["far_mass"] / sums["far_rows"]
-        torch.testing.assert_close(measured[far_mass], closed(c), rtol=1e-5, atol=1e-7)
+        measured[kind] = sums["far_mass"] / sums["far_rows"]
+        torch.testing.assert_close(measured[kind], closed(c), rtol=1e-5, atol=1e-7)
     assert (measured["ssmax"] < measured["none"]).all()  # c_t = s·log(t + 1) > 1 for both heads at t ≈ 500
 
 
