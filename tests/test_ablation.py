@@ -242,7 +242,7 @@ def test_far_mass_design_variants_are_optional_and_valid_runs_of_every_size():
         check_stratum(spec, st)  # raises a one-line UsageError naming the variant on a bad override
     labels = {v: SchemeConfig(**VARIANTS[v]).label() for v in FAR_MASS_DESIGNS}
     assert labels == {"RoPE+ssmax": "rope/ssmax", "RoPE+gate": "rope/none+gate",
-                      "RoPE-NoPE-interleaved": "rope/none[cell,none]",
+                      "RoPE-NoPE-interleaved": "rope/none(cell,none)",
                       "accum-learned+values+ssmax": "accum:learned/ssmax+values",
                       "accum-learned+values+gate": "accum:learned/none+values+gate"}
     for n_layers in (2, 6):

@@ -37,7 +37,7 @@ def test_grid_has_every_built_cell_once_nope_first():
     # beyond the grid: the output gate once per rotation kind (and headwise on NoPE), NoPE/RoPE interleaving
     extra = [c.name for c in cells if not c.plain]
     assert extra == ["none/none+gate", "none/none+headgate", "rope/none+gate", "accum:learned/none+v+gate",
-                     "path/none+gate", "rope/none[cell,none]"]
+                     "path/none+gate", "rope/none(cell,none)"]
     assert all(c.rotation in ("rope", "accum") for c in cells if c.rotate_values)
     assert {c.increments for c in cells if c.rotation == "accum"} <= {"random_position", "learned"}
     for c in cells:

@@ -55,7 +55,7 @@ def test_a_gated_interleaved_ssmax_cell_trains_and_records_its_layers(tmp_path):
     assert record["status"] == "finished"
     assert record["scheme_layers"] == ["rope/ssmax+gate", "none/ssmax+gate"]
     assert record["scheme"]["layer_pattern"] == ["cell", "none"] and record["scheme"]["cell"] == (
-        "rope/ssmax+gate[cell,none]")
+        "rope/ssmax+gate(cell,none)")
     assert record["hparams"]["scheme"]["layer_pattern"] == ["cell", "none"]
     assert len(record["scheme"]["ssmax_s"]) == record["hparams"]["n_heads"]
 

@@ -21,7 +21,7 @@ step in pairs, at the tiny and the small shape (:mod:`accrot.bench.pipeline`).
 rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
 separate rows, rotate_values for rope/accum only, path cells when ``path`` is registered; far_mass none, alibi,
 forget and ssmax), plus the output gate once per rotation kind (``+gate``; ``+headgate`` on NoPE) and NoPE/RoPE
-interleaving (``rope/none[cell,none]``), and measures
+interleaving (``rope/none(cell,none)``), and measures
 
 * **training step** (forward + next-token cross-entropy + ``loss.backward()``, no optimiser) at ``T`` for each
   model size. Shapes (d_model, n_layers, n_heads) come from the shipped ``tiny.yaml`` / ``small.yaml``; the

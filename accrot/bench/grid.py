@@ -57,7 +57,7 @@ class Cell:
         rot = self.rotation if self.increments is None else f"{self.rotation}:{self.increments}"
         name = f"{rot}/{self.far_mass}" + ("+v" if self.rotate_values else "")
         name += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
-        return name + (f"[{','.join(self.layer_pattern)}]" if self.layer_pattern else "")
+        return name + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
 
     @property
     def plain(self) -> bool:

@@ -193,14 +193,14 @@ class SchemeConfig:
         return replace(self, rotation="none", increments=None, rotate_values=False, layer_pattern=None)
 
     def label(self) -> str:
-        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values][+gate][[pattern]]``:
+        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values][+gate][(pattern)]``:
         ``accum:learned/forget+values``, ``rope/ssmax``, ``rope/none+gate`` (``+headgate``: one gate per head),
-        ``rope/none[cell,none]`` (every 2nd layer NoPE). Figures, tables, sweeps and error messages name a scheme
-        by it."""
+        ``rope/none(cell,none)`` (every 2nd layer NoPE; parentheses: rich's tables read brackets as markup).
+        Figures, tables, sweeps and error messages name a scheme by it."""
         rotation = f"{self.rotation}:{self.increments}" if self.increments else self.rotation
         label = f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
         label += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
-        return label + (f"[{','.join(self.layer_pattern)}]" if self.layer_pattern else "")
+        return label + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
 
     @classmethod
     def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:

@@ -31,7 +31,7 @@ def test_pattern_resolves_per_layer_and_keeps_far_mass_and_gate():
     assert layers[0] == SchemeConfig(rotation="accum", increments="learned", rotate_values=True, far_mass="ssmax",
                                      output_gate="elementwise")
     assert SchemeConfig(rotation="rope").for_layer(5) == SchemeConfig(rotation="rope")
-    assert cell.label() == "accum:learned/ssmax+values+gate[cell,cell,cell,none]"
+    assert cell.label() == "accum:learned/ssmax+values+gate(cell,cell,cell,none)"
 
 
 def test_backbone_builds_each_layer_through_the_registry_and_records_it():
@@ -42,7 +42,7 @@ def test_backbone_builds_each_layer_through_the_registry_and_records_it():
     info = [s.describe() for s in schemes]
     assert [i["rotation"] for i in info] == ["rope", "rope", "rope", "none"]
     assert [i["layer"] for i in info] == [0, 1, 2, 3]
-    assert all(i["layer_pattern"] == EVERY_4TH and i["cell"] == "rope/none[cell,cell,cell,none]" for i in info)
+    assert all(i["layer_pattern"] == EVERY_4TH and i["cell"] == "rope/none(cell,cell,cell,none)" for i in info)
     assert "layer" not in Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4)).schemes()[0].describe()
 
 
