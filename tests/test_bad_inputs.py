@@ -312,8 +312,8 @@ CATALOGUE: list[Row] = [
     Row("layer-pattern-not-a-list", "--model.scheme.rotation=rope --model.scheme.layer_pattern=cell",
         lambda f: f.fit("--model.scheme.rotation=rope", "--model.scheme.layer_pattern=cell"),
         "model.scheme.layer_pattern='cell' is not valid; give a list in brackets ([a, b, ...]) or null"),
-    Row("layer-pattern-beyond-the-layers", "--model.scheme.rotation=rope --model.scheme.layer_pattern=[cell,cell,cell,none]"
-        " (tiny: 2 layers)",
+    Row("layer-pattern-beyond-the-layers",
+        "--model.scheme.rotation=rope --model.scheme.layer_pattern=[cell,cell,cell,none] (tiny: 2 layers)",
         lambda f: f.fit("--model.scheme.rotation=rope", "--model.scheme.layer_pattern=[cell,cell,cell,none]"),
         "makes every one of n_layers=2 layers the cell"),
     Row("unknown-output-gate", "--model.scheme.output_gate=sigmoid",

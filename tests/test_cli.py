@@ -46,8 +46,8 @@ def test_fast_dev_run_of_every_shipped_config(config, tmp_path):
 def test_a_gated_interleaved_ssmax_cell_trains_and_records_its_layers(tmp_path):
     """The far-mass designs as one config: the run is named by them and run.json records every layer's scheme."""
     rc = main(["fit", "--config", "tiny", "--trainer.fast_dev_run=true", f"--root={tmp_path}",
-               "--model.scheme.rotation=rope", "--model.scheme.far_mass=ssmax", "--model.scheme.output_gate=elementwise",
-               "--model.scheme.layer_pattern=[cell, none]", "--extrapolation.multipliers=[1,2]",
+               "--model.scheme.rotation=rope", "--model.scheme.far_mass=ssmax",
+               "--model.scheme.output_gate=elementwise", "--model.scheme.layer_pattern=[cell, none]", "--extrapolation.multipliers=[1,2]",
                "--trainer.limit_val_batches=1", "--data.init_args.batch_size=2", *QUICK])
     assert rc == 0
     (run_dir,) = list(tmp_path.glob("rope-ssmax-gate-layers_cell_none/version_0"))

@@ -2,7 +2,9 @@
 registers every family."""
 
 from accrot.errors import ConfigError
-from accrot.position import accum, alibi, forget, gate, nope, path, rope, ssmax  # noqa: F401  (each registers its family)
+
+# each module registers its family
+from accrot.position import accum, alibi, forget, gate, nope, path, rope, ssmax  # noqa: F401
 from accrot.position.config import SchemeConfig
 from accrot.position.scheme import FAR_MASS, OUTPUT_GATES, ROTATIONS, PositionScheme, build
 

@@ -93,9 +93,9 @@ class PositionScheme(nn.Module):
         return self.far_mass.log_decay(x, tokens).expand(tokens.shape[0], -1, -1)
 
     def logit_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The factor c_t on every logit of query row t, ``[B, H, T]`` float32: ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s +
-        b_ts. ssmax: s_h·log(t + 1); an evaluation-time RoPE extension's temperature (YaRN) multiplies it; ones
-        otherwise."""
+        """The factor c_t on every logit of query row t, ``[B, H, T]`` float32 (or wider):
+        ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts. ssmax: s_h·log(t + 1); an evaluation-time RoPE extension's
+        temperature (YaRN) multiplies it; ones otherwise."""
         B, T = tokens.shape
         row = self._row_scale(x, tokens)  # [B|1, H, T] or None
         if row is None:

@@ -12,7 +12,8 @@ It is applied in training and evaluation alike. The factor depends on the row on
 At t = 0 the factor is 0 and the one visible key takes all the weight, as it would anyway.
 
 ``cfg.ssmax_init`` sets the initial s of every head (0.43 by default, the s of the paper's first figure; training
-then learns it); the factor is computed in float32 or wider (log(t + 1) in float64) whatever the autocast or parameter dtype.
+then learns it); the factor is computed in float32 or wider (log(t + 1) in float64) whatever the autocast or
+parameter dtype.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A scheme's attention recomputed from what it exposes and nothing else, by the naive twins: explicit ``[T, T]``
-logits ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts (c from ``logit_scale``, M from ``angles`` / ``householder``, b from
-``log_decay``), a plain softmax, values transported by the angles where the scheme rotates them, and the output
+logits ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts (c from ``logit_scale``, M from ``angles`` / ``householder``,
+b from ``log_decay``), a plain softmax, values transported by the angles where the scheme rotates them, and the output
 times ``output_gate``. Shared by the tests of scalable softmax, the output gate and the per-layer pattern."""
 
 from __future__ import annotations
