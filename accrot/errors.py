@@ -73,6 +73,9 @@ _OPTIONAL_LITERAL = re.compile(r'Parser key "(?P<key>[\w.]+)":; Does not validat
                                r"Subtypes: \[typing\.Literal\[(?P<choices>[^\]]*)\], <class 'NoneType'>\].*?"
                                r"Given value: (?P<value>[^;]*)$")
 
+_OPTIONAL_LIST = re.compile(r'Parser key "(?P<key>[\w.]+)":; Does not validate against any of the Union subtypes; '
+                            r"Subtypes: \[list\[\w+\], <class 'NoneType'>\].*?Given value: (?P<value>[^;]*)$")
+
 
 def one_line(message: str) -> str:
     """Collapse a (possibly nested, multi-line) parser message into one readable line."""
@@ -96,6 +99,10 @@ def one_line(message: str) -> str:
     if optional:  # an Optional[Literal[...]] key given a value outside the literal
         return (f"{optional.group('key')}={optional.group('value').strip()!r} is not valid; choose one of "
                 f"{optional.group('choices')} (or null)")
+    listed = _OPTIONAL_LIST.search(text)
+    if listed:  # an Optional[list[...]] key given something that is not a list
+        return (f"{listed.group('key')}={listed.group('value').strip()!r} is not valid; give a list in brackets "
+                "([a, b, ...]) or null")
     union = _UNION.match(text)
     if union:  # a class's own error, wrapped by jsonargparse's Union matching: keep that error alone
         text = union.group("errors")

@@ -1,7 +1,9 @@
 """The common backbone: a decoder-only pre-norm transformer whose attention is a position scheme.
 
 Every variant of the ablation shares this module exactly; only the per-layer scheme built from
-``ModelConfig.scheme`` differs (DESIGN §1–§2). RMSNorm and SwiGLU follow LLaMA (Touvron et al., 2023).
+``ModelConfig.scheme`` differs (DESIGN §1–§2); a ``scheme.layer_pattern`` makes some layers position-free
+(NoPE/RoPE interleaving, as in Llama 4's iRoPE), each layer's scheme built by the registry for its index.
+RMSNorm and SwiGLU follow LLaMA (Touvron et al., 2023).
 No Lightning import here: the LightningModule in :mod:`accrot.lit` adds loop, loss and optimiser.
 """
 
@@ -45,6 +47,20 @@ class ModelConfig:
             raise ConfigError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.mlp_hidden is not None and self.mlp_hidden < 1:
             raise ConfigError(f"mlp_hidden={self.mlp_hidden!r} is not valid; it must be a positive integer or null")
+        self._check_layer_pattern()
+
+    def _check_layer_pattern(self) -> None:
+        """A ``scheme.layer_pattern`` must give these layers both kinds (layer i takes entry i mod len)."""
+        pattern = self.scheme.layer_pattern
+        if pattern is None:
+            return
+        kinds = {pattern[i % len(pattern)] for i in range(self.n_layers)}
+        if kinds != {"cell", "none"}:
+            raise ConfigError(
+                f"scheme.layer_pattern={pattern!r} makes every one of n_layers={self.n_layers} layers "
+                f"{'position-free' if kinds == {'none'} else 'the cell'}; give a pattern whose first {self.n_layers} "
+                "entries hold both 'cell' and 'none' (e.g. [cell, none]), or drop it"
+            )
 
     @property
     def hidden(self) -> int:
@@ -83,12 +99,12 @@ class SwiGLU(nn.Module):
 class Attention(nn.Module):
     """Multi-head causal attention; the position scheme does the q·k pairing and the mixing."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_heads, self.head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
-        self.scheme = build(cfg.scheme, cfg.d_model, cfg.n_heads)
+        self.scheme = build(cfg.scheme, cfg.d_model, cfg.n_heads, layer)  # this layer's entry of a layer_pattern
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x [B, T, d_model]`` → q, k, v ``[B, H, T, D]`` (exposed for diagnostics)."""
@@ -105,10 +121,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, cfg.hidden)
 
@@ -125,7 +141,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)

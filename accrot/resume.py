@@ -211,6 +211,10 @@ def _label(scheme: dict | None) -> str:
 SHAPE_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "tie_embeddings")
 
 
+# scheme keys added after checkpoints were already being written, with the value such a checkpoint means
+ADDED_SCHEME_KEYS = {"ssmax_init": 0.43, "output_gate": "none", "layer_pattern": None}
+
+
 def _identity(scheme: dict | None) -> dict:
     """The scheme keys that decide what a checkpoint means. ``vocab_size`` follows the model's vocabulary
     (compared with the shapes); ``seed`` matters only where something is drawn at random (random increments, a
@@ -218,6 +222,9 @@ def _identity(scheme: dict | None) -> dict:
     is 0)."""
     d = dict(scheme or {})
     d.pop("vocab_size", None)
+    for key, default in ADDED_SCHEME_KEYS.items():  # a checkpoint older than a key means its default
+        if d.get(key, default) == default:
+            d.pop(key, None)
     random = d.get("rotation") == "accum" and (
         d.get("increments") in ("random_position", "random_token")
         or (d.get("increments") == "learned" and (d.get("window") is not None or d.get("sigma") is not None)))

@@ -82,6 +82,8 @@ class RunRecord(L.Callback):
             "hparams": dict(pl_module.hparams),
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},
             "scheme": schemes[0].describe() if schemes else {},
+            # each layer's own scheme (they differ where the scheme has a layer_pattern)
+            "scheme_layers": [scheme.cfg.label() for scheme in schemes],
             "parameters": sum(p.numel() for p in pl_module.parameters()),
             "launch": _launch(trainer),
             "started_from": previous.get("started_from", None if self.resumed else self.start),

@@ -92,6 +92,23 @@ BREAKAGES = [
              "accrot/position/accum.py", "rows = torch.arange(B, device=device, dtype=torch.int64) * world + rank",
              "rows = torch.arange(B, device=device, dtype=torch.int64) + rank * B",
              ("tests/position/test_so2.py", "-k", "shards_the_global_batch")),
+    Breakage("ssmax-block-length", "scalable softmax's n taken as the block length T, not the keys t + 1 a query sees",
+             "accrot/position/ssmax.py", "torch.arange(1, T + 1, dtype=torch.float64, device=device).log()",
+             "torch.full((T,), float(T), dtype=torch.float64, device=device).log()",
+             ("tests/position/test_ssmax.py",)),
+    Breakage("gate-before-transport", "the output gate applied to the values, before attention and their transport",
+             "accrot/position/scheme.py",
+             "        out = self._attend(q, k, v, x, tokens)  # [B, H, T, D]\n        if self.gate is not None:\n"
+             "            out = out * self.gate.gate(x, tokens).to(out.dtype)",
+             "        if self.gate is not None:\n            v = v * self.gate.gate(x, tokens).to(v.dtype)\n"
+             "        out = self._attend(q, k, v, x, tokens)  # [B, H, T, D]",
+             ("tests/position/test_output_gate.py", "-k", "naive_twin")),
+    Breakage("diagnostics-unscaled-rows", "the diagnostics' attention rows without the row's logit factor (ssmax)",
+             "accrot/diagnostics/far_mass.py", "    logits = scores * factor[:, :, rows, None]\n",
+             "    logits = scores\n", ("tests/test_diagnostics.py", "-k", "attention_rows or closed_form")),
+    Breakage("layer-pattern-ignored", "every layer built as layer 0 of its pattern", "accrot/model.py",
+             "Block(cfg, layer) for layer in range(cfg.n_layers)", "Block(cfg, 0) for layer in range(cfg.n_layers)",
+             ("tests/position/test_layer_pattern.py",)),
 ]
 
 

@@ -222,6 +222,33 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     assert max(diag["init_args"]["multipliers"]) == max(SIZES[size].multipliers)
 
 
+FAR_MASS_DESIGNS = ("RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved", "accum-learned+values+ssmax",
+                    "accum-learned+values+gate")
+
+
+def test_far_mass_design_variants_are_optional_and_valid_runs_of_every_size():
+    """The cells of scalable softmax, the output gate and NoPE/RoPE interleaving run only when named, and each is a
+    config the real CLI parser accepts at the study's shape (tiny: 2 layers, where the interleaved cell has one
+    NoPE layer); the interleaved cell also fits the small and paper shape (6 layers)."""
+    from accrot.model import ModelConfig
+    from accrot.position import SchemeConfig
+    from accrot.study.variants import DEFAULT_VARIANTS, OPTIONAL
+    from accrot.sweep.trials import check_stratum
+
+    assert set(FAR_MASS_DESIGNS) <= set(OPTIONAL) and not set(FAR_MASS_DESIGNS) & set(DEFAULT_VARIANTS)
+    doc = build_spec("t", SIZES["study"], 1, list(FAR_MASS_DESIGNS), ["corpus"])
+    spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)))
+    for st in spec.strata():
+        check_stratum(spec, st)  # raises a one-line UsageError naming the variant on a bad override
+    labels = {v: SchemeConfig(**VARIANTS[v]).label() for v in FAR_MASS_DESIGNS}
+    assert labels == {"RoPE+ssmax": "rope/ssmax", "RoPE+gate": "rope/none+gate",
+                      "RoPE-NoPE-interleaved": "rope/none(cell,none)",
+                      "accum-learned+values+ssmax": "accum:learned/ssmax+values",
+                      "accum-learned+values+gate": "accum:learned/none+values+gate"}
+    for n_layers in (2, 6):
+        ModelConfig(n_layers=n_layers, scheme=SchemeConfig(**VARIANTS["RoPE-NoPE-interleaved"]))
+
+
 def test_optional_data_sets_train_at_a_length_their_sequences_fit_in(tmp_path):
     """The retrieval tasks that need more than L = 128 train at 256 (window following), the text data set reads
     --text_root's .txt files, and every data module the spec names accepts what the spec gives it."""

@@ -44,6 +44,23 @@ def test_fast_dev_run_of_every_shipped_config(config, tmp_path):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_a_gated_interleaved_ssmax_cell_trains_and_records_its_layers(tmp_path):
+    """The far-mass designs as one config: the run is named by them and run.json records every layer's scheme."""
+    rc = main(["fit", "--config", "tiny", "--trainer.fast_dev_run=true", f"--root={tmp_path}",
+               "--model.scheme.rotation=rope", "--model.scheme.far_mass=ssmax",
+               "--model.scheme.output_gate=elementwise", "--model.scheme.layer_pattern=[cell, none]", "--extrapolation.multipliers=[1,2]",
+               "--trainer.limit_val_batches=1", "--data.init_args.batch_size=2", *QUICK])
+    assert rc == 0
+    (run_dir,) = list(tmp_path.glob("rope-ssmax-gate-layers_cell_none/version_0"))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished"
+    assert record["scheme_layers"] == ["rope/ssmax+gate", "none/ssmax+gate"]
+    assert record["scheme"]["layer_pattern"] == ["cell", "none"] and record["scheme"]["cell"] == (
+        "rope/ssmax+gate(cell,none)")
+    assert record["hparams"]["scheme"]["layer_pattern"] == ["cell", "none"]
+    assert len(record["scheme"]["ssmax_s"]) == record["hparams"]["n_heads"]
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A real (tiny, short) run shared by the tests below."""
@@ -324,6 +341,13 @@ def test_checkpoint_fit_compares_the_seed_only_where_something_is_random():
     assert reason is not None and "seed=4 (config: 3)" in reason
     assert check_fits(ckpt(lit(**random)), lit(**random, seed=0), "x.ckpt") is None  # None resolves to 0
     assert check_fits(ckpt(lit(rotation="rope", seed=4)), lit(rotation="rope", seed=3), "x.ckpt") is None
+    # a checkpoint written before the output gate, ssmax and layer patterns existed means their defaults
+    old = ckpt(lit(rotation="rope"))
+    for key in ("ssmax_init", "output_gate", "layer_pattern"):
+        del old["hyper_parameters"]["scheme"][key]
+    assert check_fits(old, lit(rotation="rope"), "x.ckpt") is None
+    reason = check_fits(old, lit(rotation="rope", output_gate="elementwise"), "x.ckpt")
+    assert reason is not None and "output_gate=None (config: 'elementwise')" in reason
 
 
 def test_warnings_during_start_up_are_held_then_replayed_or_dropped():

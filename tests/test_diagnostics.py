@@ -132,18 +132,27 @@ SCHEMES = {
     "token-alibi-values": dict(rotation="accum", increments="random_token", far_mass="alibi", rotate_values=True),
     "path": dict(rotation="path", chunk_size=16),
     "path-fox": dict(rotation="path", far_mass="forget", beta_max=1.5, chunk_size=16),
+    "ssmax": dict(rotation="none", far_mass="ssmax", ssmax_init=1.3),
+    "learned-ssmax-values": dict(rotation="accum", increments="learned", learned_init_std=0.5, far_mass="ssmax",
+                                 ssmax_init=0.8, rotate_values=True),
+    "path-ssmax": dict(rotation="path", far_mass="ssmax", chunk_size=16),
+    "rope-values-gate": dict(rotation="rope", rotate_values=True, output_gate="elementwise"),
+    "path-fox-headgate": dict(rotation="path", far_mass="forget", chunk_size=16, output_gate="headwise"),
 }
 
 
 @pytest.mark.parametrize("name", list(SCHEMES))
 def test_attention_rows_reproduce_the_scheme_forward(name):
-    """The probabilities the diagnostics use, applied to (transported) values, give the kernel's output."""
+    """The probabilities the diagnostics use, applied to (transported) values and times the output gate, give the
+    kernel's output (ssmax: the rows carry its factor s_h·log(t + 1); a gate leaves the rows as they are)."""
     H, D, T, B = 2, 8, 37, 2
     scheme = build(SchemeConfig(**SCHEMES[name], block_size=8), H * D, H).eval()
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
     x, tokens = torch.randn(B, T, H * D, generator=gen), torch.randint(0, 256, (B, T), generator=gen)
     with torch.no_grad():
+        if scheme.gate is not None:
+            scheme.gate.proj.weight.normal_(std=0.5)
         ref = scheme(q, k, v, x, tokens)
         a = attention_rows(scheme, q, k, x, tokens, torch.arange(T))  # [B, H, T, T]
         if scheme.cfg.rotate_values:
@@ -151,6 +160,7 @@ def test_attention_rows_reproduce_the_scheme_forward(name):
             out = rotate_pairs(a @ rotate_pairs(v, -theta), theta)
         else:
             out = a @ v
+        out = out * scheme.output_gate(x, tokens)
     assert torch.allclose(a.sum(-1), torch.ones(B, H, T), atol=1e-5)
     assert_close(ref, out, 1e-5)
 
@@ -180,6 +190,42 @@ def test_far_mass_grows_for_nope_and_stays_bounded_for_alibi():
         assert (alibi[layer][1024] < bound + 0.02).all()
         assert (alibi[layer][1024] - alibi[layer][256])[:2].abs().max() < 1e-3  # steep heads: already saturated
         assert alibi[layer][1024][0] < 0.05 < nope[layer][64].min()
+
+
+def test_far_mass_of_scalable_softmax_follows_its_closed_form():
+    """Known truth: keys s ≥ T − 48 score z, all others 0 (q_t = e_1, k_s = z·√D·e_1). Row t's weights are
+    e^{c_t·z} on those keys and 1 elsewhere, c_t = s_h·log(t + 1) (ssmax) or 1 (softmax), so the far mass
+    (t − s > W) of the last queries has a closed form; ssmax puts less of it far than softmax does."""
+    from accrot.diagnostics import scheme_far_sums
+
+    H, D, T, W, nq, z = 2, 8, 512, 16, 32, 1.0
+    q = torch.zeros(1, H, T, D)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, H, T, D)
+    k[:, :, T - 48 :, 0] = z * math.sqrt(D)
+    x, tokens = torch.zeros(1, T, H * D), torch.zeros(1, T, dtype=torch.long)
+    t = torch.arange(T - nq, T, dtype=torch.float64)[:, None]  # [nq, 1] the last queries
+    s = torch.arange(T, dtype=torch.float64)[None, :]  # [1, T]
+    marked, visible, far = (s >= T - 48).double(), (s <= t).double(), (t - s > W).double()
+
+    def closed(c):  # [H, nq] factor per head and row -> [H] mean far mass
+        w = torch.exp(c[..., None] * z * marked) * visible  # [H, nq, T]
+        return ((w * far).sum(-1) / w.sum(-1)).mean(-1)
+
+    measured = {}
+    for kind, slopes in (("none", [1.0, 1.0]), ("ssmax", [0.5, 1.5])):
+        scheme = build(SchemeConfig(far_mass=kind), H * D, H).eval()
+        if kind == "ssmax":
+            with torch.no_grad():
+                scheme.far_mass.s.copy_(torch.tensor(slopes))
+            c = torch.tensor(slopes, dtype=torch.float64)[:, None] * torch.log(t[:, 0] + 1)[None, :]
+        else:
+            c = torch.ones(H, nq, dtype=torch.float64)
+        with torch.no_grad():
+            sums = scheme_far_sums(scheme, q, k, torch.zeros_like(q), x, tokens, W, n_queries=nq)
+        measured[kind] = sums["far_mass"] / sums["far_rows"]
+        torch.testing.assert_close(measured[kind], closed(c), rtol=1e-5, atol=1e-7)
+    assert (measured["ssmax"] < measured["none"]).all()  # c_t = s·log(t + 1) > 1 for both heads at t ≈ 500
 
 
 def test_value_rotation_makes_coherent_far_values_incoherent():

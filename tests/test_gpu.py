@@ -36,6 +36,8 @@ RESUME_RTOL = 1e-5
 def cell_args(cell: Cell) -> list[str]:
     args = [f"--model.scheme.rotation={cell.rotation}", f"--model.scheme.far_mass={cell.far_mass}",
             f"--model.scheme.rotate_values={str(cell.rotate_values).lower()}"]
+    args += [f"--model.scheme.output_gate={cell.output_gate}"]
+    args += [f"--model.scheme.layer_pattern={json.dumps(list(cell.layer_pattern))}"] if cell.layer_pattern else []
     return args + ([f"--model.scheme.increments={cell.increments}"] if cell.increments else [])
 
 

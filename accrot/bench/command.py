@@ -26,7 +26,9 @@ step in pairs, at the tiny and the small shape (:mod:`accrot.bench.pipeline`).
 
 ``schemes`` builds the full :class:`~accrot.model.Transformer` once per built cell of the grid
 rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
-separate rows, rotate_values for rope/accum only, path cells when ``path`` is registered) and measures
+separate rows, rotate_values for rope/accum only, path cells when ``path`` is registered; far_mass none, alibi,
+forget and ssmax), plus the output gate once per rotation kind (``+gate``; ``+headgate`` on NoPE) and NoPE/RoPE
+interleaving (``rope/none(cell,none)``), and measures
 
 * **training step** (forward + next-token cross-entropy + ``loss.backward()``, no optimiser) at ``T`` for each
   model size. Shapes (d_model, n_layers, n_heads) come from the shipped ``tiny.yaml`` / ``small.yaml``; the
@@ -68,10 +70,10 @@ On CUDA (``--device cuda``) everything runs in-process: ``torch.cuda.max_memory_
 
 Targets (from the issues; ✓/✗ per row, ``–`` where none is set): rope/none and accum/none with random
 increments ≤ 1.10× NoPE's training step at every size, ≤ 1.15× with rotate_values; accum with learned increments
-≤ 1.05× and ≤ 1.08×; PaTH ≤ 2× at tiny and ≤ 1.5× at small; none/alibi and none/forget evaluation at 16384 tokens
-(or the longest length measured) ≤ 2× NoPE's time and ≤ 1.5× its peak memory, and their op ≤ 1.5× NoPE's op;
-PaTH-FoX's op ≤ 1.2× PaTH's; PaTH's and PaTH-FoX's op evaluation ≤ 4× NoPE's. Combined cells (e.g.
-accum/forget) are reported without a target.
+≤ 1.05× and ≤ 1.08×; PaTH ≤ 2× at tiny and ≤ 1.5× at small; none/alibi, none/forget and none/ssmax evaluation at
+16384 tokens (or the longest length measured) ≤ 2× NoPE's time and ≤ 1.5× its peak memory, and their op ≤ 1.5×
+NoPE's op; PaTH-FoX's op ≤ 1.2× PaTH's; PaTH's and PaTH-FoX's op evaluation ≤ 4× NoPE's. Combined cells (e.g.
+accum/forget), gated and interleaved cells are reported without a target.
 
 Seeds are fixed (every variant starts from the same backbone weights and sees the same tokens); the torch
 thread count is left as it is. The default schemes run takes about 13 minutes on 2 cores (``all``: about 20, the

@@ -39,33 +39,55 @@ MIB = 2.0**20
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    """One built cell of the ablation grid."""
+    """One built cell of the ablation grid (an output gate and a layer pattern are parts of a cell too)."""
 
     rotation: str
     far_mass: str = "none"
     rotate_values: bool = False
     increments: str | None = None
+    output_gate: str = "none"
+    layer_pattern: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer_pattern is not None:  # a list from JSON (the evaluation children): hashable again
+            object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
 
     @property
     def name(self) -> str:
         rot = self.rotation if self.increments is None else f"{self.rotation}:{self.increments}"
-        return f"{rot}/{self.far_mass}" + ("+v" if self.rotate_values else "")
+        name = f"{rot}/{self.far_mass}" + ("+v" if self.rotate_values else "")
+        name += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
+        return name + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
+
+    @property
+    def plain(self) -> bool:
+        """No output gate and no layer pattern: a cell of rotation × far_mass × rotate_values alone."""
+        return self.output_gate == "none" and self.layer_pattern is None
 
     def scheme(self):
         from accrot.position import SchemeConfig
 
         return SchemeConfig(rotation=self.rotation, far_mass=self.far_mass, rotate_values=self.rotate_values,
-                            increments=self.increments)
+                            increments=self.increments, output_gate=self.output_gate,
+                            layer_pattern=None if self.layer_pattern is None else list(self.layer_pattern))
+
+
+# beyond rotation × far_mass × rotate_values: the output gate on each rotation kind (its cost does not depend on
+# the far mass, so once per rotation; headwise beside elementwise on NoPE) and NoPE/RoPE interleaving
+GATED = (Cell("none", output_gate="elementwise"), Cell("none", output_gate="headwise"),
+         Cell("rope", output_gate="elementwise"), Cell("accum", "none", True, "learned", output_gate="elementwise"),
+         Cell("path", output_gate="elementwise"))
+INTERLEAVED = (Cell("rope", layer_pattern=("cell", "none")),)
 
 
 def grid() -> tuple[list[Cell], list[str]]:
     """Every built cell, NoPE first, and a note per family of DESIGN §2 that is not registered yet."""
-    from accrot.position import FAR_MASS, ROTATIONS
+    from accrot.position import FAR_MASS, OUTPUT_GATES, ROTATIONS
 
     rotations = [r for r in ("none", "rope", "accum", "path") if r in ROTATIONS]
-    far_masses = ["none"] + [f for f in ("alibi", "forget") if f in FAR_MASS]
+    far_masses = ["none"] + [f for f in ("alibi", "forget", "ssmax") if f in FAR_MASS]
     notes = [f"rotation {r!r} is not built yet" for r in ("rope", "accum", "path") if r not in ROTATIONS]
-    notes += [f"far_mass {f!r} is not built yet" for f in ("alibi", "forget") if f not in FAR_MASS]
+    notes += [f"far_mass {f!r} is not built yet" for f in ("alibi", "forget", "ssmax") if f not in FAR_MASS]
     cells = []
     for rotation in rotations:
         kinds: list[str | None] = ["random_position", "learned"] if rotation == "accum" else [None]
@@ -73,6 +95,7 @@ def grid() -> tuple[list[Cell], list[str]]:
             for far_mass in far_masses:
                 for values in (False, True) if rotation in ("rope", "accum") else (False,):
                     cells.append(Cell(rotation, far_mass, values, increments))
+    cells += [c for c in GATED + INTERLEAVED if c.rotation in ROTATIONS and c.output_gate in ("none", *OUTPUT_GATES)]
     return cells, notes
 
 

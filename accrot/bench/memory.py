@@ -226,16 +226,17 @@ def _eval_cuda(run, device: torch.device) -> dict[str, float]:
 
 def eval_plan(cells: Sequence[Cell], lengths: Sequence[int], eval_all: bool) -> dict[int, list[Cell]]:
     """Cells evaluated at each length. Up to :data:`LONG_EVAL` tokens: all of them. Beyond it (unless
-    ``eval_all``) one cell per attention kernel and the rotation kinds on the plain kernel: NoPE, ALiBi, FoX, PaTH
-    (with each far mass) and rope/accum without far mass or value rotation. The combined cells run their far-mass
-    anchor's kernel plus O(T·D) rotations."""
+    ``eval_all``) one cell per attention kernel and the rotation kinds on the plain kernel: NoPE, ALiBi, FoX,
+    ssmax, the gates on NoPE, PaTH (with each far mass) and rope/accum without far mass or value rotation. The
+    combined cells run their far-mass anchor's kernel plus O(T·D) rotations (and a gated or interleaved cell its
+    rotation's kernel plus a projection)."""
     plan = {}
     for T in lengths:
         if T <= LONG_EVAL or eval_all:
             plan[T] = list(cells)
         else:
-            plan[T] = [c for c in cells if c.rotation in ("none", "path")
-                       or (c.far_mass == "none" and not c.rotate_values)]
+            plan[T] = [c for c in cells if c.rotation == "none" or (c.plain and (
+                c.rotation == "path" or (c.far_mass == "none" and not c.rotate_values)))]
     return plan
 
 

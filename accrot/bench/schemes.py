@@ -137,8 +137,11 @@ def targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]] | N
 
 
 def _step_targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The whole model's: training step per size, the far-mass anchors' evaluation time and memory."""
+    """The whole model's: training step per size, the far-mass anchors' evaluation time and memory (the targets
+    were set for cells without a gate or a layer pattern; those are reported beside them)."""
     checks = []
+    if not cell.plain:
+        return checks
     if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
         if cell.increments == "learned":
             limit = LEARNED_VALUES_LIMIT if cell.rotate_values else LEARNED_LIMIT
@@ -162,6 +165,8 @@ def _op_targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]]
     """The attention op's: the far-mass op, PaTH-FoX's op against PaTH's, PaTH's op evaluation."""
     checks = []
     op = row.get("op") or {}
+    if not cell.plain:
+        return checks
     if cell.rotation == "none" and cell.far_mass != "none" and op.get("train"):
         checks.append(_check("op", op["train"]["ratio"], op["train"]["ratio_of_min"], OP_FAR_MASS_LIMIT))
     path = (rows or {}).get(Cell("path").name, {}).get("op", {}).get("train")

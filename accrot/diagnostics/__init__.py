@@ -31,11 +31,14 @@ Everything is computed from a model's own per-layer q, k, v and the quantities i
   the range cannot place is *censored* ("> Δmax"), never dropped. The first crossing (``window_first_crossing``)
   and the sustained one are kept for reference: a crossing moves by ~20 tokens for an error of 0.03 in c.
 * **far mass** (T3): attention probability on keys farther than ``window`` tokens (t − s > W), averaged over
-  the last ``n_queries`` queries of each block, from q, k, the rotation and the far-mass bias, row chunk by row
-  chunk (never a ``[T, T]`` tensor). The lower bound predicts growth with length for rotation-only schemes
-  (NoPE with flat logits: (t − W)/(t + 1)) and a bounded value with far-mass control (ALiBi).
+  the last ``n_queries`` queries of each block, from q, k, the rotation, the row's logit factor (``logit_scale``:
+  scalable softmax's s_h·log(t + 1)) and the far-mass bias, row chunk by row chunk (never a ``[T, T]`` tensor).
+  The lower bound predicts growth with length for rotation-only schemes (NoPE with flat logits: (t − W)/(t + 1))
+  and a bounded value with far-mass control (ALiBi). An output gate scales what the row averages, not the row:
+  it leaves the far mass as it is.
 * **score gap** (T5): over the same last queries, the transported scores D^−1/2 q_tᵀ M_{t,s} k_s (no far-mass
-  bias) of the near keys (0 ≤ Δ ≤ W) against the far keys' (Δ > W) mean and spread: gap = (mean near − mean
+  bias, no logit factor: a factor common to a row's near and far keys leaves the gap's ratio as it is) of the
+  near keys (0 ≤ Δ ≤ W) against the far keys' (Δ > W) mean and spread: gap = (mean near − mean
   far) / std far. Concentration predicts the far spread ≈ ‖q‖‖k‖/D (``concentration``, the mean over far pairs)
   and a near signal above it; the claim is that the gap measured at L holds at the longest length.
 * **value far norm** (T4, SO(2) rotations): ‖Σ_{t−s>W} a_ts R(θ_t − θ_s) v_s‖ ("rotated") against

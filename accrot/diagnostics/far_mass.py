@@ -24,8 +24,9 @@ def attention_rows(
     """Attention probabilities of query ``rows [R]`` (ascending positions) over every key: ``[B, H, R, T]``
     float32 (0 for s > t).
 
-    ℓ_ts = D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder / log_decay; the
-    caller chunks the rows (memory B·H·R·T)."""
+    ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder, logit_scale (c_t:
+    scalable softmax's s_h·log(t + 1)) and log_decay; the caller chunks the rows (memory B·H·R·T). The output gate
+    multiplies what the rows average, not the rows."""
     if rows.numel() > 1 and bool((rows.diff() <= 0).any()):
         raise ValueError("rows must be strictly ascending query positions")
     return _probabilities(scheme, _scores(scheme, q, k, x, tokens, rows), x, tokens, rows)
@@ -33,16 +34,19 @@ def attention_rows(
 
 def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
                    rows: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) plus the far-mass bias, causal."""
+    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) times the row's logit factor, plus
+    the far-mass bias, causal."""
     return _logits(scheme, scores, x, tokens, rows).softmax(-1).float()
 
 
 def _logits(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
             rows: torch.Tensor) -> torch.Tensor:
-    """The logits ℓ_ts = s_ts + b_ts of query ``rows`` (float64 ``[B, H, R, T]``), −inf for keys s > t."""
+    """The logits ℓ_ts = c_t·s_ts + b_ts of query ``rows`` (float64 ``[B, H, R, T]``; c_t the row's logit factor,
+    1 but for scalable softmax), −inf for keys s > t."""
     T = scores.shape[-1]
-    logits = scores
-    if scheme.far_mass is not None:
+    factor = scheme.logit_scale(x, tokens).double()  # [B, H, T]: ones but for ssmax (and YaRN's temperature)
+    logits = scores * factor[:, :, rows, None]
+    if scheme.far_mass is not None and scheme.far_mass.additive:
         c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
         logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
     future = torch.arange(T, device=scores.device)[None, :] > rows[:, None]  # [R, T]
@@ -52,7 +56,7 @@ def _logits(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: to
 def _scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
             rows: torch.Tensor) -> torch.Tensor:
     """Transported scores D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows`` over every key, ``[B, H, R, T]`` float64,
-    without the far-mass bias (entries s > t are meaningless; callers mask them)."""
+    without the far-mass bias or the row's logit factor (entries s > t are meaningless; callers mask them)."""
     B, H, T, D = q.shape
     q, k = q.float().contiguous(), k.float().contiguous()
     kind = scheme.rotation.kind
@@ -91,7 +95,8 @@ def scheme_far_sums(
       ``near_a`` (Σ_near a·s and Σ_near a: the attention-weighted near score), ``far_sum``, ``far_sq``,
       ``far_count`` (the far scores' mean and spread) and ``far_norm_sq`` Σ_far (‖q_t‖‖k_s‖/D)² (the spread
       concentration predicts for incoherent pairs);
-    * the lower bound's inputs (T3): ``far_exp`` Σ_far e^{s} (the far keys' mean weight before the bias),
+    * the lower bound's inputs (T3): ``far_exp`` Σ_far e^{c_t s} (the far keys' mean weight before the bias; c_t
+      the row's logit factor, 1 but for scalable softmax, where the prediction holds it at L's value),
       ``z_near`` ``[B·R, H]`` Σ_near e^{s + b} per query (its near partition), and for a far-mass scheme
       ``decay_sum``, ``decay_count`` (Σ f_j over the block's tokens: the mean gate);
     * for SO(2) rotations the far output norms ``rotated``, ``unrotated`` and ``incoherent`` (see module doc);
@@ -114,7 +119,8 @@ def scheme_far_sums(
         v = v.float()
         v_back = rotate_pairs_cs(v, cos, -sin)  # R(−θ_s) v_s: Σ a R(θ_t − θ_s) v_s = R(θ_t) Σ a R(−θ_s) v_s
         v_sq = v.pow(2).sum(-1)  # [B, H, T]
-    if scheme.far_mass is not None:
+    factor = scheme.logit_scale(x, tokens).double()  # [B|1, H, T] ones but for scalable softmax
+    if scheme.far_mass is not None and scheme.far_mass.additive:
         f = scheme.log_decay(x, tokens).double().exp()  # [B|1, H, T] the gates f_j
         out["decay_sum"] = f.sum((0, 2)).cpu()
         out["decay_count"] = torch.full((H,), float(f.shape[0] * T), dtype=torch.float64)
@@ -137,7 +143,8 @@ def scheme_far_sums(
         out["far_sq"] += far_scores.pow(2).sum((0, 2, 3)).cpu()
         out["far_count"] += float(B) * far_keys.sum((1, 2)).double().cpu()
         # e^s in float64 (scores of a trained model stay far below the 709 where it overflows)
-        out["far_exp"] += (far_scores.clamp(max=700).exp() * far_keys).sum((0, 2, 3)).cpu()
+        weights = (far_scores * factor[:, :, rows, None]).clamp(max=700).exp()  # e^{c_t s}: before the bias
+        out["far_exp"] += (weights * far_keys).sum((0, 2, 3)).cpu()
         z_near.append((logits.clamp(max=700).exp() * near_keys).sum(-1).transpose(1, 2).cpu())  # [B, R, H]
         norms = q_norm[:, :, rows, None].double() * k_norm[:, :, None, :].double() / D  # [B, H, R, T] ‖q‖‖k‖/D
         out["far_norm_sq"] += (norms.pow(2) * far_keys).sum((0, 2, 3)).cpu()

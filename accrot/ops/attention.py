@@ -228,21 +228,34 @@ def naive_decay_bias(log_decay: torch.Tensor) -> torch.Tensor:
 
 
 def naive_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    logit_scale: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Test twin of :func:`causal_attention`: explicit ``[T, T]`` scores, additive bias, causal mask, softmax.
+    """Test twin of :func:`causal_attention` (and of the scheme's logit scale and output gate): explicit ``[T, T]``
+    logits ℓ_ts = c_t·D^−1/2 q_t·k_s + b_ts, causal mask, softmax, out_t = g_t ⊙ Σ_s a_ts v_s.
 
     Args:
         q, k, v: ``[B, H, T, D]``.
-        bias: ``[B|1, H, T, T]`` additive logit bias (e.g. :func:`naive_decay_bias`), or None.
+        bias: ``[B|1, H, T, T]`` additive logit bias b_ts (e.g. :func:`naive_decay_bias`), or None.
+        logit_scale: ``[B|1, H, T]`` factor c_t on every score of row t (scalable softmax: s_h·log(t + 1)), or None.
+        gate: ``[B|1, H, T, D]`` output gate g_t, or None.
     Returns:
         ``[B, H, T, D]`` in q's dtype (computed in float32 or wider).
     """
     T, D = q.shape[-2], q.shape[-1]
     work = torch.promote_types(q.dtype, torch.float32)
     scores = q.to(work) @ k.to(work).transpose(-1, -2) * D**-0.5  # [B, H, T, T]
+    if logit_scale is not None:
+        scores = scores * logit_scale.to(work)[..., :, None]  # row t times c_t
     if bias is not None:
         scores = scores + bias.to(work)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)  # s > t
     scores = scores.masked_fill(future, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.to(work)).to(q.dtype)  # [B, H, T, D]
+    out = scores.softmax(dim=-1) @ v.to(work)  # [B, H, T, D]
+    if gate is not None:
+        out = out * gate.to(work)
+    return out.to(q.dtype)

@@ -860,11 +860,13 @@ def naive_path_attention_products(
     beta: torch.Tensor,
     log_decay: torch.Tensor | None = None,
     scale: float | None = None,
+    logit_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PaTH attention from explicit D×D path products and a full softmax: the dumbest correct version.
 
     M_ts = H_t H_{t−1} ⋯ H_{s+1} is multiplied out for every pair and b_ts summed term by term: O(T³·D³), tiny T only.
-    Arguments and result as :func:`naive_path_attention_recurrence`.
+    Arguments and result as :func:`naive_path_attention_recurrence`; ``logit_scale`` ``[B|1, H, T]`` multiplies
+    every transported score of row t before the bias is added (scalable softmax's s_h·log(t + 1)).
     """
     _check_inputs(q, k, v, w, beta, log_decay)
     B, H, T, D = q.shape
@@ -885,6 +887,8 @@ def naive_path_attention_products(
             for j in range(t, s, -1):
                 M = M @ Hj[:, :, j]  # [B, H, D, D] H_t ⋯ H_j
             logit = scale * torch.einsum("bhd,bhde,bhe->bh", q[:, :, t], M, k[:, :, s])  # [B, H]
+            if logit_scale is not None:
+                logit = logit * logit_scale[:, :, t].to(dt)
             if ld is not None:
                 logit = logit + ld[..., s + 1 : t + 1].sum(-1).to(dt)
             row.append(logit)

@@ -2,8 +2,10 @@
 registers every family."""
 
 from accrot.errors import ConfigError
-from accrot.position import accum, alibi, forget, nope, path, rope  # noqa: F401  (each registers its family)
-from accrot.position.config import SchemeConfig
-from accrot.position.scheme import FAR_MASS, ROTATIONS, PositionScheme, build
 
-__all__ = ["ConfigError", "SchemeConfig", "PositionScheme", "build", "ROTATIONS", "FAR_MASS"]
+# each module registers its family
+from accrot.position import accum, alibi, forget, gate, nope, path, rope, ssmax  # noqa: F401
+from accrot.position.config import SchemeConfig
+from accrot.position.scheme import FAR_MASS, OUTPUT_GATES, ROTATIONS, PositionScheme, build
+
+__all__ = ["ConfigError", "SchemeConfig", "PositionScheme", "build", "ROTATIONS", "FAR_MASS", "OUTPUT_GATES"]

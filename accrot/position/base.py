@@ -1,18 +1,23 @@
 """The composed position scheme: one ``nn.Module`` per attention layer (DESIGN §2).
 
-A scheme is ``rotation × far_mass × rotate_values``. :class:`PositionScheme` owns one rotation part
-and one far-mass part, exposes what defines them (``angles``, ``householder``, ``log_decay``) and
-dispatches the attention to the matching kernel in :mod:`accrot.ops`:
+A scheme is ``rotation × far_mass × rotate_values`` (× an optional output gate). :class:`PositionScheme` owns one
+rotation part, one far-mass part and the gate, exposes what defines them (``angles``, ``householder``,
+``log_decay``, ``logit_scale``, ``output_gate``) and dispatches the attention to the matching kernel in
+:mod:`accrot.ops`:
 
 * rotation ∈ {none, rope, accum}: rotate q, k (and v / out) by the absolute angles θ_t, then fused
-  causal SDPA (far_mass = none) or the blockwise biased kernel (alibi / forget);
-* rotation = path: the chunked PaTH kernel, with the far-mass bias folded in.
+  causal SDPA (far_mass = none or ssmax, whose per-row logit factor is folded into q) or the blockwise biased
+  kernel (alibi / forget);
+* rotation = path: the chunked PaTH kernel, with the far-mass bias folded in (ssmax: into q);
+* the output gate, if any, multiplies the result.
 
 Parts are small modules with one job each:
 
 * a rotation part implements ``angles(x, tokens) -> [B, H, T, D/2]`` (SO(2) kinds) or
   ``householder(x, tokens) -> (w [B, H, T, D], beta [B, H, T])`` (path);
-* a far-mass part implements ``log_decay(x, tokens) -> [B, H, T]`` (log f_j ≤ 0, float32).
+* a far-mass part implements ``log_decay(x, tokens) -> [B, H, T]`` (log f_j ≤ 0, float32), or, where it is not
+  additive (scalable softmax), ``logit_scale(x, tokens) -> [B, H, T]`` (a factor on every logit of row t) and no bias;
+* an output gate implements ``gate(x, tokens) -> [B, H, T, D]`` (in (0, 1), multiplying the attention output).
 """
 
 from __future__ import annotations
@@ -39,7 +44,12 @@ class RotationPart(nn.Module):
 
 
 class FarMassPart(nn.Module):
-    """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32."""
+    """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32.
+
+    ``additive`` parts (ALiBi, forget gate) add the bias b_ts = Σ_{j=s+1..t} log f_j; the others (scalable softmax)
+    have no bias (``log_decay`` is 0) and scale each query row's logits by ``logit_scale(x, tokens)``."""
+
+    additive = True
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -47,6 +57,10 @@ class FarMassPart(nn.Module):
 
     def log_decay(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def logit_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+        """The factor on row t's logits, ``[B|1, H, T]`` float32, or None for none (the additive parts)."""
+        return None
 
     def describe(self) -> dict:
         return {}

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from accrot.errors import ConfigError, check_choice
 
 Rotation = Literal["none", "rope", "accum", "path"]
-FarMass = Literal["none", "alibi", "forget"]
+FarMass = Literal["none", "alibi", "forget", "ssmax"]
 Increments = Literal["random_position", "random_token", "learned"]
 IncrementMean = Literal["zero", "rope"]
 IncrementSpread = Literal["constant", "ladder"]
 IncrementFamily = Literal["gaussian", "uniform"]
 PathKernel = Literal["chunked", "recurrent", "fla"]
+OutputGate = Literal["none", "elementwise", "headwise"]
+LayerKind = Literal["cell", "none"]  # a layer_pattern entry: the cell's own rotation, or no rotation (NoPE)
 
 
 MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
@@ -86,6 +88,13 @@ class SchemeConfig:
         chunk_size: PaTH chunk length c.
         path_kernel: PaTH implementation.
         block_size: query/key block of the biased (far-mass) attention kernel.
+        ssmax_init: initial s of scalable softmax (``far_mass="ssmax"``): row t's logits are multiplied by
+            s_h·log(t + 1), with one learned s per head.
+        output_gate: a sigmoid gate on the attention output, σ(x W + b) per head: ``elementwise`` (one gate per
+            output coordinate) or ``headwise`` (one per head); ``none`` = ungated.
+        layer_pattern: per-layer rotation, repeated over the layers: layer i takes entry i mod len; ``cell`` keeps
+            the cell's rotation, ``none`` drops it (a position-free layer; far mass and gate stay the cell's).
+            ``[cell, cell, cell, none]``: every 4th layer NoPE. None (the default): every layer the cell.
     """
 
     rotation: Rotation = "none"
@@ -118,11 +127,16 @@ class SchemeConfig:
     path_kernel: PathKernel = "chunked"
     # kernels
     block_size: int = 128
+    # scalable softmax, output gate, per-layer pattern
+    ssmax_init: float = 0.43
+    output_gate: OutputGate = "none"
+    layer_pattern: list[str] | None = None
 
     def __post_init__(self) -> None:
         self._check_choices()
         self._check_numbers()
         self._check_ranges()
+        self._check_gate_and_layers()
 
     def _check_choices(self) -> None:
         """Every Literal field holds one of its values, and the fields that need another agree with it."""
@@ -177,11 +191,45 @@ class SchemeConfig:
                               "positions exactly up to 2^24; a longer window mixes nothing at any length accrot "
                               "evaluates: use rotation=rope for fixed angles)")
 
+    def _check_gate_and_layers(self) -> None:
+        check_choice("output_gate", self.output_gate, OutputGate)
+        s = self.ssmax_init
+        if not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 < s < math.inf:
+            raise ConfigError(f"ssmax_init={s!r} is not valid; it must be a positive number")
+        pattern = self.layer_pattern
+        if pattern is None:
+            return
+        if isinstance(pattern, str) or not isinstance(pattern, (list, tuple)) or not pattern:
+            raise ConfigError(f"layer_pattern={pattern!r} is not valid; give a list of 'cell' / 'none', e.g. "
+                              "[cell, cell, cell, none] (every 4th layer NoPE), or null")
+        for entry in pattern:
+            check_choice("layer_pattern entry", entry, LayerKind)
+        self.layer_pattern = list(pattern)
+        if self.rotation == "none":
+            raise ConfigError(f"layer_pattern={self.layer_pattern!r} needs a rotation to interleave; with "
+                              "rotation='none' every layer is position-free already: drop layer_pattern")
+        if "none" not in pattern:
+            raise ConfigError(f"layer_pattern={self.layer_pattern!r} changes no layer; add a 'none' entry or drop it")
+
+    def for_layer(self, layer: int) -> SchemeConfig:
+        """The scheme of layer ``layer`` (0-based): the cell itself, or its position-free version where the
+        ``layer_pattern`` says ``none`` (rotation none, no increments, no value rotation; far mass and gate kept).
+        Its own ``layer_pattern`` is None: it describes one layer."""
+        if self.layer_pattern is None:
+            return self
+        if self.layer_pattern[layer % len(self.layer_pattern)] == "cell":
+            return replace(self, layer_pattern=None)
+        return replace(self, rotation="none", increments=None, rotate_values=False, layer_pattern=None)
+
     def label(self) -> str:
-        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values]``: ``accum:learned/forget+values``,
-        ``rope/none``. Figures, tables, sweeps and error messages name a scheme by it."""
+        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values][+gate][(pattern)]``:
+        ``accum:learned/forget+values``, ``rope/ssmax``, ``rope/none+gate`` (``+headgate``: one gate per head),
+        ``rope/none(cell,none)`` (every 2nd layer NoPE; parentheses: rich's tables read brackets as markup).
+        Figures, tables, sweeps and error messages name a scheme by it."""
         rotation = f"{self.rotation}:{self.increments}" if self.increments else self.rotation
-        return f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
+        label = f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
+        label += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
+        return label + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
 
     def ignored(self) -> list[tuple[str, str]]:
         """``(field, who reads it)`` for every option set to other than its default that this scheme never reads

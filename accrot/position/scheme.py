@@ -1,7 +1,8 @@
 """Registry and the composed per-layer scheme module (DESIGN §2).
 
-``build(cfg, d_model, n_heads)`` looks the rotation and the far-mass part up in two registries, so a
-new family is one file with a ``@register_rotation`` / ``@register_far_mass`` class, never a new flag.
+``build(cfg, d_model, n_heads, layer)`` looks the rotation, the far-mass part and the output gate up in three
+registries, so a new family is one file with a ``@register_rotation`` / ``@register_far_mass`` /
+``@register_output_gate`` class, never a new flag. ``layer`` picks the layer's entry of ``cfg.layer_pattern``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from accrot.position.config import SchemeConfig
 
 ROTATIONS: dict[str, type[RotationPart]] = {}
 FAR_MASS: dict[str, type[FarMassPart]] = {}
+OUTPUT_GATES: dict[str, type[nn.Module]] = {}
 
 
 def register_rotation(name: str) -> Callable[[type[RotationPart]], type[RotationPart]]:
@@ -37,6 +39,14 @@ def register_far_mass(name: str) -> Callable[[type[FarMassPart]], type[FarMassPa
     return deco
 
 
+def register_output_gate(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
+    def deco(cls: type[nn.Module]) -> type[nn.Module]:
+        OUTPUT_GATES[name] = cls
+        return cls
+
+    return deco
+
+
 class PositionScheme(nn.Module):
     """Attention with one position scheme: ``forward(q, k, v, x, tokens) -> [B, H, T, D]``.
 
@@ -44,13 +54,20 @@ class PositionScheme(nn.Module):
         q, k, v: ``[B, H, T, D]`` projections (any float dtype; the output has q's dtype).
         x: ``[B, T, d_model]`` the layer input, from which data-dependent parts are computed.
         tokens: ``[B, T]`` token ids (``random_token`` increments index a table with them).
+
+    Attributes:
+        cfg: this layer's scheme (the cell, or its position-free version where ``cell.layer_pattern`` says so).
+        cell: the configured scheme of the model, ``layer_pattern`` included; ``layer``: this layer's index.
     """
 
-    def __init__(self, cfg: SchemeConfig, rotation: RotationPart, far_mass: FarMassPart | None) -> None:
+    def __init__(self, cfg: SchemeConfig, rotation: RotationPart, far_mass: FarMassPart | None,
+                 gate: nn.Module | None = None, cell: SchemeConfig | None = None, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.cell, self.layer = (cfg if cell is None else cell), layer
         self.rotation = rotation
         self.far_mass = far_mass
+        self.gate = gate
 
     # -- exposed quantities (DESIGN §2) -------------------------------------------------------------
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -69,28 +86,69 @@ class PositionScheme(nn.Module):
         return self.rotation.householder(x, tokens)
 
     def log_decay(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Per-step log f_j ≤ 0, ``[B, H, T]`` float32; b_ts = Σ_{j=s+1..t} log f_j (zeros for none)."""
-        if self.far_mass is None:
+        """Per-step log f_j ≤ 0, ``[B, H, T]`` float32; b_ts = Σ_{j=s+1..t} log f_j (zeros for none and ssmax)."""
+        if self.far_mass is None or not self.far_mass.additive:
             B, T = tokens.shape
             return x.new_zeros(B, self.rotation.n_heads, T, dtype=torch.float32)
         return self.far_mass.log_decay(x, tokens).expand(tokens.shape[0], -1, -1)
+
+    def logit_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The factor c_t on every logit of query row t, ``[B, H, T]`` float32 (or wider):
+        ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts. ssmax: s_h·log(t + 1); an evaluation-time RoPE extension's
+        temperature (YaRN) multiplies it; ones otherwise."""
+        B, T = tokens.shape
+        row = self._row_scale(x, tokens)  # [B|1, H, T] or None
+        if row is None:
+            row = x.new_ones(1, self.rotation.n_heads, T, dtype=torch.float32)
+        return (row * self._temperature(T)).expand(B, -1, -1)
+
+    def output_gate(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The gate g_t in (0, 1) on the attention output, ``[B, H, T, D]`` (out_t = g_t ⊙ Σ_s a_ts ·); ones
+        without a gate; per head (every coordinate of a head's row equal) for ``output_gate="headwise"``."""
+        if self.gate is None:
+            B, T = tokens.shape
+            return x.new_ones(1, 1, 1, 1).expand(B, self.rotation.n_heads, T, self.rotation.head_dim)
+        return self.gate.gate(x, tokens)
+
+    def _row_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+        return None if self.far_mass is None else self.far_mass.logit_scale(x, tokens)
+
+    def _temperature(self, T: int) -> float:
+        return self.rotation.logit_scale(T) if hasattr(self.rotation, "logit_scale") else 1.0
 
     def describe(self) -> dict:
         info = {"rotation": self.cfg.rotation, "far_mass": self.cfg.far_mass, "rotate_values": self.cfg.rotate_values}
         info.update(self.rotation.describe())
         if self.far_mass is not None:
             info.update(self.far_mass.describe())
+        if self.gate is not None:
+            info.update(self.gate.describe())
+        if self.cell.layer_pattern is not None:  # this layer's place in the model's pattern
+            info.update(layer=self.layer, layer_pattern=list(self.cell.layer_pattern), cell=self.cell.label())
         return info
 
     # -- attention ----------------------------------------------------------------------------------
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor
     ) -> torch.Tensor:
-        log_f = None if self.far_mass is None else self.far_mass.log_decay(x, tokens)  # [B|1, H, T] fp32
+        out = self._attend(q, k, v, x, tokens)  # [B, H, T, D]
+        if self.gate is not None:
+            out = out * self.gate.gate(x, tokens).to(out.dtype)  # the output gate, after the value transport
+        return out
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor
+    ) -> torch.Tensor:
+        additive = self.far_mass is not None and self.far_mass.additive
+        log_f = self.far_mass.log_decay(x, tokens) if additive else None  # [B|1, H, T] fp32
+        # a per-row factor on the logits (ssmax) folds into the query: the kernel stays the fused one
+        row = self._row_scale(x, tokens)  # [B|1, H, T] fp32 or None
         if self.rotation.kind == "path":
             from accrot.ops.path import path_attention
 
             w, beta = self.rotation.householder(x, tokens)  # [B, H, T, D], [B, H, T]
+            if row is not None:
+                q = q * row.unsqueeze(-1).to(q.dtype)  # [B, H, T, D]
             return path_attention(
                 q, k, v, w, beta, log_f, chunk_size=self.cfg.chunk_size, kernel=self.cfg.path_kernel
             )
@@ -108,14 +166,17 @@ class PositionScheme(nn.Module):
                 q = q * scale
             if self.cfg.rotate_values:
                 v = rotate_pairs_cs(v, cos, sin, inverse=True, theta=th)  # value of s leaves at −θ_s ...
+        if row is not None:
+            q = q * row.unsqueeze(-1).to(q.dtype)  # [B, H, T, D]
         out = causal_attention(q, k, v, log_f, block_size=self.cfg.block_size)  # [B, H, T, D]
         if cs is not None and self.cfg.rotate_values:
             out = rotate_pairs_cs(out, *cs, theta=th)  # ... and arrives at t rotated by +θ_t
         return out
 
 
-def build(cfg: SchemeConfig, d_model: int, n_heads: int) -> PositionScheme:
-    """Build the per-layer scheme module for ``cfg`` (head dim D = d_model // n_heads)."""
+def build(cfg: SchemeConfig, d_model: int, n_heads: int, layer: int = 0) -> PositionScheme:
+    """Build the scheme module of layer ``layer`` for ``cfg`` (head dim D = d_model // n_heads): the cell itself, or
+    the position-free layer ``cfg.layer_pattern`` puts there (:meth:`SchemeConfig.for_layer`)."""
     if not isinstance(cfg, SchemeConfig):
         raise ConfigError(f"build() takes a SchemeConfig, not {type(cfg).__name__}")
     if n_heads < 1 or d_model % n_heads:
@@ -130,6 +191,11 @@ def build(cfg: SchemeConfig, d_model: int, n_heads: int) -> PositionScheme:
         raise ConfigError(f"rotation={cfg.rotation!r} is not built yet; built: {', '.join(sorted(ROTATIONS))}")
     if cfg.far_mass != "none" and cfg.far_mass not in FAR_MASS:
         raise ConfigError(f"far_mass={cfg.far_mass!r} is not built yet; built: none, {', '.join(sorted(FAR_MASS))}")
-    rotation = ROTATIONS[cfg.rotation](cfg, d_model, n_heads)
-    far_mass = None if cfg.far_mass == "none" else FAR_MASS[cfg.far_mass](cfg, d_model, n_heads)
-    return PositionScheme(cfg, rotation, far_mass)
+    if cfg.output_gate != "none" and cfg.output_gate not in OUTPUT_GATES:
+        raise ConfigError(f"output_gate={cfg.output_gate!r} is not built yet; built: none, "
+                          f"{', '.join(sorted(OUTPUT_GATES))}")
+    own = cfg.for_layer(layer)
+    rotation = ROTATIONS[own.rotation](own, d_model, n_heads)
+    far_mass = None if own.far_mass == "none" else FAR_MASS[own.far_mass](own, d_model, n_heads)
+    gate = None if own.output_gate == "none" else OUTPUT_GATES[own.output_gate](own, d_model, n_heads)
+    return PositionScheme(own, rotation, far_mass, gate, cell=cfg, layer=layer)

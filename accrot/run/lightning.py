@@ -85,7 +85,7 @@ class AccrotCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--name", type=str | None, default=None,
                             help="run name, a folder inside --root (default: the scheme's cell, "
-                                 "rotation[-increments]-far_mass[-values], e.g. accum-learned-none)")
+                                 "rotation[-increments]-far_mass[-values][-gate][-layers_...], e.g. accum-learned-none)")
         parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
         parser.add_argument("--wandb", type=str, default="auto",
                             help="auto (online if logged in, else offline), online, offline or disabled")

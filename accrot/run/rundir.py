@@ -21,7 +21,8 @@ def default_run_name(scheme) -> str:
     """The folder name of a run of ``scheme`` (a SchemeConfig) under ``--root``: its cell,
     ``rotation[-increments]-far_mass[-values]`` (``rope-none``, ``accum-learned-forget-values``), plus the accum
     options that change what the increments are (``-mean_rope``, ``-spread_ladder``, ``-family_uniform``,
-    ``-learned_ladder``) and a RoPE base other than 10000 (``rope-none-base500000``)."""
+    ``-learned_ladder``), a RoPE base other than 10000 (``rope-none-base500000``), an output gate (``-gate``,
+    ``-headgate``) and a per-layer pattern (``-layers_cell_none``)."""
     parts = [scheme.rotation, scheme.increments, scheme.far_mass, "values" if scheme.rotate_values else None]
     if scheme.rotation == "accum":
         parts += [f"{k.removeprefix('increment_')}_{getattr(scheme, k)}" for k, off in _NAMED_INCREMENT_OPTIONS.items()
@@ -29,6 +30,8 @@ def default_run_name(scheme) -> str:
         parts.append("learned_ladder" if scheme.learned_ladder else None)
     if scheme.rotation == "rope" and scheme.rope_base != 10000.0:
         parts.append(f"base{scheme.rope_base:g}")
+    parts.append({"none": None, "elementwise": "gate", "headwise": "headgate"}[scheme.output_gate])
+    parts.append("layers_" + "_".join(scheme.layer_pattern) if scheme.layer_pattern else None)
     return "-".join(p for p in parts if p)
 
 

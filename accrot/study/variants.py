@@ -29,8 +29,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "accum-random+alibi": {"rotation": "accum", "increments": "random_position", "far_mass": "alibi"},
     # RoPE trained with a large base (the train-time extension practice); off by default: --variants adds it
     "RoPE-base500k": {"rotation": "rope", "rope_base": 500000.0},
+    # the field's other far-mass designs, alone on RoPE and with the accumulated rotation the lower bound is about:
+    # scalable softmax (logits × s·log n), the sigmoid output gate, NoPE/RoPE interleaving (every 2nd layer NoPE,
+    # so a 2-layer model has one of each; iRoPE-style 3:1 is layer_pattern [cell, cell, cell, none] from 4 layers)
+    "RoPE+ssmax": {"rotation": "rope", "far_mass": "ssmax"},
+    "RoPE+gate": {"rotation": "rope", "output_gate": "elementwise"},
+    "RoPE-NoPE-interleaved": {"rotation": "rope", "layer_pattern": ["cell", "none"]},
+    "accum-learned+values+ssmax": {"rotation": "accum", "increments": "learned", "rotate_values": True,
+                                   "far_mass": "ssmax"},
+    "accum-learned+values+gate": {"rotation": "accum", "increments": "learned", "rotate_values": True,
+                                  "output_gate": "elementwise"},
 }
-OPTIONAL = ("RoPE-base500k",)  # variants `accrot ablation` runs only when --variants names them
+# variants `accrot ablation` runs only when --variants names them
+OPTIONAL = ("RoPE-base500k", "RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved", "accum-learned+values+ssmax",
+            "accum-learned+values+gate")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
 WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
