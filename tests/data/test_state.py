@@ -300,6 +300,7 @@ def test_an_oracle_scores_one_at_every_length(task):
         blocks, mask = sets.blocks[length], sets.masks[length]
         result = evaluate_length(oracle(task.solve), blocks, 32, mask=mask)
         assert result.accuracy == 1.0 and result.nll < 1e-6 and result.tokens == int(mask.sum())
+        assert set(result.bucket_accuracy) <= {1.0, None} and result.bucket_accuracy[-1] == 1.0  # the last answer
 
 
 @pytest.mark.parametrize(
