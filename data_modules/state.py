@@ -353,7 +353,6 @@ class FlipFlopDataModule(StateTaskDataModule):
     ) -> None:
         task = FlipFlopTask(p_ignore=_check_rate("p_ignore", p_ignore, closed=False),
                             eval_p_ignore=_check_rate("eval_p_ignore", eval_p_ignore, closed=False))
-        check_int("seq_len", seq_len, 1)
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.p_ignore, self.eval_p_ignore = task.p_ignore, task.eval_p_ignore
         self._init_task(task)
@@ -386,7 +385,6 @@ class ModCountDataModule(StateTaskDataModule):
             raise DataError(f"modulus={modulus!r} is not valid; use an integer in 2..{MAX_MODULUS} "
                             "(2 is parity; the answers are the letters A..Z)")
         task = ModCountTask(modulus=modulus, query_rate=_check_rate("query_rate", query_rate, closed=True))
-        check_int("seq_len", seq_len, 1)
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.modulus, self.query_rate = modulus, task.query_rate
         self._init_task(task)
@@ -417,7 +415,6 @@ class WordProblemDataModule(StateTaskDataModule):
         if group not in GROUPS:
             raise DataError(f"group={group!r} is not valid; choose one of {', '.join(GROUPS)}")
         task = WordProblemTask(group=group, query_rate=_check_rate("query_rate", query_rate, closed=True))
-        check_int("seq_len", seq_len, 1)
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.group, self.query_rate = group, task.query_rate
         self._init_task(task)
@@ -453,7 +450,6 @@ class NBackDataModule(StateTaskDataModule):
                             "(the letters a..z)")
         task = NBackTask(n_back=n_back, n_symbols=n_symbols,
                          query_rate=_check_rate("query_rate", query_rate, closed=True))
-        check_int("seq_len", seq_len, 1)
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.n_back, self.n_symbols, self.query_rate = n_back, n_symbols, task.query_rate
         self._init_task(task)
