@@ -27,7 +27,9 @@ of a query is a function of all the elements before it (the queries and answers 
   mod n, as a letter (``A`` = 0, ``B`` = 1, ...; an answer never shares a byte with an element, so a scheme that
   accumulates per token can tell them apart). ``0110?C1?A`` for n = 3.
 * **S5 / A5 word problems** (:class:`WordProblemDataModule`, task ``word_problem``). Elements are permutations
-  of {0, …, 4}, uniform over the group (all 120 of S5, or the 60 even ones of A5), numbered in lexicographic
+  of {0, …, 4}, uniform over the group (all 120 of S5, or the 60 even ones of A5) or, with
+  ``elements="generators"``, uniform over a generating set (S5: the 10 transpositions, one reflection each, the
+  product a Householder path can carry token by token; A5: the 20 3-cycles), numbered in lexicographic
   order of their one-line notation (p(0) … p(4); S5: 01234 is 0, 01243 is 1, …, 43210 is 119; A5: the even ones
   in the same order) and written as one byte, that number (0–119). The query byte is 0xFF. The answer is the
   running product g_t ∘ … ∘ g_2 ∘ g_1 of the elements so far (g_1 applied first: the state of five objects moved
@@ -97,6 +99,7 @@ ANSWER_BASE = 128  # word problems: the answer to group element number k is the 
 MAX_MODULUS = 26  # answers are the letters A..Z
 MAX_SYMBOLS = 26  # N-back elements are the letters a..z
 GROUPS = ("S5", "A5")
+ELEMENTS = ("all", "generators")
 DEGREE = 5  # permutations of {0, ..., 4}
 FLIP_OPS = {"write": ord("w"), "ignore": ord("i"), "read": ord("r")}
 BIT = (ord("0"), ord("1"))
@@ -206,11 +209,20 @@ def group_table(group: str) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[in
     return tuple(perms), table
 
 
+@functools.cache
+def generators(group: str) -> tuple[int, ...]:
+    """Numbers of the generating set: S5's transpositions (2 points moved), A5's 3-cycles (3 points moved)."""
+    moved = 2 if group == "S5" else 3
+    perms, _ = group_table(group)
+    return tuple(k for k, p in enumerate(perms) if sum(p[i] != i for i in range(DEGREE)) == moved)
+
+
 @dataclass(frozen=True)
 class WordProblemTask(QueryStreamTask):
     """The S5 / A5 word problem: the running product of a stream of permutations (module docstring)."""
 
     group: str
+    elements: str
     query_rate: float
 
     name = "word_problem"
@@ -222,7 +234,10 @@ class WordProblemTask(QueryStreamTask):
         return math.factorial(DEGREE) // (1 if self.group == "S5" else 2)
 
     def draw(self, g: torch.Generator, n: int) -> torch.Tensor:
-        return torch.randint(self.order, (n,), generator=g)
+        if self.elements == "all":
+            return torch.randint(self.order, (n,), generator=g)
+        pool = torch.tensor(generators(self.group))
+        return pool[torch.randint(len(pool), (n,), generator=g)]
 
     def element_bytes(self, e: torch.Tensor) -> torch.Tensor:
         return e
@@ -398,6 +413,8 @@ class WordProblemDataModule(StateTaskDataModule):
     Args:
         seq_len: training length T (at least 2: one permutation, a query and its answer).
         group: ``S5`` (all 120 permutations of five objects) or ``A5`` (the 60 even ones).
+        elements: ``all`` (the stream is uniform over the group) or ``generators`` (uniform over S5's transpositions
+            or A5's 3-cycles; the answers still range over the whole group).
         query_rate: probability that a query follows a permutation, in (0, 1].
         batch_size, seed, num_workers, val_blocks: as in :class:`TokenStreamDataModule`.
     """
@@ -406,6 +423,7 @@ class WordProblemDataModule(StateTaskDataModule):
         self,
         seq_len: int = 128,
         group: str = "S5",
+        elements: str = "all",
         query_rate: float = 0.25,
         batch_size: int = 16,
         seed: int = 0,
@@ -414,9 +432,12 @@ class WordProblemDataModule(StateTaskDataModule):
     ) -> None:
         if group not in GROUPS:
             raise DataError(f"group={group!r} is not valid; choose one of {', '.join(GROUPS)}")
-        task = WordProblemTask(group=group, query_rate=_check_rate("query_rate", query_rate, closed=True))
+        if elements not in ELEMENTS:
+            raise DataError(f"elements={elements!r} is not valid; choose one of {', '.join(ELEMENTS)}")
+        task = WordProblemTask(group=group, elements=elements,
+                               query_rate=_check_rate("query_rate", query_rate, closed=True))
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
-        self.group, self.query_rate = group, task.query_rate
+        self.group, self.elements, self.query_rate = group, elements, task.query_rate
         self._init_task(task)
 
 

@@ -146,6 +146,8 @@ TASK_LIST = [
     Task("mod5", ModCountDataModule, {"modulus": 5, "query_rate": 0.5}, solve_modcount(5), 2),
     Task("s5", WordProblemDataModule, {}, solve_word_problem("S5"), 2),
     Task("a5", WordProblemDataModule, {"group": "A5"}, solve_word_problem("A5"), 2),
+    Task("s5-gen", WordProblemDataModule, {"elements": "generators"}, solve_word_problem("S5"), 2),
+    Task("a5-gen", WordProblemDataModule, {"group": "A5", "elements": "generators"}, solve_word_problem("A5"), 2),
     Task("nback", NBackDataModule, {}, solve_nback(4), 6),
     Task("nback1", NBackDataModule, {"n_back": 1, "n_symbols": 2, "query_rate": 1.0}, solve_nback(1), 3),
 ]
@@ -276,6 +278,17 @@ def test_word_problem_elements_cover_the_group(group, order, even):
     assert {inversions(PERMS[group][k]) % 2 for k in seen | answers} == even
 
 
+@pytest.mark.parametrize("group, moved, count", [("S5", 2, 10), ("A5", 3, 20)])
+def test_word_problem_generators_are_transpositions_or_3_cycles_and_reach_the_group(group, moved, count):
+    dm = WordProblemDataModule(seq_len=128, group=group, elements="generators")
+    blocks = dm.eval_blocks(2048, 20 * 2048)
+    seen = set(blocks[blocks < 128].tolist())
+    assert len(seen) == count
+    assert all(sum(PERMS[group][k][i] != i for i in range(5)) == moved for k in seen)
+    answers = set((blocks[:, 1:][dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
+    assert answers == set(range(len(PERMS[group])))  # they generate the whole group
+
+
 # --- through the evaluation: an oracle scores 1, a solver that breaks a rule does not ---------------------
 
 
@@ -352,7 +365,8 @@ def test_records_name_the_task_and_pickle():
     assert info["eval_blocks"]["64"]["blocks"] == 10 and info["tokenizer"]["vocab_size"] == 256
     assert FlipFlopDataModule(seq_len=64).fingerprint != dm.fingerprint  # the evaluated density is part of the data
     words = WordProblemDataModule(seq_len=64, group="A5")
-    assert json.loads(json.dumps(words.describe()))["parameters"] == {"group": "A5", "query_rate": 0.25}
+    assert json.loads(json.dumps(words.describe()))["parameters"] == {"group": "A5", "elements": "all",
+                                                                       "query_rate": 0.25}
     assert words.fingerprint != WordProblemDataModule(seq_len=64).fingerprint
     for dm in (words, NBackDataModule(seq_len=64), ModCountDataModule(seq_len=64, modulus=3)):
         ds = pickle.loads(pickle.dumps(dm.train_dataset()))  # DataLoader workers under spawn
@@ -388,6 +402,7 @@ def test_too_short_lengths(task):
         (ModCountDataModule, {"query_rate": 1.01}, "query_rate"),
         (WordProblemDataModule, {"group": "S6"}, "group"),
         (WordProblemDataModule, {"query_rate": -1}, "query_rate"),
+        (WordProblemDataModule, {"elements": "swaps"}, "elements"),
         (NBackDataModule, {"n_back": 0}, "n_back"),
         (NBackDataModule, {"n_symbols": 1}, "n_symbols"),
         (NBackDataModule, {"n_symbols": 27}, "n_symbols"),
