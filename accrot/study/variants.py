@@ -42,7 +42,8 @@ WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under th
 # (accuracy per key depth and length: the report's heatmaps); and the state-tracking tasks (bytes, answers only),
 # where what grows with the length is the far set before each answer's span: flip-flop trained at ignore density 0.8
 # and evaluated at the sparse 0.98 ("flipflop") or the dense 0.1 ("flipflop-dense"; the same training), parity and
-# counting mod 3 of a bit stream, the S5 and A5 word problems (running products of permutations), and 4-back recall.
+# counting mod 3 of a bit stream answered after every bit, the S5 and A5 word problems (a stream of transpositions or
+# 3-cycles, the running product answered after each), and 4-back recall; settings a tiny model learns at L = 128.
 DATASETS: dict[str, dict[str, Any]] = {
     "corpus": {},
     "local": {"data": "data_modules.LocalDependencyDataModule"},
@@ -54,11 +55,15 @@ DATASETS: dict[str, dict[str, Any]] = {
     "vartrack": {"data": "data_modules.VariableTrackingDataModule"},
     "flipflop": {"data": "data_modules.FlipFlopDataModule", "data.init_args.eval_p_ignore": 0.98},
     "flipflop-dense": {"data": "data_modules.FlipFlopDataModule", "data.init_args.eval_p_ignore": 0.1},
-    "parity": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 2},
-    "modcount": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 3},
-    "s5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "S5"},
-    "a5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "A5"},
-    "nback": {"data": "data_modules.NBackDataModule", "data.init_args.n_back": 4},
+    "parity": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 2,
+               "data.init_args.query_rate": 1.0},
+    "modcount": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 3,
+                 "data.init_args.query_rate": 1.0},
+    "s5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "S5",
+           "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
+    "a5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "A5",
+           "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
+    "nback": {"data": "data_modules.NBackDataModule", "data.init_args.n_back": 4, "data.init_args.query_rate": 0.25},
 }
 DEFAULT_DATASETS = ("corpus", "local")
 # the shortest training length a data set's sequences fit in (its data module says so in one line otherwise):
@@ -79,8 +84,8 @@ DATASET_TITLES = {
     "flipflop-dense": "flip-flop, dense evaluation (ignore density 0.1; trained at 0.8)",
     "parity": "parity of a bit stream",
     "modcount": "counting mod 3 of a bit stream",
-    "s5": "S5 word problem (running product of permutations)",
-    "a5": "A5 word problem (running product of even permutations)",
+    "s5": "S5 word problem (running product of transpositions)",
+    "a5": "A5 word problem (running product of 3-cycles)",
     "nback": "4-back recall",
 }
 

@@ -143,11 +143,13 @@ TASK_LIST = [
     Task("flipflop", FlipFlopDataModule, {}, solve_flipflop, 3),
     Task("flipflop-dense", FlipFlopDataModule, {"eval_p_ignore": 0.1}, solve_flipflop, 3),
     Task("parity", ModCountDataModule, {}, solve_modcount(2), 2),
+    Task("parity-spans", ModCountDataModule, {"query_rate": 0.25}, solve_modcount(2), 2),
     Task("mod5", ModCountDataModule, {"modulus": 5, "query_rate": 0.5}, solve_modcount(5), 2),
     Task("s5", WordProblemDataModule, {}, solve_word_problem("S5"), 2),
     Task("a5", WordProblemDataModule, {"group": "A5"}, solve_word_problem("A5"), 2),
-    Task("s5-gen", WordProblemDataModule, {"elements": "generators"}, solve_word_problem("S5"), 2),
-    Task("a5-gen", WordProblemDataModule, {"group": "A5", "elements": "generators"}, solve_word_problem("A5"), 2),
+    Task("s5-all", WordProblemDataModule, {"elements": "all", "query_rate": 0.25}, solve_word_problem("S5"), 2),
+    Task("a5-all", WordProblemDataModule, {"group": "A5", "elements": "all", "query_rate": 0.5},
+         solve_word_problem("A5"), 2),
     Task("nback", NBackDataModule, {}, solve_nback(4), 6),
     Task("nback1", NBackDataModule, {"n_back": 1, "n_symbols": 2, "query_rate": 1.0}, solve_nback(1), 3),
 ]
@@ -270,7 +272,7 @@ def test_a_query_follows_an_element_at_query_rate(task):
 
 @pytest.mark.parametrize("group, order, even", [("S5", 120, {0, 1}), ("A5", 60, {0})])
 def test_word_problem_elements_cover_the_group(group, order, even):
-    dm = WordProblemDataModule(seq_len=128, group=group)
+    dm = WordProblemDataModule(seq_len=128, group=group, elements="all")
     blocks = dm.eval_blocks(2048, 20 * 2048)
     seen = set(blocks[blocks < 128].tolist())  # elements: bytes 0..order-1; answers 128 + k; queries 0xFF
     answers = set((blocks[:, 1:][dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
@@ -324,10 +326,12 @@ def test_an_oracle_scores_one_at_every_length(task):
         # the order of the product matters (S5 and A5 are not abelian): applying the newest first is near chance
         (lambda: WordProblemDataModule(seq_len=32), solve_word_problem("S5", reversed_order=True), 0.3),
         (lambda: WordProblemDataModule(seq_len=32, group="A5"), solve_word_problem("A5", reversed_order=True), 0.3),
+        (lambda: WordProblemDataModule(seq_len=32, elements="all", query_rate=0.25),
+         solve_word_problem("S5", reversed_order=True), 0.3),
         # N-back counts letters: counting bytes misses whenever a query came in between
         (lambda: NBackDataModule(seq_len=32, query_rate=0.5), solve_nback(4, in_bytes=True), 0.6),
     ],
-    ids=["flipflop-first-write", "s5-reversed", "a5-reversed", "nback-bytes"],
+    ids=["flipflop-first-write", "s5-reversed", "a5-reversed", "s5-all-reversed", "nback-bytes"],
 )
 def test_a_solver_that_breaks_a_rule_fails(make, solve, ceiling):
     dm = make()
@@ -365,8 +369,8 @@ def test_records_name_the_task_and_pickle():
     assert info["eval_blocks"]["64"]["blocks"] == 10 and info["tokenizer"]["vocab_size"] == 256
     assert FlipFlopDataModule(seq_len=64).fingerprint != dm.fingerprint  # the evaluated density is part of the data
     words = WordProblemDataModule(seq_len=64, group="A5")
-    assert json.loads(json.dumps(words.describe()))["parameters"] == {"group": "A5", "elements": "all",
-                                                                       "query_rate": 0.25}
+    assert json.loads(json.dumps(words.describe()))["parameters"] == {"group": "A5", "elements": "generators",
+                                                                       "query_rate": 1.0}
     assert words.fingerprint != WordProblemDataModule(seq_len=64).fingerprint
     for dm in (words, NBackDataModule(seq_len=64), ModCountDataModule(seq_len=64, modulus=3)):
         ds = pickle.loads(pickle.dumps(dm.train_dataset()))  # DataLoader workers under spawn
