@@ -8,7 +8,8 @@ from the validation stream. Every block is one independent forward pass starting
 
 Reported per length: mean NLL and perplexity over all scored tokens, the NLL of the last
 ``train_length`` positions of each block ("last window": what a model sees beyond its training
-length), and the NLL per position bucket (the per-position curve). The sums live in a torchmetrics
+length), and the NLL and top-1 accuracy per position bucket (the per-position curves; a task that scores
+answers only reports its answers' accuracy by where they sit in the block). The sums live in a torchmetrics
 ``Metric`` (:class:`PositionNLL`), so a sharded evaluation reduces over ranks like any other metric.
 
 A block is ℓ + 1 consecutive tokens of the stream and nothing else: no beginning- or end-of-sequence token
@@ -53,6 +54,7 @@ class LengthResult:
     nll_ci: list[float]
     bucket_width: int
     bucket_nll: list[float | None] = field(default_factory=list)  # None: no scored token in the bucket
+    bucket_accuracy: list[float | None] = field(default_factory=list)  # top-1 accuracy per bucket, likewise
     accuracy_by_depth: dict[str, float] | None = None  # passkey: depth of the key → accuracy
 
     def to_dict(self) -> dict:
@@ -60,7 +62,8 @@ class LengthResult:
 
 
 class PositionNLL(Metric):
-    """Summed NLL (overall, last window, per position bucket, per block), top-1 hits and scored-token counts.
+    """Summed NLL (overall, last window, per position bucket, per block), top-1 hits (overall, per bucket, per
+    block) and scored-token counts.
 
     ``update(nll [b, ℓ], hits [b, ℓ], mask [b, ℓ])``; states reduce by sum (per-block ones by concatenation)
     across ranks, so a sharded evaluation gives the single-process numbers.
@@ -74,7 +77,7 @@ class PositionNLL(Metric):
         n_buckets = math.ceil(length / bucket_width)
         self.register_buffer("bucket_of", torch.arange(length) // bucket_width, persistent=False)  # [ℓ]
         for name, size in (("total", ()), ("count", ()), ("hits", ()), ("last", ()), ("last_count", ()),
-                           ("buckets", (n_buckets,)), ("bucket_count", (n_buckets,))):
+                           ("buckets", (n_buckets,)), ("bucket_hits", (n_buckets,)), ("bucket_count", (n_buckets,))):
             self.add_state(name, default=torch.zeros(size, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("block_nll", default=[], dist_reduce_fx="cat")
         self.add_state("block_count", default=[], dist_reduce_fx="cat")
@@ -87,14 +90,16 @@ class PositionNLL(Metric):
         nll = nll.double() * m  # [b, ℓ] zero where unscored
         self.total += nll.sum()
         self.count += m.sum()
-        self.hits += (hits.double() * m).sum()
+        hits = hits.double() * m  # [b, ℓ] zero where unscored
+        self.hits += hits.sum()
         self.last += nll[:, -self.window :].sum()
         self.last_count += m[:, -self.window :].sum()
         self.buckets.index_add_(0, self.bucket_of, nll.sum(0))
+        self.bucket_hits.index_add_(0, self.bucket_of, hits.sum(0))
         self.bucket_count.index_add_(0, self.bucket_of, m.sum(0))
         self.block_nll.append(nll.sum(1))
         self.block_count.append(m.sum(1))
-        self.block_hits.append((hits.double() * m).sum(1))
+        self.block_hits.append(hits.sum(1))
         self.block_index.append(index.to(self.total.device, torch.float64))
 
     def compute(self) -> dict[str, torch.Tensor]:
@@ -107,6 +112,8 @@ class PositionNLL(Metric):
             "last_window_nll": self.last / self.last_count.clamp_min(1),
             # a bucket with no scored token (a synthetic task scores answers only) has no NLL: NaN, not 0
             "bucket_nll": torch.where(self.bucket_count > 0, self.buckets / self.bucket_count.clamp_min(1), math.nan),
+            "bucket_accuracy": torch.where(self.bucket_count > 0, self.bucket_hits / self.bucket_count.clamp_min(1),
+                                           math.nan),
             "block_nll": cat(self.block_nll)[order],
             "block_count": cat(self.block_count)[order],
             "block_hits": cat(self.block_hits)[order],
@@ -210,6 +217,7 @@ def evaluate_length(
         nll_ci=bootstrap_ci(out["block_nll"], out["block_count"]),
         bucket_width=width,
         bucket_nll=[None if math.isnan(v) else v for v in out["bucket_nll"].cpu().tolist()],
+        bucket_accuracy=[None if math.isnan(v) else v for v in out["bucket_accuracy"].cpu().tolist()],
         accuracy_by_depth=by_depth,
     )
 

@@ -33,6 +33,9 @@ def test_matches_direct_forward(model, max_batch_tokens):
     width = res.bucket_width
     expect = [nll[:, i : i + width].mean().item() for i in range(0, 40, width)]
     assert res.bucket_nll == pytest.approx(expect, rel=1e-5)
+    with torch.no_grad():
+        hits = (model(blocks[:, :-1]).argmax(-1) == blocks[:, 1:]).double()  # [5, 40]
+    assert res.bucket_accuracy == pytest.approx([hits[:, i : i + width].mean().item() for i in range(0, 40, width)])
 
 
 def test_lengths_sorted_with_multipliers(model):
@@ -72,6 +75,28 @@ def test_mask_scores_only_selected_positions_and_accuracy(model):
     assert res.bucket_width == 4
     assert [i for i, v in enumerate(res.bucket_nll) if v is not None] == [1, 5]
     assert res.bucket_nll[1] == pytest.approx(nll[:, 5].mean().item(), rel=1e-5)
+    # the accuracy per bucket counts the scored positions only, and has the same gaps
+    assert [i for i, v in enumerate(res.bucket_accuracy) if v is not None] == [1, 5]
+    right = logits.argmax(-1) == blocks[:, 1:]  # [4, 32]
+    assert res.bucket_accuracy[5] == pytest.approx(right[:, 20].double().mean().item())
+
+
+def test_bucket_accuracy_of_known_hits():
+    """A model that is right exactly on the first half of every block: buckets of the first half score 1, the
+    second half 0, and a bucket straddling the midpoint its share."""
+    blocks = torch.randint(0, 256, (3, 41))  # ℓ = 40, train_length 16: buckets of 4
+
+    def half_right(tokens: torch.Tensor) -> torch.Tensor:
+        logits = torch.zeros(*tokens.shape, 256)
+        targets = blocks[: tokens.shape[0], 1:]  # the blocks go through in one batch, in order
+        logits[:, :18].scatter_(2, targets[:, :18, None], 10.0)  # right on positions 0..17
+        logits[:, 18:].scatter_(2, ((targets[:, 18:] + 1) % 256)[..., None], 10.0)  # wrong from 18 on
+        return logits
+
+    res = evaluate_length(half_right, blocks, train_length=16)
+    assert res.bucket_width == 4
+    assert res.bucket_accuracy == [1.0] * 4 + [0.5] + [0.0] * 5
+    assert res.accuracy == pytest.approx(18 / 40)
 
 
 def test_bootstrap_interval_brackets_the_mean_and_narrows_with_blocks(model):

@@ -51,7 +51,11 @@ WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under th
 # where only answers within K = 8 tokens are scored and only the distractors grow with the length. The others run
 # when --datasets names them: "prose", narrative text (the King James Bible from Debian's bible-kjv); "text", a
 # folder of your own .txt files (--text_root); and the retrieval tasks, whose only scored tokens are the answers
-# (accuracy per key depth and length: the report's heatmaps).
+# (accuracy per key depth and length: the report's heatmaps); and the state-tracking tasks (bytes, answers only),
+# where what grows with the length is the far set before each answer's span: flip-flop trained at ignore density 0.8
+# and evaluated at the sparse 0.98 ("flipflop") or the dense 0.1 ("flipflop-dense"; the same training), parity and
+# counting mod 3 of a bit stream answered after every bit, the S5 and A5 word problems (a stream of transpositions or
+# 3-cycles, the running product answered after each), and 4-back recall; settings a tiny model learns at L = 128.
 DATASETS: dict[str, dict[str, Any]] = {
     "corpus": {},
     "local": {"data": "data_modules.LocalDependencyDataModule"},
@@ -61,12 +65,24 @@ DATASETS: dict[str, dict[str, Any]] = {
     "needle": {"data": "data_modules.MultiKeyNeedleDataModule", "data.init_args.n_keys": 3},
     "multivalue": {"data": "data_modules.MultiValueDataModule"},
     "vartrack": {"data": "data_modules.VariableTrackingDataModule"},
+    "flipflop": {"data": "data_modules.FlipFlopDataModule", "data.init_args.eval_p_ignore": 0.98},
+    "flipflop-dense": {"data": "data_modules.FlipFlopDataModule", "data.init_args.eval_p_ignore": 0.1},
+    "parity": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 2,
+               "data.init_args.query_rate": 1.0},
+    "modcount": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 3,
+                 "data.init_args.query_rate": 1.0},
+    "s5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "S5",
+           "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
+    "a5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "A5",
+           "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
+    "nback": {"data": "data_modules.NBackDataModule", "data.init_args.n_back": 4, "data.init_args.query_rate": 0.25},
 }
 DEFAULT_DATASETS = ("corpus", "local")
 # the shortest training length a data set's sequences fit in (its data module says so in one line otherwise):
 # three needles and their question take about 200 bytes, so at L = 128 these tasks train at 256
 MIN_SEQ_LEN = {"needle": 256, "multivalue": 256, "vartrack": 256}
-ANSWER_TASKS = ("local", "passkey", "needle", "multivalue", "vartrack")  # NLL and accuracy of answers only
+STATE_TASKS = ("flipflop", "flipflop-dense", "parity", "modcount", "s5", "a5", "nback")
+ANSWER_TASKS = ("local", "passkey", "needle", "multivalue", "vartrack", *STATE_TASKS)  # NLL and accuracy of answers only
 DATASET_TITLES = {
     "corpus": "embedded corpus (Python stdlib bytes)",
     "local": "local-dependency task (offset copy)",
@@ -76,6 +92,13 @@ DATASET_TITLES = {
     "needle": "multi-key needle retrieval",
     "multivalue": "multi-value needle retrieval",
     "vartrack": "variable tracking",
+    "flipflop": "flip-flop, sparse evaluation (ignore density 0.98; trained at 0.8)",
+    "flipflop-dense": "flip-flop, dense evaluation (ignore density 0.1; trained at 0.8)",
+    "parity": "parity of a bit stream",
+    "modcount": "counting mod 3 of a bit stream",
+    "s5": "S5 word problem (running product of transpositions)",
+    "a5": "A5 word problem (running product of 3-cycles)",
+    "nback": "4-back recall",
 }
 
 
