@@ -215,9 +215,6 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     drift = next(s for s in strata if s.variant == "corpus.RoPE+jitter").overrides
     assert drift["model.scheme.increment_mean"] == "rope"
     assert drift["model.scheme.window"] == 0.75 * SIZES[size].seq_len
-    ladder = next(s for s in strata if s.variant == "corpus.accum-random-ladder").overrides
-    assert ladder["model.scheme.increment_spread"] == "ladder"
-    assert ladder["model.scheme.window"] == 0.75 * SIZES[size].seq_len
     assert max(spec.overrides["extrapolation.multipliers"]) == max(SIZES[size].multipliers) >= 32
     diag = next(s for s in strata if s.variant == "corpus.accum-random").overrides["trainer.callbacks"][-1]
     assert diag["class_path"].endswith("DiagnosticsCallback")

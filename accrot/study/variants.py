@@ -57,7 +57,7 @@ DESCRIPTIONS: dict[str, str] = {
     "accum-random-ladder": "Zero-mean random increments whose spread follows RoPE's ladder (σ_i = σ·ω_i/ω_0): pair 0 "
                            "mixes within 0.75 L but the slow pairs' windows run far past 64× L, the control that "
                            "breaks the regularity condition.",
-    "accum-token": "A frozen random angle table indexed by token id (window 0.75 L for i.i.d. tokens).",
+    "accum-token": "A frozen random angle table indexed by token id (window 0.75 L when the tokens on a path are independent).",
     "accum-learned": "Selective RoPE's learned angles: a rank-16 projection of the per-head-normalised input, a "
                      "width-4 causal convolution, RoPE's ladder at base 500 000, bounded softly at π.",
     "accum-learned-plain": "accrot's earlier learned angles: one full-rank projection of the raw input with a bias, "
