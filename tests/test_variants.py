@@ -12,7 +12,15 @@ import torch
 from accrot.model import ModelConfig, Transformer
 from accrot.position import SchemeConfig, build
 from accrot.study.ablation import build_spec
-from accrot.study.variants import DEFAULT_VARIANTS, DESCRIPTIONS, OPTIONAL, SIZES, VARIANTS, WINDOW_FRACTION, WINDOWED
+from accrot.study.variants import (
+    DEFAULT_VARIANTS,
+    DESCRIPTIONS,
+    OPTIONAL,
+    SIZES,
+    VARIANTS,
+    WINDOW_FRACTION,
+    WINDOWED,
+)
 
 STUDY = SIZES["study"]
 D_MODEL, N_HEADS = STUDY.overrides["model.d_model"], 4  # the study's shape (tiny.yaml: 4 heads)
