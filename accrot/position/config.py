@@ -82,8 +82,9 @@ class SchemeConfig:
             None: the reference's (on).
         ladder_base: base b of that ladder (learned; None: Selective RoPE's 500 000), or of the softplus
             increments' learnable ladder at init (None: ``rope_base``).
-        learned_init_std: init std of the rotation's learned projections (every factor and the convolution of
-            learned and softplus increments' and PaTH's; the references' 0.02); None = PyTorch's default init.
+        learned_init_std: init std of the rotation's learned weights (every factor and the convolution of learned
+            increments' and of PaTH's w, and PaTH's β projection, whose bias starts at 0; the references' 0.02);
+            None = PyTorch's default init. Softplus increments start as GRAPE's (gate weight 0, rate 10⁻³).
         forget_bias_init: initial bias of the forget gate; None = as ``forget_init`` says.
         forget_init: ``fox`` (FoX's default linear init: weight N(0, 0.02), bias 0, f ≈ 1/2 at init) or
             ``alibi`` (weight 0, bias such that the gate starts as ALiBi's slopes exactly).
