@@ -30,15 +30,17 @@ _log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 
 
-def _check_optimiser(lr: float, weight_decay: float, betas, warmup_steps: int, min_lr_ratio: float) -> None:
+def _check_optimiser(lr: float, weight_decay: float, scheme_weight_decay: float, betas, warmup_steps: int,
+                     min_lr_ratio: float) -> None:
     """Reject optimiser settings torch would refuse mid-run (or accept and silently not train), by name."""
     def number(x) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
     if not number(lr) or lr <= 0:
         raise ConfigError(f"model.lr={lr!r} is not valid; it must be a positive number (e.g. 3e-3)")
-    if not number(weight_decay) or weight_decay < 0:
-        raise ConfigError(f"model.weight_decay={weight_decay!r} is not valid; it must be a number >= 0")
+    for name, value in (("weight_decay", weight_decay), ("scheme_weight_decay", scheme_weight_decay)):
+        if not number(value) or value < 0:
+            raise ConfigError(f"model.{name}={value!r} is not valid; it must be a number >= 0")
     if len(tuple(betas)) != 2 or not all(number(b) and 0 <= b < 1 for b in betas):
         raise ConfigError(f"model.betas={list(betas)!r} is not valid; give two numbers in [0, 1), e.g. [0.9, 0.95]")
     if not isinstance(warmup_steps, int) or isinstance(warmup_steps, bool) or warmup_steps < 0:
@@ -52,7 +54,11 @@ class LitLM(L.LightningModule):
 
     Args:
         lr: peak learning rate of AdamW.
-        weight_decay: decoupled weight decay on matrices (not on norms, biases or embeddings' gains).
+        weight_decay: decoupled weight decay on the backbone's matrices (not on norms, biases or gains).
+        scheme_weight_decay: decoupled weight decay on the position scheme's own matrices (its projections and
+            convolutions: w, β, increments, the forget gate). 0 by default: decay pulls a learned increment toward
+            zero (NoPE) and a gate toward its init, a prior the schemes' references do not impose on the scheme
+            (FoX exempts its gate's bias, Selective RoPE its scalars); measured in the README.
         betas: AdamW betas.
         warmup_steps: linear warm-up length.
         min_lr_ratio: the cosine decays to ``lr · min_lr_ratio`` at ``trainer.max_steps``.
@@ -65,13 +71,14 @@ class LitLM(L.LightningModule):
         self,
         lr: float = 3e-3,
         weight_decay: float = 0.1,
+        scheme_weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.95),
         warmup_steps: int = 50,
         min_lr_ratio: float = 0.1,
         **backbone: Any,
     ) -> None:
         super().__init__()
-        _check_optimiser(lr, weight_decay, betas, warmup_steps, min_lr_ratio)
+        _check_optimiser(lr, weight_decay, scheme_weight_decay, betas, warmup_steps, min_lr_ratio)
         # the config's keys are ModelConfig's own (jsonargparse reads them from this call); a scheme given as a
         # dict (a checkpoint's hyperparameters) becomes a SchemeConfig, whose vocabulary follows the model's
         self.model_config = ModelConfig(**backbone)
@@ -201,17 +208,22 @@ class LitLM(L.LightningModule):
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self._step(batch, self.val_ppl, "test")
 
-    def configure_optimizers(self):
-        decay, no_decay = [], []
-        for _, p in self.model.named_parameters():
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """AdamW's three groups, always in this order (so an optimiser state loads into any variant's): the
+        backbone's matrices (``weight_decay``), the position scheme's own matrices (``scheme_weight_decay``), and
+        every vector (norm gains, biases, ladders: no decay)."""
+        groups: dict[str, list[torch.nn.Parameter]] = {"backbone": [], "scheme": [], "vectors": []}
+        for name, p in self.model.named_parameters():
             if p.requires_grad:
-                (decay if p.dim() >= 2 else no_decay).append(p)
+                kind = "vectors" if p.dim() < 2 else "scheme" if ".scheme." in name else "backbone"
+                groups[kind].append(p)
         hp = self.hparams
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": hp.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=hp.lr,
-            betas=tuple(hp.betas),
-        )
+        decay = {"backbone": hp.weight_decay, "scheme": hp.get("scheme_weight_decay", 0.0), "vectors": 0.0}
+        return [{"params": ps, "weight_decay": decay[kind], "name": kind} for kind, ps in groups.items()]
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        opt = torch.optim.AdamW(self.parameter_groups(), lr=hp.lr, betas=tuple(hp.betas))
         total = self.trainer.max_steps if self.trainer.max_steps and self.trainer.max_steps > 0 else None
         if total is None:
             total = max(1, int(self.trainer.estimated_stepping_batches))

@@ -18,6 +18,7 @@ from torch import nn
 
 from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.accum import RandomPositionIncrements, RandomTokenIncrements
+from accrot.position.config import saved_scheme
 
 
 @dataclass
@@ -35,8 +36,8 @@ class ModelConfig:
     scheme: SchemeConfig = field(default_factory=SchemeConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.scheme, dict):  # a checkpoint's hyperparameters
-            self.scheme = SchemeConfig(**self.scheme)
+        if isinstance(self.scheme, dict):  # a checkpoint's hyperparameters (an earlier version's mean what they meant)
+            self.scheme = SchemeConfig(**saved_scheme(self.scheme))
         if self.scheme.vocab_size != self.vocab_size:  # random_token tables index the model's vocabulary
             self.scheme = dataclasses.replace(self.scheme, vocab_size=self.vocab_size)
         for name in ("vocab_size", "d_model", "n_layers", "n_heads"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -33,6 +34,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from accrot.position import SchemeConfig
+from accrot.position.config import saved_scheme
 
 RECORD_KEY = "accrot"  # the checkpoint's section of accrot's own resume facts
 PARTIAL = ".partial-"  # infix of a checkpoint being written: `last.ckpt.partial-<pid>` (never matches *.ckpt)
@@ -220,14 +222,18 @@ def _identity(scheme: dict | None) -> dict:
     (compared with the shapes); ``seed`` matters only where something is drawn at random (random increments, a
     learned mixing floor), and there as the value it resolves to (None, from a model built outside the CLI,
     is 0)."""
-    d = dict(scheme or {})
+    if not scheme:
+        return {}
+    config = SchemeConfig.of(scheme)  # every field, as this version reads it (an earlier version's dict too)
+    d = dataclasses.asdict(config) if config is not None else saved_scheme(scheme)
     d.pop("vocab_size", None)
     for key, default in ADDED_SCHEME_KEYS.items():  # a checkpoint older than a key means its default
         if d.get(key, default) == default:
             d.pop(key, None)
     random = d.get("rotation") == "accum" and (
         d.get("increments") in ("random_position", "random_token")
-        or (d.get("increments") == "learned" and (d.get("window") is not None or d.get("sigma") is not None)))
+        or (d.get("increments") in ("learned", "softplus")
+            and (d.get("window") is not None or d.get("sigma") is not None)))
     seed = d.pop("seed", None)
     if random:
         d["seed"] = 0 if seed is None else seed

@@ -50,6 +50,8 @@ SCHEMES = {
     "accum-learned-values": ["--model.scheme.rotation=accum", "--model.scheme.increments=learned",
                              "--model.scheme.rotate_values=true", "--model.scheme.window=64"],
     "PaTH": ["--model.scheme.rotation=path"],
+    # GRAPE's softplus phase: learned ladder and gate (a 1-d parameter, the optimiser's vector group)
+    "accum-grape": ["--model.scheme.rotation=accum", "--model.scheme.increments=softplus"],
 }
 
 

@@ -214,7 +214,7 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     for st in strata:
         assert set(st.overrides) - {"data", "trainer.callbacks"} <= {
             k for k in st.overrides if k.startswith("model.scheme.")}
-    drift = next(s for s in strata if s.variant == "corpus.accum-random-drift").overrides
+    drift = next(s for s in strata if s.variant == "corpus.RoPE+jitter").overrides
     assert drift["model.scheme.increment_mean"] == "rope"
     assert drift["model.scheme.window"] == 0.75 * SIZES[size].seq_len
     assert max(spec.overrides["extrapolation.multipliers"]) == max(SIZES[size].multipliers) >= 32

@@ -64,7 +64,8 @@ PROJECTION = "floor: learned projection"  # a pseudo-variant of the training rou
 def _projection_step(model, x: torch.Tensor) -> float:
     """Seconds of every layer's learned-increment projection u = proj(x) alone, forward and backward (to x and to
     the weights), at the model's own shapes: the one piece of work learned increments add to RoPE's that no
-    kernel can remove (a matmul of d_model → H·D/2 per token), timed like a variant between two NoPE steps."""
+    kernel can remove (the projection d_model → H·D/2 per token, through its bottleneck and short convolution),
+    timed like a variant between two NoPE steps."""
     from accrot.position.accum import LearnedIncrements
 
     sources = [m for m in model.modules() if isinstance(m, LearnedIncrements)]

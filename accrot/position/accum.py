@@ -28,13 +28,25 @@ Increments (``cfg.increments``):
   angles, ``angles()`` is what forward used, and every device evaluates with the same increments.
 * ``random_token``: a frozen table ``[vocab_size, H, D/2]`` (a buffer) drawn from (seed, ℓ) with the same
   distribution options; δ_j = table[token_j].
-* ``learned``: δ_j = μ_i + max_increment · ℓ_i · tanh(proj(x_j)), proj = [causal depthwise conv] → [low-rank
-  down-projection] → linear to H·D/2 (zero bias, weight std ``learned_init_std``), ℓ_i = ω_i/ω_0 with
-  ``learned_ladder`` else 1. Computed in float32 whatever the autocast dtype. With ``window`` (or ``sigma``)
+* ``learned`` (Selective RoPE's parameterisation by default): δ_j = μ_i + ℓ_i · M · tanh(u_j,i / M) with
+  u = conv(up(down(norm(x)))): each head's slice of x_j L2-normalised, a rank-16 bottleneck (``increment_rank``),
+  a causal depthwise convolution of width 4 over time (``conv_size``), no bias, every weight N(0, 0.02)
+  (``learned_init_std``); ℓ_i = b^(−2i/D), RoPE's frequency ladder at b = 500 000 (``learned_ladder``,
+  ``ladder_base``), the temperature Selective RoPE multiplies its phases by. The reference is unbounded
+  (δ = ℓ·u); M = ``max_increment`` = π keeps its slope 1 at 0, so at init (|u| ~ 10⁻⁴) and wherever |u| ≪ π
+  the two agree, while a step never exceeds π on the fastest pair (a larger one is the same rotation as a
+  smaller angle). ``learned_form="plain"`` with ``increment_rank=0, conv_size=0, learned_ladder=false,
+  max_increment=1`` is accrot's earlier form: one full-rank projection of the raw x_j with a zero-initialised
+  bias, bounded to ±1 rad. Computed in float32 whatever the autocast dtype. With ``window`` (or ``sigma``)
   set, a zero-mean ``random_position`` draw of that spread is added (a *mixing floor*): independent noise
   multiplies the characteristic function, |E[e^{i(δ_learned + ξ)}]| ≤ |E[e^{iξ}]|, so every pair provably
   mixes within the window whatever the projection learns — the theory's regularity condition by
   construction. Without it a learned pair may drift coherently far past the training length.
+* ``softplus`` (GRAPE's contextual phase): δ_t,i = θ_i · ω_{t−1} with ω_j = softplus(w·x_j + b) ≥ 0 one rate per
+  token and θ_i a learnable ladder initialised to RoPE's frequencies (:class:`SoftplusIncrements`): the angles
+  are θ_i · Σ_{j<t} ω_j, GRAPE's exclusive sum. Non-negative increments are a drift: a pair mixes only as
+  far as ω varies and the slow pairs stay coherent, the learned rotation the regularity condition says should
+  not extrapolate. A mixing floor can be added as for ``learned``.
 
 Theory (PAPER.md): pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing window W_i = log ε / log ρ_i; the
 mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to [0, 2π) before the float32 cast,
@@ -58,7 +70,7 @@ from torch import nn
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
 from accrot.ops.rotary import accumulate_angles, accumulate_bounded, accumulate_drawn, wrap_angle
-from accrot.position.base import RotationPart
+from accrot.position.base import RotationPart, init_weights
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.rope import rope_frequencies
 from accrot.position.scheme import register_rotation
@@ -357,39 +369,52 @@ class RandomTokenIncrements(nn.Module):
 
 
 class LearnedIncrements(nn.Module):
-    """δ_j = μ + max_increment · ladder · tanh(proj(x_j)), float32 whatever the autocast or parameter dtype."""
+    """δ_j = μ + ℓ · M · tanh(u_j / M), u = proj(x): float32 whatever the autocast or parameter dtype (module docstring).
+
+    ``selective`` form (Selective RoPE's ``SelectiveRoPE``): x_j split into its H per-head slices, each L2-normalised,
+    a rank-r projection to H·D/2 without bias (``down`` then ``up``), then a causal depthwise convolution of width K
+    over time without bias or activation. ``plain``: x_j itself and a zero-initialised bias on ``up``. Rank 0 is one
+    full-rank projection (no ``down``), width 0 no convolution. Every weight starts N(0, ``learned_init_std``), as
+    the reference models initialise every linear and convolution layer (std 0.02).
+    """
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> None:
         super().__init__()
         self.n_heads, self.P = n_heads, head_dim // 2
-        self.conv_size = cfg.conv_size
-        # PaTH-style short causal depthwise convolution over time (default Conv1d init, no activation)
-        self.conv = nn.Conv1d(d_model, d_model, cfg.conv_size, groups=d_model) if cfg.conv_size > 0 else None
+        self.input_norm = cfg.learned_form == "selective"
+        out = n_heads * self.P
         rank = cfg.increment_rank
-        self.down = nn.Linear(d_model, rank, bias=False) if rank is not None else None
-        self.up = nn.Linear(d_model if rank is None else rank, n_heads * self.P)
-        nn.init.normal_(self.up.weight, std=cfg.learned_init_std)
-        nn.init.zeros_(self.up.bias)
+        self.down = nn.Linear(d_model, rank, bias=False) if rank else None
+        self.up = nn.Linear(rank or d_model, out, bias=cfg.learned_form == "plain")
+        # depthwise over time, one filter per output channel [H·P, 1, K]; causal by left padding
+        self.conv = nn.Conv1d(out, out, cfg.conv_size, groups=out, bias=False) if cfg.conv_size else None
+        init_weights(self, cfg.learned_init_std)
+        ladder = rope_frequencies(head_dim, cfg.ladder_base) if cfg.learned_ladder else torch.ones(self.P,
+                                                                                                  dtype=torch.float64)
         omega = rope_frequencies(head_dim, cfg.rope_base)  # [P] float64
-        ladder = omega / omega[0] if cfg.learned_ladder else torch.ones_like(omega)
         mean = omega if cfg.increment_mean == "rope" else torch.zeros_like(omega)
         self.zero_mean = cfg.increment_mean != "rope"
+        self.bound = float(cfg.max_increment)
         self.consts = _DeviceConstants(
             scale=(cfg.max_increment * ladder).to(torch.float32), mean=mean.to(torch.float32)  # [P] each
         )
 
     def pre_activation(self, x: torch.Tensor) -> torch.Tensor:
-        """u = proj(x), ``[B, H, T, P]`` float32: a view of the projection's ``[B, T, H·P]`` output."""
-        B, T, _ = x.shape
+        """u / M, the tanh's argument, ``[B, H, T, P]`` float32: a view of the projection's ``[B, T, H·P]`` output."""
+        B, T, C = x.shape
         with torch.autocast(device_type=x.device.type, enabled=False):
             h = x.float()  # [B, T, d_model]
-            if self.conv is not None:
-                w, b = self.conv.weight.float(), self.conv.bias.float()  # [d_model, 1, K], [d_model]
-                h = F.conv1d(F.pad(h.transpose(1, 2), (self.conv_size - 1, 0)), w, b, groups=h.shape[-1])
-                h = h.transpose(1, 2)  # [B, T, d_model], causal: position t sees t−K+1..t
+            if self.input_norm:  # each head's slice of x on the unit sphere
+                h = F.normalize(h.view(B, T, self.n_heads, C // self.n_heads), dim=-1, eps=1e-6).view(B, T, C)
             if self.down is not None:
                 h = F.linear(h, self.down.weight.float())  # [B, T, r]
-            u = F.linear(h, self.up.weight.float(), self.up.bias.float())  # [B, T, H·P]
+            inv = 1.0 / self.bound  # 1/M folded into the last weight (exact when M = 1)
+            bias = None if self.up.bias is None else self.up.bias.float()
+            if self.conv is None:
+                u = F.linear(h, self.up.weight.float() * inv, None if bias is None else bias * inv)  # [B, T, H·P]
+            else:
+                u = F.linear(h, self.up.weight.float(), bias)  # [B, T, H·P]
+                u = causal_depthwise_conv(u, self.conv.weight.float() * inv)  # [B, T, H·P]
             return u.view(B, T, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, T, P]
 
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -408,24 +433,85 @@ class LearnedIncrements(nn.Module):
                                       extra)
 
 
+SOFTPLUS_INIT_OMEGA = 1e-3  # GRAPE's grape_ctx_init_omega: the phase rate every token starts with
+
+
+class SoftplusIncrements(nn.Module):
+    """GRAPE's contextual phase (multiplicative GRAPE, contextual type I): a non-negative phase rate per token,
+    ω_j = softplus(w·x_j + b) (one scalar shared by every head and pair), on a learnable ladder θ_i = exp(λ_i)
+    initialised to RoPE's frequencies at ``ladder_base``; the angle of pair i at t is θ_i · Σ_{j<t} ω_j (an
+    exclusive sum). As increments in the inclusive convention of the contract, δ_{t,i} = θ_i · ω_{t−1} and δ_0 = 0.
+
+    The gate starts as GRAPE's: w = 0 and ω = 10⁻³ for every token, a RoPE slowed a thousandfold. Every increment
+    is ≥ 0, a learned drift: a pair mixes only as far as ω varies, and the slow pairs (θ_i ≪ 1) stay coherent far
+    past any training length. Computed in float32 whatever the autocast dtype.
+
+    Reference: model-architectures/GRAPE ``model/llama-mha-grape-m-ctx.py`` (``MSGRAPEContextType1``).
+    """
+
+    def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.n_heads, self.P = n_heads, head_dim // 2
+        self.gate = nn.Linear(d_model, 1)
+        nn.init.zeros_(self.gate.weight)
+        nn.init.constant_(self.gate.bias, math.log(math.expm1(SOFTPLUS_INIT_OMEGA)))  # softplus(b) = ω at init
+        self.log_freq = nn.Parameter(rope_frequencies(head_dim, cfg.ladder_base).log().to(torch.float32))  # [P]
+
+    def rates(self, x: torch.Tensor) -> torch.Tensor:
+        """ω_j = softplus(w·x_j + b), ``[B, T]`` float32."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            z = F.linear(x.float(), self.gate.weight.float(), self.gate.bias.float())  # [B, T, 1]
+            return F.softplus(z[..., 0])
+
+    def shared(self, x: torch.Tensor) -> torch.Tensor:
+        """δ of every head at once, ``[B, 1, T, P]`` float32: θ_i · ω_{t−1} (0 at t = 0)."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            omega = F.pad(self.rates(x)[:, :-1], (1, 0))  # [B, T] exclusive: token j enters from j + 1
+            return omega[:, None, :, None] * self.log_freq.float().exp()  # [B, 1, T, P]
+
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.shared(x).expand(-1, self.n_heads, -1, -1)  # [B, H, T, P]
+
+    def angles(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """θ = Σ_{j≤t} (δ_j + extra_j): ``[B, 1, T, P]`` (every head alike) without ``extra``, else ``[B, H, T, P]``."""
+        delta = self.shared(x)  # [B, 1, T, P]
+        return accumulate_angles(delta if extra is None else delta + extra.detach())
+
+
+def causal_depthwise_conv(u: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """y_t = Σ_{k<K} w[c, k] · u_{t−K+1+k} per channel c (zero before the start): ``F.conv1d`` with K − 1 zeros of left
+    padding and ``groups=C``, computed as K shifted multiply-adds in u's own ``[B, T, C]`` layout (no transposes, so
+    the result is a row-major ``[B, T, C]`` the fused angle kernel reads as it is). ``weight`` ``[C, 1, K]``."""
+    K, T = weight.shape[-1], u.shape[1]
+    padded = F.pad(u, (0, 0, K - 1, 0))  # [B, T + K − 1, C]
+    taps = weight[:, 0].T  # [K, C]
+    y = padded[:, K - 1:] * taps[K - 1]
+    for k in range(K - 1):
+        y = y + padded[:, k:k + T] * taps[k]
+    return y  # [B, T, C]
+
+
 def _check_options(cfg: SchemeConfig) -> None:
     """Reject options that do nothing for the chosen increment kind (a silent no-op would mislabel a run)."""
-    if cfg.increments == "learned":
+    if cfg.increments in ("learned", "softplus"):
         if cfg.increment_spread != "constant":
-            raise ConfigError("increment_spread='ladder' is for random increments; use learned_ladder=true instead")
+            raise ConfigError(f"increment_spread='ladder' is for random increments, not increments={cfg.increments!r}"
+                              + ("; use learned_ladder=true instead" if cfg.increments == "learned" else ""))
         if cfg.increment_family != "gaussian":
             raise ConfigError(
-                f"increment_family={cfg.increment_family!r} is for random increments, not increments='learned'"
+                f"increment_family={cfg.increment_family!r} is for random increments, not increments={cfg.increments!r}"
             )
-    else:
-        learned_only = {
-            "increment_rank": (cfg.increment_rank, None),
-            "conv_size": (cfg.conv_size, 0),
-            "learned_ladder": (cfg.learned_ladder, False),
-        }
-        for name, (value, off) in learned_only.items():
-            if value != off:
+    if cfg.increments == "softplus" and cfg.increment_mean != "zero":
+        raise ConfigError("increment_mean='rope' is for random and learned increments; softplus increments drift "
+                          "by construction (ω ≥ 0 on a ladder)")
+    if cfg.increments != "learned":
+        for name in ("increment_rank", "conv_size", "learned_ladder"):
+            value = getattr(cfg, name)
+            if value is not None and value is not False and value != 0:
                 raise ConfigError(f"{name}={value!r} needs increments='learned' (got increments={cfg.increments!r})")
+    if cfg.increments in ("random_position", "random_token") and cfg.ladder_base is not None:
+        raise ConfigError(f"ladder_base={cfg.ladder_base!r} is for learned and softplus increments, not "
+                          f"increments={cfg.increments!r} (random increments: increment_spread=ladder)")
 
 
 @register_rotation("accum")
@@ -445,10 +531,12 @@ class AccumulatedRotation(RotationPart):
             self.source: nn.Module = RandomPositionIncrements(cfg, n_heads, self.head_dim)
         elif cfg.increments == "random_token":
             self.source = RandomTokenIncrements(cfg, n_heads, self.head_dim)
+        elif cfg.increments == "softplus":
+            self.source = SoftplusIncrements(cfg, d_model, n_heads, self.head_dim)
         else:
             self.source = LearnedIncrements(cfg, d_model, n_heads, self.head_dim)
         self.floor: RandomPositionIncrements | None = None
-        if cfg.increments == "learned" and (cfg.window is not None or cfg.sigma is not None):
+        if self.learned and (cfg.window is not None or cfg.sigma is not None):
             noise = dataclasses.replace(cfg, increments="random_position", increment_mean="zero")
             self.floor = RandomPositionIncrements(noise, n_heads, self.head_dim)
 
@@ -463,9 +551,14 @@ class AccumulatedRotation(RotationPart):
                 return self.source.fixed_angles(tokens.shape[1], x.device)  # [1, H, T, P] cached
             if x.device.type == "cpu":  # a fresh draw, mapped and summed in one pass
                 return self.source.fresh_angles(*tokens.shape)  # [B, H, T, P]
-        if isinstance(self.source, LearnedIncrements):  # the bound, the floor and the sum in one node
-            return self.source.angles(x, None if self.floor is None else self.floor(x, tokens))  # [B, H, T, P]
+        if self.learned:  # learned: the bound, the floor and the sum in one node
+            return self.source.angles(x, None if self.floor is None else self.floor(x, tokens))  # [B, H|1, T, P]
         return accumulate_angles(self.increments(x, tokens))  # [B|1, H, T, P]
+
+    @property
+    def learned(self) -> bool:
+        """True when the increments are a learned function of x (learned, softplus)."""
+        return isinstance(self.source, (LearnedIncrements, SoftplusIncrements))
 
     @property
     def random(self) -> bool:
@@ -495,8 +588,14 @@ class AccumulatedRotation(RotationPart):
     def describe(self) -> dict:
         cfg = self.cfg
         info: dict = {"increments": cfg.increments}
-        if cfg.increments == "learned":
-            info["max_increment"] = cfg.max_increment
+        if self.learned:
+            if cfg.increments == "learned":
+                info.update(learned_form=cfg.learned_form, increment_rank=cfg.increment_rank, conv_size=cfg.conv_size,
+                            learned_ladder=cfg.learned_ladder, max_increment=cfg.max_increment)
+            else:  # the ladder as trained so far
+                info["softplus_ladder"] = self.source.log_freq.detach().double().exp().tolist()
+            if cfg.learned_ladder or cfg.increments == "softplus":
+                info["ladder_base"] = cfg.ladder_base
             if self.floor is None:
                 info["mixing_window"] = "measured by diagnostics"
                 return info

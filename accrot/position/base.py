@@ -64,3 +64,15 @@ class FarMassPart(nn.Module):
 
     def describe(self) -> dict:
         return {}
+
+
+def init_weights(module: nn.Module, std: float | None) -> None:
+    """Every linear and convolution weight of ``module`` N(0, std), every bias 0 (as the reference models' own
+    ``_init_weights``); PyTorch's default init where ``std`` is None."""
+    if std is None:
+        return
+    for layer in module.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv1d)):
+            nn.init.normal_(layer.weight, std=std)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)

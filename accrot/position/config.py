@@ -3,6 +3,16 @@
 Every choice is a ``Literal``; cross-field checks run at construction so an impossible cell can
 never reach the model. Errors are :class:`ConfigError` (a ``ValueError``) with a one-line message
 that names the offending field and what would be valid.
+
+Defaults follow the reference implementations, and the options whose reference value depends on the scheme are
+``None`` until construction fills them in for the rotation in use (:data:`REFERENCE`): learned increments as
+Selective RoPE builds them (timurcarstensen/selective-rope ``src/selective_rope/modules/rotary.py``: a rank-16
+projection of the per-head L2-normalised input, a width-4 causal convolution, RoPE's frequency ladder at base
+500 000), PaTH as fla builds it (fla-org/flash-linear-attention ``fla/layers/path_attn.py``: a rank-32 w
+projection, a width-3 causal convolution with SiLU before the L2 norm, β = 2·sigmoid), and the forget gate as FoX
+builds it (zhixuan-lin/forgetting-transformer: a default-initialised linear gate). accrot's earlier, simpler
+settings remain reachable by value (``increment_rank=0``, ``conv_size=0``, ``learned_form="plain"`` ...); a scheme
+dict saved before these defaults existed loads as what it was (:func:`saved_scheme`).
 """
 
 from __future__ import annotations
@@ -16,16 +26,28 @@ from accrot.errors import ConfigError, check_choice
 
 Rotation = Literal["none", "rope", "accum", "path"]
 FarMass = Literal["none", "alibi", "forget", "ssmax"]
-Increments = Literal["random_position", "random_token", "learned"]
+Increments = Literal["random_position", "random_token", "learned", "softplus"]
 IncrementMean = Literal["zero", "rope"]
 IncrementSpread = Literal["constant", "ladder"]
 IncrementFamily = Literal["gaussian", "uniform"]
 PathKernel = Literal["chunked", "recurrent", "fla"]
 OutputGate = Literal["none", "elementwise", "headwise"]
 LayerKind = Literal["cell", "none"]  # a layer_pattern entry: the cell's own rotation, or no rotation (NoPE)
+LearnedForm = Literal["selective", "plain"]
+ForgetInit = Literal["fox", "alibi"]
 
 
 MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
+
+# The reference value of each option left None, per part in use ("learned", "softplus" increments; "path"):
+# Selective RoPE's SelectiveRoPE defaults (phi_proj_rank=16, d_conv=4, temp_type="rope", temp_theta=500000),
+# fla's PaTHAttention (w_proj rank 32, ShortConvolution(kv_dim, 3)); the softplus ladder's base is RoPE's
+# (GRAPE initialises its learnable frequencies from base 10 000, the rope_base default: filled in from rope_base).
+REFERENCE: dict[str, dict[str, Any]] = {
+    "learned": {"increment_rank": 16, "conv_size": 4, "learned_ladder": True, "ladder_base": 500000.0},
+    "softplus": {},
+    "path": {"path_rank": 32, "conv_size": 3},
+}
 
 
 def _accum(c: SchemeConfig) -> bool:
@@ -67,7 +89,7 @@ class SchemeConfig:
         rotate_values: SO(2) rotations only; value of s arrives at t rotated by θ_t − θ_s.
         rope_base: RoPE's base b, ω_i = b^(−i/(D/2)) for pair i.
         increments: kind of accumulated increment δ_j (``rotation="accum"`` only).
-        increment_mean: ``zero`` or RoPE's ω_i (the drift control that breaks the regularity condition).
+        increment_mean: ``zero`` or RoPE's ω_i (a drift: random increments still mix at |φ|, "RoPE plus jitter").
         increment_spread: ``constant`` (one σ for every pair) or ``ladder`` (σ_i = c·ω_i / ω_0).
         increment_family: distribution of random increments.
         window: mixing window W in tokens: σ is chosen so |E[e^{iδ}]|^W = window_eps (random kinds).
@@ -77,14 +99,29 @@ class SchemeConfig:
         seed: seed of the random increments (training streams, evaluation draws, ``random_token`` tables; each
             layer its own). None (the default) follows the run's ``seed_everything``, so seeds are replicates.
         vocab_size: rows of the ``random_token`` table; token ids must lie in [0, vocab_size).
-        max_increment: bound of learned increments, δ = max_increment · tanh(·).
-        increment_rank: low-rank bottleneck of learned projections (None = full rank).
-        conv_size: width of the short causal convolution before learned projections (0 = none).
-        learned_ladder: scale learned increments by RoPE's frequency ladder (Selective-RoPE style).
-        learned_init_std: init std of the last learned-increment projection.
-        forget_bias_init: initial bias of the forget gate; None = log-sigmoid matching ALiBi's slopes.
+        max_increment: bound M of learned increments, δ = ℓ_i · M · tanh(u / M): slope 1 at 0 (the unbounded
+            reference's δ = ℓ_i · u while |u| ≪ M), never more than M·ℓ_i. π by default: a step of π on the
+            fastest pair already reaches every rotation of its plane, so the bound clips nothing that could not
+            be written as a smaller angle, and at init (|u| ~ 1e-4) it is the identity.
+        learned_form: ``selective`` (the reference): the projection reads the per-head L2-normalised input and
+            has no bias; ``plain``: the raw input and a zero-initialised bias (accrot's earlier form).
+        increment_rank: rank of the learned-increment projection's bottleneck; 0 = one full-rank projection.
+            None: the reference's (16).
+        conv_size: width of the short causal depthwise convolution after the learned projection (increments:
+            none after it; PaTH: SiLU after it), 0 = none. None: the reference's (learned 4, PaTH 3).
+        learned_ladder: scale learned increments by RoPE's frequency ladder ℓ_i = b^(−2i/D), b = ``ladder_base``.
+            None: the reference's (on).
+        ladder_base: base b of that ladder (learned; None: Selective RoPE's 500 000), or of the softplus
+            increments' learnable ladder at init (None: ``rope_base``).
+        learned_init_std: init std of the rotation's learned weights (every factor and the convolution of learned
+            increments' and of PaTH's w, and PaTH's β projection, whose bias starts at 0; the references' 0.02);
+            None = PyTorch's default init. Softplus increments start as GRAPE's (gate weight 0, rate 10⁻³).
+        forget_bias_init: initial bias of the forget gate; None = as ``forget_init`` says.
+        forget_init: ``fox`` (FoX's default linear init: weight N(0, 0.02), bias 0, f ≈ 1/2 at init) or
+            ``alibi`` (weight 0, bias such that the gate starts as ALiBi's slopes exactly).
         beta_max: PaTH's β_j = beta_max · sigmoid(·), in (0, 2].
-        path_rank: low-rank bottleneck of PaTH's w projection (None = full rank).
+        path_rank: rank of PaTH's w projection's bottleneck; 0 = one full-rank projection. None: the reference's
+            (32).
         chunk_size: PaTH chunk length c.
         path_kernel: PaTH implementation.
         block_size: query/key block of the biased (far-mass) attention kernel.
@@ -113,13 +150,16 @@ class SchemeConfig:
     resample: bool = True
     seed: int | None = None
     vocab_size: int = 256
-    max_increment: float = 1.0
+    max_increment: float = math.pi
+    learned_form: LearnedForm = "selective"
     increment_rank: int | None = None
-    conv_size: int = 0
-    learned_ladder: bool = False
-    learned_init_std: float = 0.02
+    conv_size: int | None = None
+    learned_ladder: bool | None = None
+    ladder_base: float | None = None
+    learned_init_std: float | None = 0.02
     # forget gate
     forget_bias_init: float | None = None
+    forget_init: ForgetInit = "fox"
     # path
     beta_max: float = 2.0
     path_rank: int | None = None
@@ -137,6 +177,16 @@ class SchemeConfig:
         self._check_numbers()
         self._check_ranges()
         self._check_gate_and_layers()
+        self._fill_reference()
+
+    def _fill_reference(self) -> None:
+        """Options left None take the reference's value for the part in use; the others stay None."""
+        part = self.increments if self.rotation == "accum" else self.rotation
+        for name, value in REFERENCE.get(part, {}).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if part == "softplus" and self.ladder_base is None:
+            self.ladder_base = self.rope_base
 
     def _check_choices(self) -> None:
         """Every Literal field holds one of its values, and the fields that need another agree with it."""
@@ -148,6 +198,10 @@ class SchemeConfig:
         check_choice("increment_spread", self.increment_spread, IncrementSpread)
         check_choice("increment_family", self.increment_family, IncrementFamily)
         check_choice("path_kernel", self.path_kernel, PathKernel)
+        check_choice("learned_form", self.learned_form, LearnedForm)
+        check_choice("forget_init", self.forget_init, ForgetInit)
+        if self.learned_ladder is not None and not isinstance(self.learned_ladder, bool):
+            raise ConfigError(f"learned_ladder={self.learned_ladder!r} is not valid; use true, false or null")
         if self.rotation == "accum":
             if self.increments is None:
                 self.increments = "random_position"
@@ -165,7 +219,7 @@ class SchemeConfig:
     def _check_numbers(self) -> None:
         """Positive where a size or a scale is meant, integers where a count is."""
         positive = ["rope_base", "max_increment", "chunk_size", "block_size", "vocab_size"]
-        positive += [n for n in ("window", "sigma", "increment_rank", "path_rank") if getattr(self, n) is not None]
+        positive += [n for n in ("window", "sigma", "ladder_base") if getattr(self, n) is not None]
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or math.isinf(value):
@@ -176,10 +230,16 @@ class SchemeConfig:
                 raise ConfigError(f"{name}={value!r} is not valid; it must be an integer")
 
     def _check_ranges(self) -> None:
-        if self.conv_size < 0:
+        if self.conv_size is not None and self.conv_size < 0:
             raise ConfigError(f"conv_size={self.conv_size!r} is not valid; it must be 0 (off) or a positive width")
-        if self.learned_init_std < 0:
-            raise ConfigError(f"learned_init_std={self.learned_init_std!r} is not valid; it must be >= 0")
+        for name in ("increment_rank", "path_rank"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name}={value!r} is not valid; it must be 0 (one full-rank projection) or a "
+                                  "positive rank")
+        if self.learned_init_std is not None and not self.learned_init_std >= 0:
+            raise ConfigError(f"learned_init_std={self.learned_init_std!r} is not valid; it must be >= 0 (or null: "
+                              "PyTorch's default init)")
         if not 0.0 < self.window_eps < 1.0:
             raise ConfigError(f"window_eps={self.window_eps!r} is not valid; it must lie in (0, 1)")
         if not 0.0 < self.beta_max <= 2.0:
@@ -241,9 +301,37 @@ class SchemeConfig:
     @classmethod
     def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:
         """The config a saved dict describes (a checkpoint's or a trial's hyperparameters; keys this version does
-        not know are dropped), or None where it describes no valid scheme."""
+        not know are dropped, a dict saved before the reference defaults means what it meant then), or None where
+        it describes no valid scheme."""
         known = {f.name for f in fields(cls)}
         try:
-            return cls(**{k: v for k, v in (scheme or {}).items() if k in known})
+            return cls(**{k: v for k, v in saved_scheme(scheme).items() if k in known})
         except (ConfigError, TypeError):
             return None
+
+
+# Every field a scheme dict saved before the reference defaults holds (a checkpoint's hyperparameters are the
+# whole asdict of the config), and the values that make such a dict mean what it meant when it was saved: one
+# full-rank projection where the rank was None, learned increments in the plain form, the ALiBi-initialised gate.
+_BEFORE_REFERENCE = frozenset((
+    "rotation", "far_mass", "rotate_values", "rope_base", "increments", "increment_mean", "increment_spread",
+    "increment_family", "window", "sigma", "window_eps", "resample", "seed", "vocab_size", "max_increment",
+    "increment_rank", "conv_size", "learned_ladder", "learned_init_std", "forget_bias_init", "beta_max",
+    "path_rank", "chunk_size", "path_kernel", "block_size"))
+_LEGACY = {"learned_form": "plain", "forget_init": "alibi"}
+
+
+def saved_scheme(scheme: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A saved scheme dict as this version reads it: unchanged, unless it was saved before the reference defaults
+    (it names every field of that version and none of the new ones), when the options whose default changed take
+    the values it was trained with."""
+    d = dict(scheme or {})
+    if not _BEFORE_REFERENCE <= d.keys() or "learned_form" in d:
+        return d
+    for name in ("increment_rank", "path_rank"):
+        if d[name] is None:
+            d[name] = 0
+    d.update(_LEGACY)
+    if d.get("learned_init_std") is not None and d.get("rotation") == "path":
+        d["learned_init_std"] = None  # PaTH's projections had PyTorch's default init
+    return d

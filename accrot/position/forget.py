@@ -1,10 +1,18 @@
 """FoX forget gate (Lin et al., 2025, *Forgetting Transformer*, arXiv:2503.02130).
 
 Per head, log f_j = logsigmoid(w_h·x_j + b_h) ≤ 0, so the bias of key s seen from query t is
-Σ_{j=s+1..t} log f_j: a data-dependent ALiBi. The weight starts at zero and the bias at
-b_h = −log(e^{m_h} − 1), where logsigmoid(b_h) = −m_h with ALiBi's slope m_h: at initialisation (and for any
-fixed gate with w = 0) the scheme is exactly ALiBi. ``cfg.forget_bias_init`` overrides b_h for every head.
-The gate is computed in float32 whatever the autocast or parameter dtype.
+Σ_{j=s+1..t} log f_j: a data-dependent ALiBi. Two initialisations (``cfg.forget_init``):
+
+* ``fox`` (the default, FoX's own: its ``fgate_proj`` is an ``nn.Linear`` under the model's ``_init_weights``):
+  w ~ N(0, 0.02), b = 0, so every head starts forgetting about half per token (f ≈ 1/2) and learns how much
+  to keep;
+* ``alibi``: w = 0 and b_h = −log(e^{m_h} − 1), where logsigmoid(b_h) = −m_h with ALiBi's slope m_h: at
+  initialisation (and for any fixed gate with w = 0) the scheme is exactly ALiBi, a strong prior toward a flat
+  curve that everything measured on the cell inherits.
+
+``cfg.forget_bias_init`` overrides b_h for every head. The gate is computed in float32 whatever the autocast or
+parameter dtype. Reference: zhixuan-lin/forgetting-transformer
+``src/forgetting_transformer/model/forgetting_transformer/modeling_forgetting_transformer.py`` (fgate_type="full").
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from accrot.position.base import FarMassPart
 from accrot.position.config import SchemeConfig
 from accrot.position.scheme import register_far_mass
 
+FOX_INIT_STD = 0.02  # FoX's initializer_range
+
 
 def alibi_matching_bias(n_heads: int) -> list[float]:
     """b_h = −log(e^{m_h} − 1), so that logsigmoid(b_h) = −m_h (ALiBi's slope)."""
@@ -33,8 +43,14 @@ class ForgetGate(FarMassPart):
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         self.proj = nn.Linear(d_model, n_heads)
-        nn.init.zeros_(self.proj.weight)  # a fixed gate at init: exactly ALiBi (or the constant forget_bias_init)
-        bias = alibi_matching_bias(n_heads) if cfg.forget_bias_init is None else [cfg.forget_bias_init] * n_heads
+        if cfg.forget_init == "fox":
+            nn.init.normal_(self.proj.weight, std=FOX_INIT_STD)
+            bias = [0.0] * n_heads
+        else:
+            nn.init.zeros_(self.proj.weight)  # a fixed gate at init: exactly ALiBi (or the constant forget_bias_init)
+            bias = alibi_matching_bias(n_heads)
+        if cfg.forget_bias_init is not None:
+            bias = [cfg.forget_bias_init] * n_heads
         with torch.no_grad():
             self.proj.bias.copy_(torch.tensor(bias))
 
@@ -44,4 +60,4 @@ class ForgetGate(FarMassPart):
             return F.logsigmoid(z).transpose(1, 2)  # [B, H, T]
 
     def describe(self) -> dict:
-        return {"forget_bias": self.proj.bias.detach().float().tolist()}
+        return {"forget_init": self.cfg.forget_init, "forget_bias": self.proj.bias.detach().float().tolist()}

@@ -2,10 +2,14 @@
 
     H_j = I − β_j w_j w_jᵀ,  ℓ_ts = D^−1/2 q_tᵀ H_t H_{t−1} ⋯ H_{s+1} k_s   (+ b_ts with far_mass, PaTH-FoX)
 
-w_j comes from a projection of the layer input x_j (full rank d_model → H·D, or through a rank-r bottleneck
-``path_rank``), optionally followed by a short causal depthwise convolution over time with SiLU (``conv_size``,
-as fla's ShortConvolution), then per-head L2 normalisation; β_j = beta_max · sigmoid(linear(x_j)) ∈ (0, beta_max].
-With β ∈ (0, 2) H_j contracts along w_j; at β = 2 it is a reflection (orthogonal, H² = I).
+By default the layer is fla's ``PaTHAttention``: w_j comes from a rank-32 projection of the layer input
+(d_model → 32 → H·D, no bias; ``path_rank``), a short causal depthwise convolution of width 3 over time with SiLU
+and no bias (``conv_size``; fla's ShortConvolution), then per-head L2 normalisation; β_j = beta_max ·
+sigmoid(linear(x_j)) ∈ (0, beta_max], beta_max = 2; every weight starts N(0, 0.02) and the β bias at 0 (fla's
+``_init_weights``; ``learned_init_std``), so β ≈ 1 at init. ``path_rank=0, conv_size=0, learned_init_std=null``
+is accrot's earlier, plain form: one full-rank projection of x_j alone (w_j is then a function of one token)
+with PyTorch's default init. With β ∈ (0, 2) H_j contracts along w_j; at β = 2 it is a reflection (orthogonal,
+H² = I).
 
 w and β are computed in float32 (or wider, for a float64 model) with autocast disabled, whatever the autocast
 dtype. The attention itself is :func:`accrot.ops.path.path_attention` (chunked UT/WY algorithm, ``PATH.md``).
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accrot.position.base import RotationPart
+from accrot.position.base import RotationPart, init_weights
 from accrot.position.config import SchemeConfig
 from accrot.position.scheme import register_rotation
 
@@ -34,14 +38,15 @@ class PathRotation(RotationPart):
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         HD = n_heads * self.head_dim
-        if cfg.path_rank is None:
+        if not cfg.path_rank:
             self.w_proj = nn.Linear(d_model, HD, bias=False)
         else:
             r = cfg.path_rank
             self.w_proj = nn.Sequential(nn.Linear(d_model, r, bias=False), nn.Linear(r, HD, bias=False))
         # depthwise over time, one filter per channel; causal by left padding only
-        self.w_conv = nn.Conv1d(HD, HD, cfg.conv_size, groups=HD, bias=False) if cfg.conv_size > 0 else None
+        self.w_conv = nn.Conv1d(HD, HD, cfg.conv_size, groups=HD, bias=False) if cfg.conv_size else None
         self.beta_proj = nn.Linear(d_model, n_heads, bias=True)
+        init_weights(self, cfg.learned_init_std)
 
     def householder(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Args: x ``[B, T, d_model]``; tokens ``[B, T]`` (unused). Returns ``w [B, H, T, D]`` with unit rows and
@@ -65,6 +70,7 @@ class PathRotation(RotationPart):
             "beta_max": self.cfg.beta_max,
             "path_rank": self.cfg.path_rank,
             "conv_size": self.cfg.conv_size,
+            "learned_init_std": self.cfg.learned_init_std,
             "chunk_size": self.cfg.chunk_size,
             "path_kernel": self.cfg.path_kernel,
         }

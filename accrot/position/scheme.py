@@ -77,7 +77,7 @@ class PositionScheme(nn.Module):
         if self.rotation.kind == "none":
             B, T = tokens.shape
             return x.new_zeros(B, self.rotation.n_heads, T, self.rotation.head_dim // 2, dtype=torch.float32)
-        return self.rotation.angles(x, tokens).expand(tokens.shape[0], -1, -1, -1)
+        return self.rotation.angles(x, tokens).expand(tokens.shape[0], self.rotation.n_heads, -1, -1)
 
     def householder(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """PaTH's ``(w [B, H, T, D] unit rows, beta [B, H, T])`` in float32 (path only)."""
@@ -155,7 +155,7 @@ class PositionScheme(nn.Module):
         cs = None
         if self.rotation.kind == "so2":
             # one draw per forward: random increments redrawn in training must rotate q, k, v alike
-            theta = self.rotation.angles(x, tokens)  # [B|1, H, T, D/2] float32
+            theta = self.rotation.angles(x, tokens)  # [B|1, H|1, T, D/2] float32
             # one evaluation of cos/sin shared by q, k, v and the output; learned angles get their gradient
             # from each rotation directly (rotate_pairs_cs's theta), never through cos/sin
             cos, sin = cs = cos_sin(theta.detach(), q.dtype)

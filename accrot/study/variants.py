@@ -7,23 +7,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# label -> model.scheme overrides. The names are the report's; every variant shares everything else.
+# label -> model.scheme overrides. The names are the report's; every variant shares everything else. Each scheme's
+# defaults are its reference implementation's (Selective RoPE's learned angles, fla's PaTH layer, FoX's gate:
+# accrot/position/config.py); "-plain" marks accrot's earlier, simpler settings, kept as labelled ablations.
+PLAIN_LEARNED = {"learned_form": "plain", "increment_rank": 0, "conv_size": 0, "learned_ladder": False,
+                 "max_increment": 1.0}
+PLAIN_PATH = {"path_rank": 0, "conv_size": 0, "learned_init_std": None}
 VARIANTS: dict[str, dict[str, Any]] = {
     "NoPE": {},
     "RoPE": {"rotation": "rope"},
     "ALiBi": {"far_mass": "alibi"},
     # zero-mean random increments whose mixing window is just under L (set per size below)
     "accum-random": {"rotation": "accum", "increments": "random_position"},
-    # the control that breaks the regularity condition: increments drift with RoPE's frequencies
-    "accum-random-drift": {"rotation": "accum", "increments": "random_position", "increment_mean": "rope"},
+    # RoPE's angles plus zero-mean jitter: it mixes at the jitter's |φ| exactly like accum-random
+    "RoPE+jitter": {"rotation": "accum", "increments": "random_position", "increment_mean": "rope"},
+    # the control that breaks the regularity condition: the spread follows RoPE's ladder, the slow pairs never mix
+    "accum-random-ladder": {"rotation": "accum", "increments": "random_position", "increment_spread": "ladder"},
     "accum-token": {"rotation": "accum", "increments": "random_token"},
     "accum-learned": {"rotation": "accum", "increments": "learned"},
+    "accum-learned-plain": {"rotation": "accum", "increments": "learned", **PLAIN_LEARNED},
     "accum-learned+values": {"rotation": "accum", "increments": "learned", "rotate_values": True},
+    # GRAPE's contextual phase: a learned drift (softplus ≥ 0 on a learnable ladder), which should not mix
+    "accum-grape": {"rotation": "accum", "increments": "softplus"},
     "PaTH": {"rotation": "path"},
+    "PaTH-plain": {"rotation": "path", **PLAIN_PATH},
     "PaTH-FoX": {"rotation": "path", "far_mass": "forget"},
-    # the cells the lower bound points to (DESIGN §5): accumulated rotations with far-mass control
+    # the cells the lower bound points to: accumulated rotations with far-mass control
     "accum-learned+values+forget": {"rotation": "accum", "increments": "learned", "rotate_values": True,
                                     "far_mass": "forget"},
+    "accum-learned+values+forget-alibi-init": {"rotation": "accum", "increments": "learned", "rotate_values": True,
+                                               "far_mass": "forget", "forget_init": "alibi"},
     "accum-learned+values+alibi": {"rotation": "accum", "increments": "learned", "rotate_values": True,
                                    "far_mass": "alibi"},
     "accum-random+alibi": {"rotation": "accum", "increments": "random_position", "far_mass": "alibi"},
@@ -40,11 +53,52 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "accum-learned+values+gate": {"rotation": "accum", "increments": "learned", "rotate_values": True,
                                   "output_gate": "elementwise"},
 }
-# variants `accrot ablation` runs only when --variants names them
-OPTIONAL = ("RoPE-base500k", "RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved", "accum-learned+values+ssmax",
-            "accum-learned+values+gate")
+# One sentence per variant, for the report: what it is and, for the controls, which side of the regularity
+# condition (every pair mixes: |E[e^{iδ_i}]| < 1 bounded away from 1) it stands on.
+DESCRIPTIONS: dict[str, str] = {
+    "NoPE": "No position scheme: causal attention alone (the negative control).",
+    "RoPE": "Rotary embedding: every pair turns by its fixed frequency ω_i per token, so no pair ever mixes.",
+    "ALiBi": "A fixed linear bias −m_h·(t − s) per head: far-mass control without any rotation.",
+    "accum-random": "Zero-mean random increments with one spread for every pair, mixing window 0.75 L: the "
+                    "regularity condition holds by construction.",
+    "RoPE+jitter": "RoPE's angles plus zero-mean random jitter of the same spread as accum-random: it mixes at "
+                   "the jitter's |φ| exactly as accum-random does (the drift changes the phase, not |E[e^{iδ}]|), so "
+                   "the condition holds; it tests the drift, not the condition.",
+    "accum-random-ladder": "Zero-mean random increments whose spread follows RoPE's ladder (σ_i = σ·ω_i/ω_0): pair 0 "
+                           "mixes within 0.75 L but the slow pairs' windows run far past 64× L, the control that "
+                           "breaks the regularity condition.",
+    "accum-token": "A frozen random angle table indexed by token id (window 0.75 L when the tokens on a path are independent).",
+    "accum-learned": "Selective RoPE's learned angles: a rank-16 projection of the per-head-normalised input, a "
+                     "width-4 causal convolution, RoPE's ladder at base 500 000, bounded softly at π.",
+    "accum-learned-plain": "accrot's earlier learned angles: one full-rank projection of the raw input with a bias, "
+                           "no convolution, no ladder, bounded to ±1 rad.",
+    "accum-learned+values": "accum-learned with values transported along the same rotations.",
+    "accum-grape": "GRAPE's contextual phase: a non-negative softplus rate per token on a learnable RoPE ladder "
+                   "(exclusive sum), a learned drift whose slow pairs stay coherent: the learned rotation the "
+                   "regularity condition says should not extrapolate.",
+    "PaTH": "fla's PaTH layer: Householder transforms from a rank-32 projection, a width-3 causal convolution with "
+            "SiLU and an L2 norm, β = 2·sigmoid.",
+    "PaTH-plain": "accrot's earlier PaTH: w from one full-rank projection of the token alone, no convolution, "
+                  "PyTorch's default init.",
+    "PaTH-FoX": "PaTH with FoX's forget gate (default linear init, as fla builds PaTH-FoX).",
+    "accum-learned+values+forget": "accum-learned+values with FoX's forget gate at its default init (f ≈ 1/2).",
+    "accum-learned+values+forget-alibi-init": "accum-learned+values with the forget gate initialised as ALiBi "
+                                              "exactly: a prior toward a flat curve.",
+    "accum-learned+values+alibi": "accum-learned+values with ALiBi's fixed bias.",
+    "accum-random+alibi": "accum-random with ALiBi's fixed bias.",
+    "RoPE-base500k": "RoPE with base 500 000, the train-time extension practice.",
+    "RoPE+ssmax": "RoPE with scalable softmax: logits times s_h·log n (n keys seen), a learned s per head.",
+    "RoPE+gate": "RoPE with a sigmoid gate of the layer input on each head's output (elementwise).",
+    "RoPE-NoPE-interleaved": "RoPE and NoPE layers alternating (layer pattern cell, none), as iRoPE / RNoPE interleave them.",
+    "accum-learned+values+ssmax": "accum-learned+values with scalable softmax.",
+    "accum-learned+values+gate": "accum-learned+values with the elementwise output gate.",
+}
+# variants `accrot ablation` runs only when --variants names them: the earlier settings (to attribute a moved verdict
+# to the parameterisation), the large-base RoPE and the field's other far-mass designs
+OPTIONAL = ("accum-learned-plain", "PaTH-plain", "RoPE-base500k", "RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved",
+            "accum-learned+values+ssmax", "accum-learned+values+gate")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
-WINDOWED = ("accum-random", "accum-random-drift", "accum-token", "accum-random+alibi")
+WINDOWED = ("accum-random", "RoPE+jitter", "accum-random-ladder", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 
 # data set -> overrides. "corpus": the embedded stdlib bytes (the recipe's data); "local": the offset-copy task,

@@ -76,17 +76,31 @@ def test_forget_bias_init_matches_alibi_slopes():
     torch.testing.assert_close(
         torch.nn.functional.logsigmoid(bias), -torch.tensor(alibi_slopes(12), dtype=torch.float64)
     )
-    gate = build(SchemeConfig(far_mass="forget"), d_model=48, n_heads=12).far_mass
+    gate = build(SchemeConfig(far_mass="forget", forget_init="alibi"), d_model=48, n_heads=12).far_mass
     assert torch.equal(gate.proj.weight, torch.zeros_like(gate.proj.weight))
     torch.testing.assert_close(gate.proj.bias.double(), bias, rtol=1e-6, atol=0)
-    custom = build(SchemeConfig(far_mass="forget", forget_bias_init=3.0), d_model=8, n_heads=2).far_mass
-    assert custom.proj.bias.tolist() == [3.0, 3.0]
+    for init in ("alibi", "fox"):
+        custom = build(SchemeConfig(far_mass="forget", forget_init=init, forget_bias_init=3.0), d_model=8, n_heads=2)
+        assert custom.far_mass.proj.bias.tolist() == [3.0, 3.0]
+
+
+def test_fox_default_init_forgets_half_per_token():
+    """FoX's own init (the default): weight N(0, 0.02), bias 0, so f = sigmoid(w·x) ≈ 1/2 for every head, and the
+    gate depends on x from the first step (an ALiBi-initialised gate does not)."""
+    torch.manual_seed(0)
+    gate = build(SchemeConfig(far_mass="forget"), d_model=256, n_heads=4).far_mass
+    assert gate.proj.bias.tolist() == [0.0] * 4
+    assert gate.proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    x = torch.randn(2, 50, 256)
+    log_f = gate.log_decay(x, torch.zeros(2, 50, dtype=torch.long))  # [B, H, T]
+    assert log_f.mean().item() == pytest.approx(-math.log(2), abs=0.05)
+    assert log_f.std().item() > 0.05
 
 
 @pytest.mark.parametrize("rotation", ["none", "rope"])
 def test_fixed_forget_gate_is_alibi(rotation):
     """w = 0, b_h = −log(e^{m_h} − 1): the forget gate reproduces ALiBi whatever x is."""
-    forget = build(SchemeConfig(rotation=rotation, far_mass="forget"), d_model=32, n_heads=4)
+    forget = build(SchemeConfig(rotation=rotation, far_mass="forget", forget_init="alibi"), d_model=32, n_heads=4)
     alibi = build(SchemeConfig(rotation=rotation, far_mass="alibi"), d_model=32, n_heads=4)
     q, k, v, x, tokens = inputs(T=40)
     lf, la = forget.log_decay(x, tokens), alibi.log_decay(x, tokens)

@@ -35,7 +35,8 @@ def layer_inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 VARIANTS = {
-    "full-rank": {},
+    "reference": {},
+    "plain": {"path_rank": 0, "conv_size": 0, "learned_init_std": None},
     "rank4-conv3": {"path_rank": 4, "conv_size": 3},
     "conv1-beta0.5": {"conv_size": 1, "beta_max": 0.5},
 }
@@ -64,10 +65,53 @@ def test_registered_as_path_rotation():
 
 
 def test_low_rank_has_a_bottleneck():
-    full = build(SchemeConfig(rotation="path"), D_MODEL, N_HEADS)
+    full = build(SchemeConfig(rotation="path", path_rank=0), D_MODEL, N_HEADS)
     low = build(SchemeConfig(rotation="path", path_rank=4), D_MODEL, N_HEADS)
     count = lambda m: sum(p.numel() for p in m.rotation.w_proj.parameters())  # noqa: E731
     assert count(full) == D_MODEL * D_MODEL and count(low) == 4 * D_MODEL * 2
+
+
+def test_defaults_are_fla_path_attention():
+    """The default layer is fla's PaTHAttention: w through a rank-32 bottleneck without bias, a width-3 depthwise
+    convolution without bias, β's projection with a bias; every weight N(0, 0.02) and the bias 0, so β ≈ 1 at init."""
+    torch.manual_seed(0)
+    d_model, heads = 256, 4
+    rot = build(SchemeConfig(rotation="path"), d_model, heads).rotation
+    down, up = rot.w_proj
+    assert (down.in_features, down.out_features, up.out_features) == (d_model, 32, d_model)
+    assert down.bias is None and up.bias is None and rot.w_conv.bias is None
+    assert rot.w_conv.kernel_size == (3,) and rot.w_conv.groups == d_model
+    for weight in (down.weight, up.weight, rot.w_conv.weight, rot.beta_proj.weight):
+        assert weight.std().item() == pytest.approx(0.02, rel=0.15)
+    assert torch.equal(rot.beta_proj.bias, torch.zeros(heads))
+    x = torch.randn(2, 40, d_model)
+    _, beta = rot.householder(x, torch.zeros(2, 40, dtype=torch.long))
+    assert abs(beta.mean().item() - 1) < 0.05 and beta.std().item() < 0.25  # 2·sigmoid(N(0, 0.32²)) at RMS-1 x
+    plain = build(SchemeConfig(rotation="path", path_rank=0, conv_size=0, learned_init_std=None), d_model, heads)
+    assert isinstance(plain.rotation.w_proj, torch.nn.Linear) and plain.rotation.w_conv is None
+
+
+def test_householder_is_fla_short_convolution_then_l2_norm():
+    """An independent twin of the default w, β in float64 (fla's ShortConvolution as its CPU fallback writes it:
+    an ``nn.Conv1d`` padded by K − 1 on both sides, cut to the first T outputs, then SiLU), outputs and gradients."""
+    scheme = build(SchemeConfig(rotation="path", learned_init_std=0.3), D_MODEL, N_HEADS).double()
+    rot = scheme.rotation
+    _, _, _, x, tokens = layer_inputs()
+    x = x.double().requires_grad_()
+    w, beta = rot.householder(x, tokens)
+    down, up = rot.w_proj
+    pre = up(down(x)).transpose(1, 2)  # [B, H·D, T]
+    conv = torch.nn.functional.conv1d(pre, rot.w_conv.weight, padding=2, groups=D_MODEL)[..., :T]
+    ref_w = torch.nn.functional.silu(conv).transpose(1, 2).unflatten(-1, (N_HEADS, HEAD_DIM))  # [B, T, H, D]
+    ref_w = (ref_w / ref_w.norm(dim=-1, keepdim=True)).transpose(1, 2)  # [B, H, T, D]
+    ref_beta = 2 * torch.sigmoid(rot.beta_proj(x)).transpose(1, 2)  # [B, H, T]
+    assert_close(ref_w, w, 1e-12) and assert_close(ref_beta, beta, 1e-12)
+    g_w, g_b = torch.randn_like(w), torch.randn_like(beta)
+    params = [x, down.weight, up.weight, rot.w_conv.weight, rot.beta_proj.weight, rot.beta_proj.bias]
+    ref = torch.autograd.grad((ref_w * g_w).sum() + (ref_beta * g_b).sum(), params)
+    got = torch.autograd.grad((w * g_w).sum() + (beta * g_b).sum(), params)
+    for name, a, b in zip("x down up conv beta_w beta_b".split(), ref, got):
+        assert_close(a, b, 1e-12, name)
 
 
 def test_householder_stays_float32_under_bf16_autocast():
@@ -169,7 +213,7 @@ def test_angles_is_not_defined_for_path():
         pytest.param({"chunk_size": 2.5}, "chunk_size", id="chunk_size-float"),
         pytest.param({"beta_max": 0.0}, "beta_max", id="beta_max-0"),
         pytest.param({"beta_max": 2.5}, "beta_max", id="beta_max-2.5"),
-        pytest.param({"path_rank": 0}, "path_rank", id="path_rank-0"),
+        pytest.param({"path_rank": -1}, "path_rank", id="path_rank-neg"),
         pytest.param({"path_kernel": "triton"}, "path_kernel", id="path_kernel"),
         pytest.param({"conv_size": -1}, "conv_size", id="conv_size-neg"),
     ],

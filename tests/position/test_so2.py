@@ -60,6 +60,7 @@ ROTATIONS = [
     ("accum", "random_position"),
     ("accum", "random_token"),
     ("accum", "learned"),
+    ("accum", "softplus"),
 ]
 CELLS = [
     pytest.param(rot, inc, fm, values, id=f"{inc or rot}-{fm}-{'values' if values else 'qk'}")
@@ -80,9 +81,17 @@ def twin_increments(scheme, x, tokens, T):
 
 
 def perturb_forget_gate(scheme):
-    if scheme.cfg.far_mass == "forget":  # a data-dependent gate, not the ALiBi-equal init
-        with torch.no_grad():
-            scheme.far_mass.proj.weight.normal_(std=0.2, generator=torch.Generator().manual_seed(1))
+    """Data-dependent gates where the init has none: the forget gate's weight, and the softplus increments' gate
+    (GRAPE's init gives every token the same rate) and ladder, so the twin sees token-dependent increments."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        if scheme.cfg.far_mass == "forget":
+            scheme.far_mass.proj.weight.normal_(std=0.2, generator=gen)
+        if scheme.cfg.increments == "softplus":
+            source = scheme.rotation.source
+            source.gate.weight.normal_(std=0.3, generator=gen)
+            source.gate.bias.fill_(0.5)
+            source.log_freq.add_(torch.randn(source.log_freq.shape, generator=gen, dtype=source.log_freq.dtype))
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -325,14 +334,15 @@ def test_random_token_table():
         scheme.rotation.increments(torch.zeros(1, 2, DM), torch.tensor([[3, 300]]))
 
 
-def test_learned_increments_are_bounded_and_laddered():
-    cfg = SchemeConfig(
-        rotation="accum", increments="learned", learned_init_std=5.0, max_increment=0.7, learned_ladder=True
-    )
+@pytest.mark.parametrize("form", ["selective", "plain"])
+def test_learned_increments_are_bounded_and_laddered(form):
+    """|δ_i| ≤ M·ℓ_i with ℓ the ladder at the default base 500 000, and large projections saturate at it."""
+    cfg = SchemeConfig(rotation="accum", increments="learned", learned_init_std=5.0, max_increment=0.7,
+                       learned_form=form)
     scheme = build(cfg, DM, H)
     _, _, _, x, tokens = inputs(T=50)
     delta = scheme.rotation.increments(x, tokens)  # [B, H, T, P]
-    bound = (0.7 * rope_frequencies(D)).float()
+    bound = (0.7 * rope_frequencies(D, 500000.0)).float()
     assert bool((delta.abs() <= bound + 1e-7).all())
     assert (delta.abs().amax(dim=(0, 1, 2)) > 0.5 * bound).all()  # saturates near the per-pair bound
 
@@ -406,6 +416,11 @@ def test_describe_reports_windows():
         (dict(rotation="rope", rope_base=-10.0), "rope_base"),
         (dict(rotation="accum", increments="random_token", vocab_size=0), "vocab_size"),
         (dict(rotation="accum", window=10.0, sigma=0.1), "window"),
+        (dict(rotation="accum", increments="learned", increment_rank=-1), "increment_rank"),
+        (dict(rotation="accum", increments="learned", learned_form="tanh"), "learned_form"),
+        (dict(rotation="accum", increments="learned", ladder_base=0.0), "ladder_base"),
+        (dict(rotation="accum", increments="learned", learned_init_std=-0.1), "learned_init_std"),
+        (dict(far_mass="forget", forget_init="zero"), "forget_init"),
     ],
     ids=lambda p: p if isinstance(p, str) else "-".join(f"{k}={v}" for k, v in p.items()),
 )
@@ -421,6 +436,11 @@ def test_bad_config_names_the_option(kwargs, field):
         (dict(rotation="accum", increments="random_position", conv_size=4), "conv_size"),
         (dict(rotation="accum", increments="random_token", increment_rank=4), "increment_rank"),
         (dict(rotation="accum", increments="random_position", learned_ladder=True), "learned_ladder"),
+        (dict(rotation="accum", increments="softplus", conv_size=4), "conv_size"),
+        (dict(rotation="accum", increments="softplus", increment_rank=16), "increment_rank"),
+        (dict(rotation="accum", increments="softplus", increment_mean="rope"), "increment_mean"),
+        (dict(rotation="accum", increments="softplus", increment_spread="ladder"), "increment_spread"),
+        (dict(rotation="accum", increments="random_position", ladder_base=500.0), "ladder_base"),
     ],
     ids=lambda p: p if isinstance(p, str) else "-".join(f"{k}={v}" for k, v in p.items() if k != "rotation"),
 )
