@@ -70,8 +70,8 @@ def diagnose(
     "n_queries", "scheme" (describe() of layer 0), "prediction" (:func:`prediction_basis`), "layers": [{"layer",
     "coherence": [{"length", "instrument" ("own transport" | "fresh draws"), "distances", "curve" [H][n],
     "stderr" [H][n], "replicates", "fresh_draws", "fit_range", "window" [H] (null when censored),
-    "window_se" [H] (jackknife), "window_censored" [H], "window_first_crossing" [H], "window_sustained" [H],
-    "predicted" [H][n] | null}], "predicted": {"distances", "curve", "window", "window_sustained"} | null,
+    "window_se" [H] (jackknife), "window_censored" [H], "window_method" [H] ("fit" | "envelope"),
+    "window_first_crossing" [H], "window_sustained" [H], "predicted" [H][n] | null}], "predicted": {"distances", "curve", "window", "window_sustained"} | null,
     "far_window" [H], "far_window_source" [H], "far": [{"length", "mass" [H], "mass_blocks" [N][H], "near_score",
     "far_score", "far_spread", "gap", "concentration", "concentration_ratio" [H] each}], "far_prediction":
     {"from_length", "e_far" [H], "log_gate" [H], "multiples", "lengths", "mass" [[H] per length]} | null,
@@ -188,6 +188,7 @@ def _coherence_entry(acc, dist, eps, top, length, scheme, draws, prediction) -> 
         "window": fit["window"],
         "window_se": fit["window_se"],
         "window_censored": fit["censored"].tolist(),
+        "window_method": ["envelope" if m else "fit" for m in fit["method"].tolist()],
         "window_first_crossing": mixing_window_measured(curve, dist, eps),
         "window_sustained": mixing_window_measured(curve, dist, eps, sustained=True),
         # the prediction at the measured distances (the calibration compares them point by point)
@@ -235,7 +236,7 @@ def _far_prediction(acc: Mapping[str, torch.Tensor], window: torch.Tensor, lengt
     else:
         log_gate = torch.zeros_like(e_far)
     lengths = [int(round(m * train_length)) for m in multiples]
-    mass = [predicted_far_mass(acc["z_near"], e_far, log_gate, window, n, n_queries) for n in lengths]
+    mass = [predicted_far_mass(acc["z_near"], acc["e_far_q"], log_gate, window, n, n_queries) for n in lengths]
     return {"from_length": length, "e_far": e_far, "log_gate": log_gate, "multiples": list(multiples),
             "lengths": lengths, "mass": mass}
 

@@ -259,22 +259,53 @@ def fitted_window(
             "censored": censored, "resolved": resolved}
 
 
+ENVELOPE_Z = 3.0  # |c| counts as above ε where |c| − ENVELOPE_Z·stderr ≥ ε (3: a few hundred Δ are read)
+
+
+def window_estimate(curve: torch.Tensor, stderr: torch.Tensor, distances: Sequence[int], eps: float = 0.05,
+                    max_distance: int | None = None) -> dict[str, torch.Tensor]:
+    """The mixing window per head: :func:`fitted_window`, except where the coherence *oscillates* (a learned
+    transport whose phases drift: c resolved below zero, c < −2·stderr, at a distance before the fitted window or
+    anywhere when the fit is censored). There the log-linear fit stops at the first zero crossing, so the window is
+    read off the envelope instead: one past the last Δ whose |c| is still resolved above ε (|c| − 3·stderr ≥ ε),
+    censored when that is in the last tenth of the range. ``method`` per head: 0 fit, 1 envelope."""
+    c = torch.as_tensor(curve, dtype=torch.float64)
+    se = torch.as_tensor(stderr, dtype=torch.float64)
+    dist = torch.as_tensor(list(distances), dtype=torch.float64)
+    top = float(dist.max()) if max_distance is None else float(max_distance)
+    fit = fitted_window(c, se, distances, eps, max_distance)
+    inside = (dist >= 1) & (dist <= top)
+    limit = torch.where(fit["censored"], torch.full_like(fit["window"], math.inf), fit["window"])  # [...]
+    negative = inside & (c < -2 * se) & (dist < limit[..., None])
+    oscillates = negative.any(-1)
+    above = inside & ((c.abs() - ENVELOPE_Z * se) >= eps)
+    last = torch.where(above, dist.expand_as(c), torch.full_like(c, 0.0)).amax(-1)  # [...] 0 when none
+    envelope = last + 1
+    env_censored = envelope > 0.9 * top
+    fit["window"] = torch.where(oscillates, torch.where(env_censored, torch.full_like(envelope, math.nan), envelope),
+                                fit["window"])
+    fit["window_se"] = torch.where(oscillates, torch.full_like(envelope, math.nan), fit["window_se"])
+    fit["censored"] = torch.where(oscillates, env_censored, fit["censored"])
+    fit["method"] = oscillates.long()
+    return fit
+
+
 def replicate_window(sums: Mapping[str, torch.Tensor], distances: Sequence[int], eps: float = 0.05,
                      max_distance: int | None = None) -> dict[str, torch.Tensor]:
-    """:func:`fitted_window` of the pooled curve, with ``window_se`` from a delete-one-replicate jackknife.
+    """:func:`window_estimate` of the pooled curve, with ``window_se`` from a delete-one-replicate jackknife.
 
     The weighted fit's own slope error treats the Δ points as independent, but they share every draw and block,
     so it is several times too small; refitting with each replicate left out (the same weights) gives an error
     bar that covers the true window (tested on known truth)."""
     curve, stderr = sums_curve(sums), sums_stderr(sums)
-    fit = fitted_window(curve, stderr, distances, eps, max_distance)
+    fit = window_estimate(curve, stderr, distances, eps, max_distance)
     num, den = sums["num"], sums["den"]  # [N, H, n]
     n = num.shape[0]
     if n < 3:
         fit["window_se"] = torch.full_like(fit["window"], math.nan)
         return fit
     loo = ratio(num.sum(0) - num, den.sum(0) - den)  # [N, H, n] the curve without replicate i
-    windows = fitted_window(loo, stderr.expand_as(loo), distances, eps, max_distance)["window"]  # [N, H]
+    windows = window_estimate(loo, stderr.expand_as(loo), distances, eps, max_distance)["window"]  # [N, H]
     spread = ((windows - windows.mean(0)) ** 2).sum(0) * (n - 1) / n  # NaN if any refit is censored
     fit["window_se"] = torch.where(fit["censored"], torch.full_like(fit["window"], math.nan), spread.sqrt())
     return fit

@@ -97,7 +97,8 @@ def scheme_far_sums(
       concentration predicts for incoherent pairs);
     * the lower bound's inputs (T3): ``far_exp`` Σ_far e^{c_t s} (the far keys' mean weight before the bias; c_t
       the row's logit factor, 1 but for scalable softmax, where the prediction holds it at L's value),
-      ``z_near`` ``[B·R, H]`` Σ_near e^{s + b} per query (its near partition), and for a far-mass scheme
+      ``z_near`` ``[B·R, H]`` Σ_near e^{s + b} per query (its near partition), ``e_far_q`` ``[B·R, H]`` the mean
+      far weight e^{c_t s} per query (NaN without far keys), and for a far-mass scheme
       ``decay_sum``, ``decay_count`` (Σ f_j over the block's tokens: the mean gate);
     * for SO(2) rotations the far output norms ``rotated``, ``unrotated`` and ``incoherent`` (see module doc);
     * ``far_rows``: the query rows summed (B·R).
@@ -112,7 +113,7 @@ def scheme_far_sums(
     so2 = scheme.rotation.kind == "so2"
     out = {name: torch.zeros(H, dtype=torch.float64) for name in FAR_SUMS}
     out["far_mass_blocks"] = torch.zeros(B, H, dtype=torch.float64)
-    z_near = []
+    z_near, e_far_q = [], []
     q_norm, k_norm = q.float().norm(dim=-1), k.float().norm(dim=-1)  # [B, H, T]
     if so2:
         cos, sin = cos_sin(scheme.angles(x, tokens))  # [B, H, T, P]
@@ -146,6 +147,15 @@ def scheme_far_sums(
         weights = (far_scores * factor[:, :, rows, None]).clamp(max=700).exp()  # e^{c_t s}: before the bias
         out["far_exp"] += (weights * far_keys).sum((0, 2, 3)).cpu()
         z_near.append((logits.clamp(max=700).exp() * near_keys).sum(-1).transpose(1, 2).cpu())  # [B, R, H]
+        # each query's far weight from its far logits' mean and spread, E[e^ℓ] = e^{μ + σ²/2} for Gaussian far
+        # logits (concentration's prediction): their sample mean of e^ℓ, ruled by a few of the largest logits,
+        # typically falls short of it
+        n_far = far_keys.sum(-1).double().clamp(min=1)  # [H, R] far keys of each query
+        scaled = far_scores * factor[:, :, rows, None] * far_keys  # [B, H, R, T]
+        mu = scaled.sum(-1) / n_far  # [B, H, R]
+        var = (scaled.pow(2).sum(-1) / n_far - mu.pow(2)).clamp(min=0)
+        e_q = torch.exp((mu + var / 2).clamp(max=700))
+        e_far_q.append(torch.where(far_keys.any(-1), e_q, math.nan).transpose(1, 2).cpu())  # [B, R, H]
         norms = q_norm[:, :, rows, None].double() * k_norm[:, :, None, :].double() / D  # [B, H, R, T] ‖q‖‖k‖/D
         out["far_norm_sq"] += (norms.pow(2) * far_keys).sum((0, 2, 3)).cpu()
         if so2:
@@ -155,7 +165,9 @@ def scheme_far_sums(
             out["unrotated"] += (far @ v).double().norm(dim=-1).sum((0, 2)).cpu()
             out["incoherent"] += (far.pow(2) @ v_sq[..., None]).double().sqrt().sum((0, 2, 3)).cpu()
     # per query [B·R, H], blocks in order (rows of a block together)
-    out["z_near"] = torch.cat(z_near, 1).reshape(-1, H) if z_near else torch.zeros(0, H, dtype=torch.float64)
+    empty = torch.zeros(0, H, dtype=torch.float64)
+    out["z_near"] = torch.cat(z_near, 1).reshape(-1, H) if z_near else empty
+    out["e_far_q"] = torch.cat(e_far_q, 1).reshape(-1, H) if e_far_q else empty
     # not "count": the coherence sums have their own [B, H, n] count, and layer_sums merges both into one dict
     out["far_rows"] = torch.tensor(float(B * rows_all.numel()), dtype=torch.float64)
     if not so2:
@@ -176,8 +188,8 @@ def predicted_far_mass(
     """The far attention mass the lower bound predicts at ``length`` from statistics measured at L, ``[H]``.
 
     For a query at t, the far keys Δ ∈ (W, t] each weigh e^{s + b}: their unbiased scores s, beyond the window,
-    do not depend on Δ (the theory's incoherence), so each contributes E[e^s] (``e_far``, the mean over the far
-    pairs at L) times the bias's mean factor E[e^{b(Δ)}] = f̄^Δ (``decay`` = log f̄, the log of the mean gate: exact
+    do not depend on Δ (the theory's incoherence), so each contributes E[e^s] (``e_far``, the mean over the query's
+    far keys at L) times the bias's mean factor E[e^{b(Δ)}] = f̄^Δ (``decay`` = log f̄, the log of the mean gate: exact
     for ALiBi's constant f, and for i.i.d. gates; 0 without a far-mass bias). The near keys keep their measured
     partition Z (``z_near``, per query at L: the same near set at any length). So
 
@@ -189,7 +201,8 @@ def predicted_far_mass(
 
     Args:
         z_near: ``[Nq, H]`` near partitions Σ_{Δ≤W} e^{s+b} of the queries measured at L.
-        e_far: ``[H]`` mean e^s over far pairs at L (NaN where L had none: no prediction).
+        e_far: ``[Nq, H]`` each measured query's mean far weight at L (its own ‖q‖ scales both its near and far
+            scores, so the pairs are kept; NaN where it had no far key), or ``[H]`` one mean for all.
         decay: ``[H]`` log f̄ ≤ 0.
         window: ``[H]`` W per head (tokens).
     """
@@ -198,6 +211,10 @@ def predicted_far_mass(
     n_far = (t[None, :] - w).clamp(min=0)  # [H, R] far keys of query t
     g = decay.double()[:, None].clamp(max=0.0)  # [H, 1]
     geometric = torch.exp(g * (w + 1)) * torch.expm1(g * n_far) / torch.expm1(g).clamp(max=-1e-300)
-    far = e_far.double()[:, None] * torch.where(g < -1e-12, geometric, n_far)  # [H, R] F(t)
+    count = torch.where(g < -1e-12, geometric, n_far)  # [H, R] Σ f̄^Δ over the far keys of query t
+    e = e_far.double()
+    e = e[None].expand_as(z_near) if e.dim() == 1 else e  # [Nq, H]
+    far = e[:, :, None] * count[None]  # [Nq, H, R] F(t), each measured query with its own far weight
     z = z_near.double()[:, :, None]  # [Nq, H, 1]
-    return (far[None] / (z + far[None])).mean((0, 2))  # [H]
+    mass = far / (z + far)  # NaN where a query had no far key at L to weigh
+    return mass.nanmean((0, 2))  # [H]

@@ -65,7 +65,7 @@ def layer_sums(
 
 
 # sums kept per replicate (block, or block × draw), stacked along dim 0 across micro-batches
-REPLICATED = (*COHERENCE_SUMS, "far_mass_blocks", "z_near")
+REPLICATED = (*COHERENCE_SUMS, "far_mass_blocks", "z_near", "e_far_q")
 
 
 def fresh_draws_apply(scheme: nn.Module) -> bool:

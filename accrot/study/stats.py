@@ -265,7 +265,7 @@ def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
 def correct_against(comparisons: Sequence[Comparison]) -> None:
     """Holm over the comparisons' *against* side: an *against* whose p-value does not survive it becomes
     *inside*, marked ``corrected``."""
-    keep = holm([c.p_against if c.outcome == "against" or c.corrected else None for c in comparisons])
+    keep = holm([c.p_against for c in comparisons])  # the family: every comparison the claim rests on
     for c, kept in zip(comparisons, keep):
         if c.outcome == "against" and not kept:
             c.outcome, c.corrected = "inside", True
