@@ -260,7 +260,8 @@ def test_diagnose_bundle_is_json_and_consistent():
         assert layer["predicted"]["window"] == pytest.approx([97.0] * 4, abs=1)  # DEFAULT_WINDOW = 96 at ε
         assert [f["length"] for f in layer["far"]] == [64, 256]
         assert all(len(f["mass_blocks"]) == 2 and len(f["mass_blocks"][0]) == 4 for f in layer["far"])
-        assert layer["far_window"] == [97] * 4 and layer["far_window_source"][0].startswith("predicted 97")
+        # the predicted window, 97, capped at 7/8 of L = 64 so that L still has far keys to predict from
+        assert layer["far_window"] == [56] * 4 and layer["far_window_source"][0] == "predicted 97; W = 56 (capped at 7L/8)"
         prediction = layer["far_prediction"]
         assert prediction["from_length"] == 64 and prediction["multiples"] == [1.0, 2.0, 4.0]
         assert len(prediction["mass"]) == 3 and all(len(m) == 4 for m in prediction["mass"])

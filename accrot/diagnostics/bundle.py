@@ -90,7 +90,7 @@ def diagnose(
     fresh = any(fresh_draws_apply(s) for s in schemes)
     reference = _reference_length(lengths, window_multiple * train_length)
     own = not fresh and any(s.cfg.rotation in ("accum", "path") for s in schemes)  # windows read off pass 1
-    windows = None if own else _far_windows(schemes, layers, predictions, grid, eps, base, reference)
+    windows = None if own else _far_windows(schemes, layers, predictions, grid, eps, base, reference, train_length)
     at_l, near_l = None, min(lengths, key=lambda n: abs(n - train_length))
     # the reference length first: the far keys of a model's own transport begin at the windows fitted there
     for length in sorted(lengths, key=lambda n: n != reference):
@@ -103,7 +103,7 @@ def diagnose(
                                   max_queries, max_batch_tokens, draws)
                 _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions)
             if windows is None:
-                windows = _far_windows(schemes, layers, predictions, grid, eps, base, reference)
+                windows = _far_windows(schemes, layers, predictions, grid, eps, base, reference, train_length)
             sums = layer_sums(model, tokens, None, windows, n_queries, max_queries, max_batch_tokens, draws)
         else:  # one walk over the layers for both
             sums = layer_sums(model, tokens, dist, windows, n_queries, max_queries, max_batch_tokens, draws)
@@ -159,11 +159,11 @@ def _add_far(layers, sums, length) -> None:
                                                                       ("rotated", "unrotated", "incoherent")}})
 
 
-def _far_windows(schemes, layers, predictions, grid, eps, base, reference) -> dict[int, torch.Tensor]:
+def _far_windows(schemes, layers, predictions, grid, eps, base, reference, train_length) -> dict[int, torch.Tensor]:
     """Every layer's far windows (:func:`far_windows`), recorded in its entry; ``{layer: [H]}``."""
     out = {}
     for i, scheme in enumerate(schemes):
-        window, source = far_windows(scheme, layers[i], predictions[i], grid, eps, base, reference)
+        window, source = far_windows(scheme, layers[i], predictions[i], grid, eps, base, reference, train_length)
         layers[i].update(far_window=window, far_window_source=source)
         out[i] = torch.tensor(window)
     return out
@@ -202,8 +202,8 @@ def _reference_length(lengths: Sequence[int], target: float) -> int:
 
 
 def far_windows(scheme: nn.Module, layer: Mapping, prediction, grid: Sequence[int], eps: float, base: int,
-                reference: int) -> tuple[list[int], list[str]]:
-    """Per head, where the far keys begin: W_h = max(``base``, the head's own window), and why.
+                reference: int, train_length: int) -> tuple[list[int], list[str]]:
+    """Per head, where the far keys begin: W_h = max(``base``, the head's own window), at most 7/8 of L, and why.
 
     Random position increments: the window their distribution predicts (every head alike). The model's own
     transport (learned or token increments, PaTH): the window fitted at the ``reference`` length, rounded up;
@@ -224,7 +224,11 @@ def far_windows(scheme: nn.Module, layer: Mapping, prediction, grid: Sequence[in
     else:
         own, sources = [math.nan] * H, ["none"] * H
     windows = [max(base, math.ceil(w)) if math.isfinite(w) else base for w in own]
-    return windows, [f"{s}; W = {w}" for s, w in zip(sources, windows)]
+    # at most 7/8 of L: the lower bound is predicted from L's far keys, so every head keeps some there (a head
+    # whose window runs past that then has far keys inside it: its far logits are not yet incoherent)
+    cap = max(base, 7 * train_length // 8)
+    sources = [f"{s}; W = {min(w, cap)}" + (" (capped at 7L/8)" if w > cap else "") for s, w in zip(sources, windows)]
+    return [min(w, cap) for w in windows], sources
 
 
 def _far_prediction(acc: Mapping[str, torch.Tensor], window: torch.Tensor, length: int, train_length: int,
