@@ -21,6 +21,9 @@ from accrot.position.rope import rope_frequencies
 
 
 # -- coherence ---------------------------------------------------------------------------------------------------
+PATH_ROW_TOKENS = 2048  # PaTH's per-query walk: rows × length held at most max_queries × this
+
+
 def scheme_coherence_sums(
     scheme: nn.Module,
     q: torch.Tensor,
@@ -58,7 +61,10 @@ def scheme_coherence_sums(
     if kind == "path":
         w, beta = scheme.householder(x, tokens)  # [B, H, T, D], [B, H, T]
         w, beta = w.float().contiguous(), beta.float().contiguous()
-        rows = spread_indices(0, T, max_queries, q.device)  # one query set; each Δ uses the queries with t ≥ Δ
+        # one query set (each Δ uses those with t ≥ Δ); the walk is a step per distance over every row, so past
+        # 2048 tokens fewer rows keep its cost that of 2048 (the blocks, not the rows, are the replicates)
+        n_rows = None if max_queries is None else max(64, max_queries * min(T, PATH_ROW_TOKENS) // T)
+        rows = spread_indices(0, T, n_rows, q.device)
         column = {int(d): i for i, d in enumerate(dist.tolist())}
         for d, start, lm in path_walk(q, k, w, beta, rows, int(dist.max()), wanted=set(column)):
             if d in column:

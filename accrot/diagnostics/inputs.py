@@ -141,29 +141,29 @@ def path_walk(
 
     B, H, _, D = q.shape
     row_list = rows.tolist()
-    u = q[:, :, rows]  # [B, H, R, D]
+    # row-major layouts ([T, B, H, D]): one gather of a stretch's rows is already step-major and contiguous
+    q_t, k_t, w_t = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, w))  # one copy each, then fast gathers
+    beta_t = beta.permute(2, 0, 1).contiguous()  # [T, B, H]
+    u = q_t[rows]  # [R, B, H, D]
     start = 0
     stretch = max(1, ROW_BUDGET // max(1, B * H * rows.numel() * D))
     for d0 in range(0, max_steps + 1, stretch):
         first = bisect_left(row_list, d0)  # rows[first:] >= d0 still have keys
         if first >= len(row_list):
             return
-        u, start = u[:, :, first - start :], first  # [B, H, R', D]
+        u, start = u[first - start :], first  # [R', B, H, D]
         live = rows[start:]  # [R']
         steps = torch.arange(d0, min(d0 + stretch, max_steps + 1), device=rows.device)  # [c]
-        key = (live[:, None] - steps[None, :]).clamp(min=0)  # [R', c] k_{t−d} (clamped where finished)
-        hh = (key + 1).clamp(max=w.shape[2] - 1)  # [R', c] H_{t−d+1}
-        # step-major copies, so every step reads contiguous [B, H, R', D] slices
-        wj_all = w[:, :, hh].permute(3, 0, 1, 2, 4).contiguous()  # [c, B, H, R', D]
-        kj_all = k[:, :, key].permute(3, 0, 1, 2, 4).contiguous()  # [c, B, H, R', D]
-        bj_all = beta[:, :, hh].permute(3, 0, 1, 2).contiguous()  # [c, B, H, R']
+        key = (live[None, :] - steps[:, None]).clamp(min=0)  # [c, R'] k_{t−d} (clamped where finished)
+        hh = (key + 1).clamp(max=w.shape[2] - 1)  # [c, R'] H_{t−d+1}
+        wj_all, kj_all, bj_all = w_t[hh], k_t[key], beta_t[hh]  # [c, R', B, H, D] (β: [c, R', B, H])
         for j, d in enumerate(steps.tolist()):
             if d > 0:
-                wj = wj_all[j]  # [B, H, R', D]
+                wj = wj_all[j]  # [R', B, H, D]
                 # (a·b).sum(-1), not linalg.vecdot or addcmul: on these small rows both are many times slower
-                coef = bj_all[j] * (u * wj).sum(-1)  # [B, H, R']
-                u = u - coef[..., None] * wj  # [B, H, R', D]  u ← H_{t−d+1} u
+                coef = bj_all[j] * (u * wj).sum(-1)  # [R', B, H]
+                u = u - coef[..., None] * wj  # [R', B, H, D]  u ← H_{t−d+1} u
             if wanted is not None and d not in wanted:
                 continue
             lo = bisect_left(row_list, d) - start  # rows with t < d have no key at distance d
-            yield d, start + lo, (u[:, :, lo:] * kj_all[j, :, :, lo:]).sum(-1)  # [B, H, R' − lo]
+            yield d, start + lo, (u[lo:] * kj_all[j, lo:]).sum(-1).permute(1, 2, 0)  # [B, H, R' − lo]
