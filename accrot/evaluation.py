@@ -53,6 +53,7 @@ class LengthResult:
     last_window_nll: float
     nll_ci: list[float]
     bucket_width: int
+    block_nll: list[float] = field(default_factory=list)  # mean NLL of each block's scored tokens (replicates)
     bucket_nll: list[float | None] = field(default_factory=list)  # None: no scored token in the bucket
     bucket_accuracy: list[float | None] = field(default_factory=list)  # top-1 accuracy per bucket, likewise
     accuracy_by_depth: dict[str, float] | None = None  # passkey: depth of the key → accuracy
@@ -216,6 +217,7 @@ def evaluate_length(
         last_window_nll=float(out["last_window_nll"]),
         nll_ci=bootstrap_ci(out["block_nll"], out["block_count"]),
         bucket_width=width,
+        block_nll=(out["block_nll"] / out["block_count"].clamp_min(1)).cpu().tolist(),
         bucket_nll=[None if math.isnan(v) else v for v in out["bucket_nll"].cpu().tolist()],
         bucket_accuracy=[None if math.isnan(v) else v for v in out["bucket_accuracy"].cpu().tolist()],
         accuracy_by_depth=by_depth,
@@ -263,11 +265,14 @@ class EvalSets:
     depths: dict[int, list[float]] | None = None
 
 
-def eval_sets(dm, lengths: list[int], budget_tokens: int) -> EvalSets:
-    """Cut every length's evaluation set from ``dm`` (raises the data module's error if one cannot be filled)."""
-    blocks = {ln: dm.eval_blocks(ln, budget_tokens) for ln in lengths}
-    masks = {ln: dm.eval_mask(ln, budget_tokens) for ln in lengths} if hasattr(dm, "eval_mask") else None
-    depths = {ln: list(dm.eval_depths(ln, budget_tokens)) for ln in lengths} if hasattr(dm, "eval_depths") else None
+def eval_sets(dm, lengths: list[int], budget_tokens: int, min_blocks: int = 1) -> EvalSets:
+    """Cut every length's evaluation set from ``dm`` (raises the data module's error if one cannot be filled):
+    ``budget_tokens`` scored tokens per length, and at least ``min_blocks`` blocks (the longest lengths then score
+    more, so that an interval over blocks has replicates there too)."""
+    budget = {ln: max(budget_tokens, min_blocks * ln) for ln in lengths}
+    blocks = {ln: dm.eval_blocks(ln, budget[ln]) for ln in lengths}
+    masks = {ln: dm.eval_mask(ln, budget[ln]) for ln in lengths} if hasattr(dm, "eval_mask") else None
+    depths = {ln: list(dm.eval_depths(ln, budget[ln])) for ln in lengths} if hasattr(dm, "eval_depths") else None
     return EvalSets(blocks, masks, depths)
 
 

@@ -34,6 +34,8 @@ class ExtrapolationCallback(Periodic):
     Args:
         multipliers: evaluation lengths as multiples of the training length ``datamodule.seq_len``.
         budget_tokens: scored tokens per length (the same for every length and every model).
+        min_blocks: at least this many blocks per length (the longest lengths then score more than the budget:
+            their per-block NLLs are the text's replicates in the study's intervals).
         every_n_steps: evaluate every N optimiser steps (0: only at the end of training).
         max_batch_tokens: tokens per forward pass during evaluation (memory knob, not a result knob).
         filename: JSON written into the run directory (the PNG takes the same stem).
@@ -48,6 +50,7 @@ class ExtrapolationCallback(Periodic):
         self,
         multipliers: list[float] = [1, 2, 4, 8, 16, 32],  # noqa: B006 - jsonargparse shows the default
         budget_tokens: int = 32768,
+        min_blocks: int = 1,
         every_n_steps: int = 0,
         max_batch_tokens: int = 16384,
         filename: str = "extrapolation.json",
@@ -69,7 +72,9 @@ class ExtrapolationCallback(Periodic):
             raise ValueError(f"multipliers={multipliers!r} is not valid; {', '.join(f'{m:g}' for m in twice)} "
                              "given twice (each length is evaluated once)")
         self.multipliers = sorted(float(m) for m in multipliers)
-        self.budget_tokens = budget_tokens
+        if min_blocks < 1:
+            raise ValueError(f"min_blocks={min_blocks!r} is not valid; at least 1 block per length")
+        self.budget_tokens, self.min_blocks = budget_tokens, min_blocks
         self.max_batch_tokens = max_batch_tokens
         self.filename = filename
         self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)
@@ -82,7 +87,7 @@ class ExtrapolationCallback(Periodic):
         return sorted({max(1, int(round(m * train_length))) for m in self.multipliers})
 
     def cut(self, dm) -> None:
-        self._sets = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens)
+        self._sets = eval_sets(dm, self.lengths_for(self.train_length), self.budget_tokens, self.min_blocks)
 
     # -- the evaluation ---------------------------------------------------------------------------------
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[LengthResult]:
@@ -185,6 +190,7 @@ class ExtrapolationCallback(Periodic):
             "schema": SCHEMA,
             "train_length": self.train_length,
             "budget_tokens": self.budget_tokens,
+            "min_blocks": self.min_blocks,
             "scheme": pl_module.hparams.get("scheme"),
             "data": dm.describe() if hasattr(dm, "describe") else {},
             "final": self.history[-1],

@@ -130,7 +130,7 @@ def test_threshold_rule_is_pinned_at_its_interval(eps):
 def fake_run(variant: str, seed: int, nll: dict[float, float], dataset: str = "corpus") -> Run:
     rows = {m: {"multiplier": m, "length": int(128 * m), "nll": v, "accuracy": 0.5, "bucket_width": 128,
                 "bucket_nll": [int(m), [v] * int(m)]} for m, v in nll.items()}
-    return Run(dataset, variant, seed, f"/runs/{variant}/{seed}", rows, 128)
+    return Run(dataset, variant, seed, f"/runs/{variant}/{seed}", rows, 128, params=246240)
 
 
 def synthetic(rope_far: tuple[float, float], random_far: tuple[float, float]) -> Results:
@@ -146,9 +146,9 @@ def test_report_marks_a_difference_inside_the_spread_inconclusive(tmp_path):
     res = synthetic(rope_far=(2.40, 2.60), random_far=(2.30, 2.60))  # Δ −0.05, spread 0.35
     report = write_report(res, tmp_path, {"command": "test", "size": "tiny", "seeds": 2, "started": time.time()})
     text = report.read_text()
-    assert "| variant | seeds | 1× | 2× | 4× |" in text
-    assert "| RoPE | 2 | 2.000 ± 0.000 | 2.200 ± 0.000 | 2.500 ± 0.141 |" in text
-    assert "| accum-random | 2 | 2.000 ± 0.000 | 2.050 ± 0.000 | 2.450 ± 0.212 |" in text
+    assert "| variant | params | seeds | 1× | 2× | 4× |" in text
+    assert "| RoPE | 246 k | 2 | 2.000 ± 0.000 | 2.200 ± 0.000 | 2.500 ± 0.141 |" in text
+    assert "| accum-random | 246 k | 2 | 2.000 ± 0.000 | 2.050 ± 0.000 | 2.450 ± 0.212 |" in text
     (c1,) = [c for c in check_claims(res) if c.id == "C1"]
     assert c1.verdict == INCONCLUSIVE and c1.why().startswith("a difference lies inside the seeds' spread")
     # two seeds with this spread: the comparison says how many would resolve a difference of its size

@@ -19,7 +19,6 @@ from accrot.ops.rotary import rotate_pairs
 from accrot.position.accum import char_fn_abs, increment_distribution, mix_seed
 from accrot.position.rope import rope_frequencies
 
-
 # -- coherence ---------------------------------------------------------------------------------------------------
 PATH_ROW_TOKENS = 2048  # PaTH's per-query walk: rows × length held at most max_queries × this
 
@@ -249,6 +248,7 @@ def fitted_window(
     intercept = my - slope * mx
     log_eps = math.log(eps)
     window = torch.where(slope < 0, (log_eps - intercept) / slope.clamp_max(-1e-300), torch.full_like(slope, math.inf))
+    window = window.clamp(min=1.0)  # a fit already under ε at Δ = 1 (its intercept below log ε): gone in a step
     window_se = (window - mx).abs() * slope_se / slope.abs().clamp_min(1e-300)  # δW ≈ |W − Δ̄|·δb/|b|
     resolved = run.sum(-1)
     # gone within a step or two: the first unresolved distance bounds the window when the curve is known to be

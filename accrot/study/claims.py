@@ -45,15 +45,21 @@ def check_claims(res: Results) -> list[Claim]:
     return claims
 
 
+def compare_nll(res: Results, dataset: str, what: str, a: str, b: str, mult: float, **kwargs) -> Comparison:
+    """Two variants' NLL at ``mult``: the pooled two-way model where it holds, else paired over seeds; with the
+    evaluation's blocks, the text's noise too (:func:`~accrot.study.stats.compare_variants`)."""
+    return compare_variants(what, a, res.seeded_values(dataset, a, "nll", mult), b,
+                            res.seeded_values(dataset, b, "nll", mult), pool=res.pool(dataset, mult),
+                            blocks=(res.seeded_blocks(dataset, a, mult), res.seeded_blocks(dataset, b, mult)), **kwargs)
+
+
 def _c1(res: Results) -> Claim:
     d = res.corpus
     c = Claim("C1", "random accumulated rotations extrapolate much better than RoPE",
               "NLL at 4×, 8× and 16× L: accum-random against RoPE",
               rule="for at every length when the paired interval of accum-random − RoPE lies below 0")
     for m in _lengths(res, d, (4, 8, 16)) or [4.0]:
-        c.comparisons.append(compare_variants(f"NLL {times(m)}", "accum-random",
-                                              res.seeded_values(d, "accum-random", "nll", m),
-                                              "RoPE", res.seeded_values(d, "RoPE", "nll", m)))
+        c.comparisons.append(compare_nll(res, d, f"NLL {times(m)}", "accum-random", "RoPE", m))
     return c
 
 
@@ -78,9 +84,7 @@ def _c3(res: Results) -> Claim:
               "NLL at 16×, 32× and 64× L: accum-learned+values against accum-learned",
               rule="for at every length when the paired interval of +values − q/k only lies below 0")
     for m in _lengths(res, d, (16, 32, 64)) or [16.0]:
-        c.comparisons.append(compare_variants(
-            f"NLL {times(m)}", "accum-learned+values", res.seeded_values(d, "accum-learned+values", "nll", m),
-            "accum-learned", res.seeded_values(d, "accum-learned", "nll", m)))
+        c.comparisons.append(compare_nll(res, d, f"NLL {times(m)}", "accum-learned+values", "accum-learned", m))
     return c
 
 
@@ -156,9 +160,8 @@ def _n1_cell(res: Results, dataset: str, cell: str) -> list[Comparison]:
 
     if not res.by.get((dataset, cell)):
         return [Comparison(f"{dataset}: {cell}", "not run", "missing")]
-    precise = compare_variants(f"{dataset}: {cell} precise (vs {N1_COMPARATOR} at 1×)", cell,
-                               res.seeded_values(dataset, cell, "nll", 1), N1_COMPARATOR,
-                               res.seeded_values(dataset, N1_COMPARATOR, "nll", 1), margin=N1_MARGIN)
+    precise = compare_nll(res, dataset, f"{dataset}: {cell} precise (vs {N1_COMPARATOR} at 1×)", cell,
+                          N1_COMPARATOR, 1.0, margin=N1_MARGIN)
     if dataset in ANSWER_TASKS:
         drop = _accuracy_drop(res.longest(dataset))
         flat = compare_variants(f"{dataset}: {cell} flat (accuracy drop vs ALiBi's)", cell,

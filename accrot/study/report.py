@@ -47,17 +47,26 @@ instrument and every rule is tested on synthetic truth at the default size's geo
 
 
 def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:
+    """Per variant: its trainable parameters, seeds, ``field_`` at every length (mean ± std over seeds) and, for
+    NLL, each seed's horizon."""
     mults = res.multipliers(dataset)
     horizon_col = field_ == "nll"
-    head = "| variant | seeds | " + " | ".join(times(m) for m in mults) + (" | horizon |" if horizon_col else " |")
-    lines = [head, "|" + "---|" * (len(mults) + 2 + horizon_col)]
+    head = ("| variant | params | seeds | " + " | ".join(times(m) for m in mults)
+            + (" | horizon |" if horizon_col else " |"))
+    lines = [head, "|" + "---|" * (len(mults) + 3 + horizon_col)]
     for v in res.variants(dataset):
-        seeds = len(res.by.get((dataset, v), []))
+        runs = res.by.get((dataset, v), [])
         cells = [fmt(res.values(dataset, v, field_, m), digits) for m in mults]
         if field_ == "nll":
             cells.append(_horizon_cell(res, dataset, v))
-        lines.append(f"| {v} | {seeds} | " + " | ".join(cells) + " |")
+        lines.append(f"| {v} | {_params(runs)} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _params(runs: Sequence[Run]) -> str:
+    """Trainable parameters (run.json), e.g. ``246 k``; ``–`` where none is recorded (an extension row: its RoPE's)."""
+    counts = sorted({r.params for r in runs if r.params})
+    return " / ".join(f"{n / 1000:.0f} k" for n in counts) or "–"
 
 
 def _horizon_cell(res: Results, dataset: str, variant: str) -> str:

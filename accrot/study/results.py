@@ -46,6 +46,7 @@ class Results:
         self.runs = sorted(runs, key=lambda r: (r.dataset, r.variant, r.seed))
         self.corpus = corpus
         self.by: dict[tuple[str, str], list[Run]] = {}
+        self._pools: dict[tuple[str, float], object] = {}
         for r in self.runs:
             self.by.setdefault((r.dataset, r.variant), []).append(r)
 
@@ -85,6 +86,28 @@ class Results:
 
     def seeded_values(self, dataset: str, variant: str, field_: str, mult: float) -> dict[int, float]:
         return self.seeded(dataset, variant, lambda r: r.value(field_, mult))
+
+    def seeded_blocks(self, dataset: str, variant: str, mult: float) -> dict[int, list[float]]:
+        """``{seed: per-block NLL at mult}`` where the evaluation recorded its blocks (the same blocks for every
+        variant and seed)."""
+        out = {}
+        for r in self.by.get((dataset, variant), []):
+            blocks = (r.lengths.get(float(mult)) or {}).get("block_nll")
+            if blocks and all(b is not None and math.isfinite(b) for b in blocks):
+                out[r.seed] = [float(b) for b in blocks]
+        return out
+
+    def pool(self, dataset: str, mult: float):
+        """The two-way (variant × seed) model of the NLL at ``mult`` over every trained variant of ``dataset``
+        (:class:`~accrot.study.stats.Pool`), fitted once."""
+        from accrot.study.stats import Pool
+
+        key = (dataset, float(mult))
+        if key not in self._pools:
+            table = {v: self.seeded_values(dataset, v, "nll", mult) for v in self.variants(dataset)
+                     if "eval-time extension" not in v}
+            self._pools[key] = Pool.fit({v: t for v, t in table.items() if t})
+        return self._pools[key]
 
     def diagnosed(self, variant: str) -> list[Run]:
         """The variant's runs on the theory's data set that have diagnostics (of the current layout)."""

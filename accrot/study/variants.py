@@ -179,7 +179,7 @@ class Size:
 # evaluation and the diagnostics' fresh draws are what PaTH and the random variants spend most on).
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
-                  overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768},
+                  overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8},
                   cost="78 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
                        "3 seeds: the size measured to resolve the claims on a CPU"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
