@@ -169,12 +169,14 @@ def token_budget(tokens: int, size: Size, common: dict[str, Any], seq_len: int) 
 
 HELP = ("The paper's ablation in one command: every variant on each data set (default: the embedded corpus and the "
         "local-dependency task) with the same recipe, token budget, seeds and evaluation blocks, evaluated to 64x L "
-        "(32x at --size tiny), the theory diagnostics on the corpus models, and REPORT.md with the tables, figures "
+        "(32x at --size tiny), the theory diagnostics on the models of --corpus (the data set the claims are read on), "
+        "and REPORT.md with the tables, figures "
         "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
         "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
         "the same command again after an interruption. Sizes: study (default; 78 runs, about 50 min on 2 CPU "
         "cores), tiny (a 12-minute quick look), small and paper (a GPU); --max_steps, --seeds and --multipliers "
-        "below a size's make a quick look, which the report marks as such.")
+        "below a size's make a quick look, which the report marks as such. --tune_lr first picks each variant's "
+        "learning rate from a 3-point grid (one seed).")
 
 
 def _parser():

@@ -395,8 +395,8 @@ def _plot_far_mass(plt, res: Results, path: Path) -> Path | None:
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     ax.set_xlabel("length / L")
     ax.set_ylabel("attention mass on far keys (beyond the window; last queries)")
-    ax.set_title("far mass vs length: measured (solid, ± std over seeds), predicted from L alone (dashed)",
-                 fontsize=9)
+    ax.set_title(f"{res.corpus}: far mass vs length: measured (solid, ± std over seeds), predicted from L alone "
+                 "(dashed)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     atomic_savefig(fig, path)
     plt.close(fig)
