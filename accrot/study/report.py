@@ -510,8 +510,8 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
         "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
         "needs.", ""]
-    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _read_on(res), "", _claims_md(claims), _windows_md(res), _far_md(res),
-                 _calibration_md(check_calibration(res)), RULES, ""]
+    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _read_on(res), "", _claims_md(claims),
+                 _windows_md(res), _far_md(res), _calibration_md(check_calibration(res)), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
     sections.append(_lr_md(res, meta))

@@ -193,7 +193,7 @@ SIZES: dict[str, Size] = {
                  multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
                  cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
                       "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
-    # the GPU sizes: 5 seeds (a paired interval over 5 seeds is (t₄/√5)/(t₂/√3) = 0.51 of one over 3), each variant
+    # the GPU sizes: 5 seeds (a paired interval over 5 seeds is (t₄/√5)/(t₂/√3) = 0.50 of one over 3), each variant
     # at its own learning rate from a 3-point grid (1 seed; --no_tune_lr: the size's lr for every variant)
     "small": Size(base="small", seq_len=512, seeds=5, lr=1e-3,
                   overrides={"extrapolation.budget_tokens": 131072}, tune_lr=True,
