@@ -547,7 +547,7 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
 def _read_on(res: Results) -> str:
     """The claims' data set (``accrot ablation --corpus``): the language-model claims and the theory diagnostics are
     read on it; N1 adds the tasks."""
-    return (f"Read on the **{_title(res.corpus)}** data set (`{res.corpus}`): the claims on NLL and the theory "
+    return (f"Read on **{_title(res.corpus)}** (data set `{res.corpus}`): the claims on NLL and the theory "
             "diagnostics (`accrot ablation --corpus` chooses it).")
 
 
