@@ -262,3 +262,25 @@ def test_precision_and_set_reach_every_run_and_are_checked_by_the_fit_parser(tmp
     assert "is made once the grid is done" in capsys.readouterr().err
     assert load_spec(out / "q" / "q-lr.yaml").space["model.lr"].choices == [0.000333, 0.001, 0.003]
     assert not (out / "q" / "q.yaml").exists()
+
+
+def test_the_claims_are_read_on_the_chosen_corpus(tmp_path):
+    """The same runs, two corpora with opposite outcomes: C1 (accum-random below RoPE at 4×–16×) follows the data set
+    the results are read on, and REPORT.md says which."""
+    from accrot.study.claims import check_claims
+    from accrot.study.stats import NOT_SUPPORTED, SUPPORTED
+
+    def run(dataset: str, variant: str, seed: int, far: float) -> Run:
+        rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 2.0 if m == 1 else far + 0.01 * seed}
+                for m in (1.0, 4.0, 8.0, 16.0)}
+        return Run(dataset, variant, seed, f"/runs/{dataset}/{variant}/{seed}", rows, 128)
+
+    runs = [run(d, v, s, far) for s in range(3) for d, v, far in [
+        ("prose", "RoPE", 3.0), ("prose", "accum-random", 2.2), ("corpus", "RoPE", 2.2), ("corpus", "accum-random", 3.0)]]
+    verdict = {corpus: next(c.verdict for c in check_claims(Results(runs, corpus)) if c.id == "C1")
+               for corpus in ("prose", "corpus")}
+    assert verdict == {"prose": SUPPORTED, "corpus": NOT_SUPPORTED}
+    text = write_report(Results(runs, "prose"), tmp_path, {"command": "t"}).read_text()
+    claims = text[text.index("## Claims"):]
+    assert "Read on **prose (King James Bible, Debian bible-kjv)** (data set `prose`)" in claims
+    assert text.index("## prose") < text.index("## embedded corpus")  # the claims' data set first
