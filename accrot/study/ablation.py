@@ -169,14 +169,12 @@ def token_budget(tokens: int, size: Size, common: dict[str, Any], seq_len: int) 
 
 HELP = ("The paper's ablation in one command: every variant on each data set (default: the embedded corpus and the "
         "local-dependency task) with the same recipe, token budget, seeds and evaluation blocks, evaluated to 64x L "
-        "(32x at --size tiny), the theory diagnostics on the models of --corpus (the data set the claims are read on), "
-        "and REPORT.md with the tables, figures "
+        "(32x at --size tiny), the theory diagnostics on the --corpus models, and REPORT.md with the tables, figures "
         "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
         "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
         "the same command again after an interruption. Sizes: study (default; 78 runs, about 50 min on 2 CPU "
         "cores), tiny (a 12-minute quick look), small and paper (a GPU); --max_steps, --seeds and --multipliers "
-        "below a size's make a quick look, which the report marks as such. --tune_lr first picks each variant's "
-        "learning rate from a 3-point grid (one seed).")
+        "below a size's make a quick look, which the report marks as such.")
 
 
 def _parser():
@@ -197,23 +195,18 @@ def _parser():
                         help=f"any of: {', '.join(d for d in DATASETS if d != 'hf')}, hf:NAME_OR_FILES (default: "
                              f"{', '.join(DEFAULT_DATASETS)})")
     parser.add_argument("--corpus", type=str, default="stdlib",
-                        help="the data set the claims and the theory diagnostics are read on: stdlib (the embedded "
-                             "corpus), prose, text (with --text_root) or hf:NAME_OR_FILES (a cached hub data set or "
-                             "local text/JSONL/Parquet files); it joins --datasets")
+                        help="the data set the claims are read on: stdlib, prose, text or hf:NAME_OR_FILES")
     parser.add_argument("--text_root", type=str | None, default=None,
                         help="the folder of .txt files of the `text` data set (any depth; split by file)")
     parser.add_argument("--max_steps", type=int | None, default=None, help="override the size's training steps")
     parser.add_argument("--tokens", type=int | None, default=None,
-                        help="training tokens per run: steps = N / (batch x L); warm-up, validation and checkpoint "
-                             "cadences keep the recipe's fractions of the run")
+                        help="training tokens per run (sets the steps; the cadences follow)")
     parser.add_argument("--tune_lr", action=ActionYesNo, default=None,
-                        help="a 3-point learning-rate grid (lr/3, lr, 3 lr; one seed) per variant and data set before "
-                             "the seeds, each variant then at its best NLL at 1x (default: on for small and paper)")
+                        help="each variant's lr from a 3-point grid first (default: on for small, paper)")
     parser.add_argument("--precision", type=str | None, default=None,
-                        help="trainer.precision of every run (bf16-mixed on a GPU; default: the recipe's 32-true)")
+                        help="trainer.precision of every run (bf16-mixed on a GPU)")
     parser.add_argument("--set", type=str, action="append", default=None, dest="settings",
-                        help="KEY=VALUE: a dotted accrot fit override for every run (repeatable), e.g. "
-                             "--set model.weight_decay=0.05")
+                        help="KEY=VALUE: an accrot fit override for every run (repeatable)")
     parser.add_argument("--multipliers", type=str, nargs="+", default=None,
                         help="evaluation lengths as multiples of L (default: 1 2 4 ... 64)")
     parser.add_argument("--wandb", type=str, default="auto", help="auto, online, offline or disabled")
