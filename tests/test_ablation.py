@@ -257,7 +257,8 @@ def test_optional_data_sets_train_at_a_length_their_sequences_fit_in(tmp_path):
     from accrot.study.variants import DATASETS, DEFAULT_DATASETS, MIN_SEQ_LEN
 
     size = SIZES["tiny"]
-    doc = build_spec("t", size, 1, ["NoPE", "accum-random"], list(DATASETS), text_root=str(tmp_path))
+    doc = build_spec("t", size, 1, ["NoPE", "accum-random"], list(DATASETS), text_root=str(tmp_path),
+                     hf_source=str(tmp_path / "a.txt"))
     spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)))
     assert list(spec.studies()) == [f"t/{d}" for d in DATASETS]
     (tmp_path / "a.txt").write_text("some prose. " * 400)

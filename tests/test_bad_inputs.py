@@ -13,6 +13,7 @@ import contextlib
 import errno
 import io
 import os
+import shlex
 import shutil
 import socket
 from collections.abc import Callable, Iterator
@@ -313,6 +314,13 @@ class Row:
     argv: Callable[[Fixtures], list[str] | None]  # None: this machine cannot pose the case (skipped)
     expect: str | tuple[str, ...]  # every fragment must be in the message
     simulate: Callable[[], contextlib.AbstractContextManager] | None = None
+
+
+def _ablation(id_: str, words: str, expect: str | tuple[str, ...], note: str = "", **kw) -> Row:
+    """``accrot ablation WORDS`` (``note``: the condition it is posed in, as the README's table says it), with the
+    fixtures' sweeps folder as ``--out`` (it must stay empty)."""
+    return Row(id_, f"accrot ablation {words}" + (f" ({note})" if note else ""),
+               lambda f: ["ablation", *shlex.split(words), f"--out={f.sweeps}"], expect, **kw)
 
 
 CATALOGUE: list[Row] = [
@@ -721,6 +729,25 @@ CATALOGUE: list[Row] = [
     Row("ablation-empty-text-root", "accrot ablation --datasets corpus text --text_root EMPTY_DIR",
         lambda f: ["ablation", "--datasets", "corpus", "text", "--text_root", str(f.empty_dir()), f"--out={f.sweeps}"],
         ("' holds no .txt files (at any depth); pass a folder of .txt files",)),
+    _ablation("ablation-corpus-unknown", "--corpus wiki",
+              "--corpus='wiki' is not valid; choose stdlib, prose, text (with --text_root) or hf:NAME_OR_FILES"),
+    _ablation("ablation-corpus-hf-not-cached", "--corpus hf:missing-name",
+              ("hf:missing-name: dataset 'missing-name' is not available offline", "and is not cached"),
+              note="offline, not cached", simulate=lambda: _patched_env(HF_HUB_OFFLINE="1")),
+    _ablation("ablation-tokens-below-a-step", "--tokens 1000",
+              "--tokens=1000 is not valid; at least one step of 16 x 128 = 2048 tokens"),
+    _ablation("ablation-tokens-and-steps", "--tokens 1000000 --max_steps 100",
+              "--tokens=1000000 and --max_steps=100 both set the training length; give one"),
+    _ablation("ablation-precision-unknown", "--precision fp8",
+              "--precision='fp8' is not valid; choose one of 32-true, bf16-mixed"),
+    _ablation("ablation-set-not-key-value", "--set weight_decay",
+              "--set 'weight_decay' is not valid; give KEY=VALUE with a dotted key of accrot fit"),
+    _ablation("ablation-set-unknown-key", "--set model.weight_dcay=0.05",
+              ("--set model.weight_dcay=0.05", "unknown key 'model.weight_dcay'; did you mean model.weight_decay")),
+    _ablation("ablation-set-variant-key", "--set model.scheme.rotation=rope",
+              "the ablation sets model.scheme.rotation per variant or data set"),
+    _ablation("ablation-set-own-option", "--set trainer.max_steps=100",
+              "the ablation sets trainer.max_steps itself; use --max_steps or --tokens"),
     Row("ablation-other-options", "the same --study again with other options (here --seeds 3)",
         lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
                    f"--out={f.existing_ablation()}"],

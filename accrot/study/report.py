@@ -404,8 +404,8 @@ def _plot_far_mass(plt, res: Results, path: Path) -> Path | None:
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     ax.set_xlabel("length / L")
     ax.set_ylabel("attention mass on far keys (beyond the window; last queries)")
-    ax.set_title("far mass vs length: measured (solid, ± std over seeds), predicted from L alone (dashed)",
-                 fontsize=9)
+    ax.set_title(f"{res.corpus}: far mass vs length: measured (solid, ± std over seeds), predicted from L alone "
+                 "(dashed)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     atomic_savefig(fig, path)
     plt.close(fig)
@@ -519,10 +519,11 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
         "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
         "needs.", ""]
-    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _claims_md(claims), _windows_md(res), _far_md(res),
-                 _calibration_md(check_calibration(res)), RULES, ""]
+    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _read_on(res), "", _claims_md(claims),
+                 _windows_md(res), _far_md(res), _calibration_md(check_calibration(res)), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
+    sections.append(_lr_md(res, meta))
     text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"
     atomic_write_text(folder / "results.csv", results_csv(res))
     atomic_write_text(folder / "claims.json", json.dumps(
@@ -545,10 +546,72 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
            f"{len(scope['datasets'])} data sets ({', '.join(scope['datasets'])}) × {scope['seeds']} seeds; "
            f"{scope['steps']} training steps each (d {scope['d_model']}, {scope['n_layers']} layers, training length "
            f"L = {train_length}); evaluated at {lengths} L; complete runs: {res.trained()}{extensions}")
+    ran = [ran, *_budget_lines(scope, res)]
     preset = f"- size preset: {scope['preset']} ({meta.get('size_cost', '')})"
     if scope["below"]:
         preset += f"; this study ran below it ({', '.join(scope['below'])}): a quick look, not a result"
-    return [ran, preset]
+    return [*ran, preset]
+
+
+def _read_on(res: Results) -> str:
+    """The claims' data set (``accrot ablation --corpus``): the language-model claims and the theory diagnostics are
+    read on it; N1 adds the tasks."""
+    return (f"Read on **{_title(res.corpus)}** (data set `{res.corpus}`): the claims on NLL and the theory "
+            "diagnostics (`accrot ablation --corpus` chooses it).")
+
+
+def _budget_lines(scope: Mapping[str, Any], res: Results) -> list[str]:
+    """The token budget per run (steps × batch × L) and tokens per trainable parameter, per variant (run.json's
+    ``parameters``), and the precision the runs trained in."""
+    tokens = scope.get("tokens") or {}
+    if not tokens:
+        return []
+    per_data = "; ".join(f"{d}: {n:,}" for d, n in tokens.items()) if len(set(tokens.values())) > 1 else \
+        f"{next(iter(tokens.values())):,}"
+    ratios = {}  # variant -> tokens per parameter, on the data set the claims read (else the first)
+    data = res.corpus if res.corpus in tokens else next(iter(tokens))
+    for v in res.variants(data):
+        params = {r.params for r in res.by.get((data, v), []) if r.params}
+        if len(params) == 1 and "eval-time extension" not in v:
+            ratios[v] = tokens[data] / params.pop()
+    line = (f"- budget: {per_data} training tokens per run ({scope['steps']} steps × {scope['batch']} sequences × L); "
+            f"precision {scope.get('precision', '32-true')}")
+    if ratios:
+        lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+        span = f"{ratios[lo]:.3g} ({lo}) to {ratios[hi]:.3g} ({hi})" if lo != hi else f"{ratios[lo]:.3g}"
+        line += f"; tokens per parameter on {data}: {span}"
+    return [line]
+
+
+def _lr_md(res: Results, meta: Mapping[str, Any]) -> str:
+    """Each variant's learning rate: the rate its runs trained at (their run records) and, after ``--tune_lr``,
+    the grid it was chosen from (NLL at 1× L of one seed per point, the chosen one in bold)."""
+    table = meta.get("lr")
+    used = {(r.dataset, r.variant): r.lr for r in res.runs if r.lr is not None}
+    if not table:
+        rates = sorted({lr for lr in used.values()})
+        if not rates:
+            return "## Learning rates\n\nNo run recorded its learning rate."
+        return ("## Learning rates\n\nEvery variant trained at " + ", ".join(f"{lr:g}" for lr in rates)
+                + " (the size's; `--tune_lr` gives each variant its own from a grid).")
+    grid = table["grid"]
+    lines = ["## Learning rates", "",
+             f"Each variant trained its seeds at the learning rate of lowest {table['criterion']} (NLL at 1× L, the "
+             f"validation stream) in a grid of {len(grid)} rates, one run each at seed {table['seed']} (a seed none of "
+             "the compared runs uses); *edge*: the best rate is the grid's smallest or largest, so its optimum may lie "
+             "beyond. With one seed per point, rates whose NLLs differ by less than the seeds' spread are picked "
+             "between by noise.", "",
+             "| data set | variant | lr | " + " | ".join(f"NLL at {g:g}" for g in grid) + " |",
+             "|---|---|---|" + "---|" * len(grid)]
+    for label, cell in table["cells"].items():
+        data, _, variant = label.partition(".")
+        lr = used.get((data, variant), cell["lr"])
+        note = f" ({cell['note']})" if cell["note"] else ""
+        nll = [cell["nll"].get(f"{g:g}", "missing") for g in grid]
+        cells = ["–" if v == "missing" else "failed" if v is None else
+                 (f"**{v:.3f}**" if math.isclose(g, cell["lr"]) else f"{v:.3f}") for g, v in zip(grid, nll)]
+        lines.append(f"| {data} | {variant} | {lr:g}{note} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _quick_look(meta: Mapping[str, Any]) -> list[str]:
@@ -575,7 +638,7 @@ def build_report(spec, ref, folder: Path, meta: Mapping[str, Any], console=None)
     from accrot.study.results import Results
 
     res = collect(spec, ref)
-    res = Results([*res.runs, *extension_runs(res, console)])  # RoPE's eval-time extensions, from its checkpoints
+    res = Results([*res.runs, *extension_runs(res, console)], res.corpus)  # RoPE's eval-time extensions
     write_notes(spec, ref, res)
     return write_report(res, folder, {**meta, "study": spec.name})
 

@@ -27,6 +27,7 @@ class Run:
     train_length: int
     diagnostics: dict | None = None
     params: int | None = None  # trainable parameters (run.json)
+    lr: float | None = None  # the learning rate it trained at (run.json's hparams)
 
     def value(self, field_: str, mult: float) -> float | None:
         row = self.lengths.get(float(mult))
@@ -169,8 +170,19 @@ def best_at(res: Results, dataset: str, variants: Sequence[str], mult: float) ->
 # ---------------------------------------------------------------------------------------------------
 # reading a study
 # ---------------------------------------------------------------------------------------------------
-def collect(spec, ref, corpus: str = CORPUS) -> Results:
-    """The complete trials of every stratum of an ablation spec, with their evaluation and diagnostics."""
+def theory_dataset(spec) -> str:
+    """The data set an ablation spec runs the theory diagnostics on (``accrot ablation --corpus``): the one whose
+    strata carry the diagnostics callback; :data:`CORPUS` for a spec without it."""
+    for stratum in spec.strata():
+        callbacks = stratum.overrides.get("trainer.callbacks") or []
+        if any(str(c.get("class_path", "")).endswith("DiagnosticsCallback") for c in callbacks if isinstance(c, dict)):
+            return (stratum.variant or CORPUS).split(".", 1)[0]
+    return CORPUS
+
+
+def collect(spec, ref, corpus: str | None = None) -> Results:
+    """The complete trials of every stratum of an ablation spec, with their evaluation and diagnostics; the claims
+    read ``corpus`` (default: the data set the spec diagnoses, :func:`theory_dataset`)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -190,7 +202,7 @@ def collect(spec, ref, corpus: str = CORPUS) -> Results:
             run = read_run(Path(t.user_attrs.get("run_dir", "")), dataset, variant, int(t.user_attrs.get("seed", 0)))
             if run is not None:
                 runs.append(run)
-    return Results(runs, corpus)
+    return Results(runs, corpus or theory_dataset(spec))
 
 
 def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None:
@@ -201,11 +213,13 @@ def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None
     doc = json.loads(ext.read_text())
     diag_path = run_dir / "diagnostics" / "diagnostics.json"
     record = run_dir / "run.json"
-    params = json.loads(record.read_text()).get("parameters") if record.is_file() else None
+    info = json.loads(record.read_text()) if record.is_file() else {}
+    params, lr = info.get("parameters"), (info.get("hparams") or {}).get("lr")
     return Run(
         dataset=dataset, variant=variant, seed=seed, run_dir=str(run_dir),
         lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
         train_length=int(doc["train_length"]),
         diagnostics=json.loads(diag_path.read_text()) if diag_path.is_file() else None,
         params=params if isinstance(params, int) else None,
+        lr=float(lr) if isinstance(lr, (int, float)) else None,
     )

@@ -130,6 +130,9 @@ DATASETS: dict[str, dict[str, Any]] = {
     "a5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "A5",
            "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
     "nback": {"data": "data_modules.NBackDataModule", "data.init_args.n_back": 4, "data.init_args.query_rate": 0.25},
+    # a Hugging Face data set, bytes-tokenised: `hf:NAME` (a hub name, cached when offline) or `hf:PATH` (local
+    # text / JSONL / Parquet files) in --datasets or --corpus; the source becomes data.init_args.path
+    "hf": {"data": "data_modules.HFDataModule"},
 }
 DEFAULT_DATASETS = ("corpus", "local")
 # the shortest training length a data set's sequences fit in (its data module says so in one line otherwise):
@@ -153,6 +156,7 @@ DATASET_TITLES = {
     "s5": "S5 word problem (running product of transpositions)",
     "a5": "A5 word problem (running product of 3-cycles)",
     "nback": "4-back recall",
+    "hf": "Hugging Face data set (hf:NAME or hf:FILES)",
 }
 
 
@@ -169,6 +173,7 @@ class Size:
     diagnostics: tuple[float, ...] = (1, 8, 64)
     fresh_draws: int = 32  # increment draws per block for the coherence of random increments (FRESH_DRAWS)
     cost: str = ""
+    tune_lr: bool = False  # a learning-rate grid per variant before the seeds (`accrot ablation --tune_lr`)
 
 
 # The default, "study", was chosen by measurement on a quiet 2-core machine (README "The study"): the
@@ -188,11 +193,16 @@ SIZES: dict[str, Size] = {
                  multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
                  cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
                       "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
-    "small": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
-                  overrides={"extrapolation.budget_tokens": 131072},
-                  cost="78 runs of 5000 steps (d256, 6 layers, L = 512): a GPU; see the README"),
-    "paper": Size(base="small", seq_len=512, seeds=3, lr=1e-3,
+    # the GPU sizes: 5 seeds (a paired interval over 5 seeds is (t₄/√5)/(t₂/√3) = 0.50 of one over 3), each variant
+    # at its own learning rate from a 3-point grid (1 seed; --no_tune_lr: the size's lr for every variant)
+    "small": Size(base="small", seq_len=512, seeds=5, lr=1e-3,
+                  overrides={"extrapolation.budget_tokens": 131072}, tune_lr=True,
+                  cost="5 seeds × every variant × data set of 5000 steps (d256, 6 layers, L = 512), after a 3-point "
+                       "learning-rate grid per variant and data set (1 seed, evaluated at 1× only): a GPU; see the "
+                       "README"),
+    "paper": Size(base="small", seq_len=512, seeds=5, lr=1e-3,
                   overrides={"trainer.max_steps": 20000, "trainer.val_check_interval": 2000,
-                             "data.init_args.batch_size": 32, "extrapolation.budget_tokens": 262144},
-                  cost="78 runs of 20 000 steps × 32 × 512 tokens: a GPU node or a cluster; see the README"),
+                             "data.init_args.batch_size": 32, "extrapolation.budget_tokens": 262144}, tune_lr=True,
+                  cost="5 seeds × every variant × data set of 20 000 steps × 32 × 512 tokens, after a 3-point "
+                       "learning-rate grid per variant and data set (1 seed): a GPU node or a cluster; see the README"),
 }
