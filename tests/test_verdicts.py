@@ -214,6 +214,41 @@ CASES = {
 }
 
 
+def _state(task: str, accuracy: dict[str, Curve], jitter=JITTER) -> Results:
+    """A state task's study: every variant's answer accuracy curve (NLL flat)."""
+    return study({v: (1.0, 0.0) for v in accuracy}, jitter=jitter, datasets=(task,), accuracy=accuracy)
+
+
+def _decay(at_l: float, per_doubling: float, floor: float = 0.0) -> Callable[[float], float]:
+    return lambda m: max(floor, at_l - per_doubling * math.log2(m))
+
+
+S_CASES = {
+    # S1: accum-learned keeps parity past L where RoPE and NoPE fall to chance
+    "S1": (lambda: _state("parity", {"accum-learned": (1.0, 0.0), "accum-learned+values": (1.0, 0.0),
+                                     "RoPE": _decay(1.0, 0.2, 0.5), "NoPE": (0.5, 0.0)}),
+           lambda: _state("parity", {"accum-learned": _decay(1.0, 0.2, 0.5), "accum-learned+values": _decay(1.0, 0.2, 0.5),
+                                     "RoPE": (1.0, 0.0), "NoPE": (1.0, 0.0)}),
+           lambda: _state("parity", {"accum-learned": _decay(1.0, 0.1, 0.5), "accum-learned+values": _decay(1.0, 0.1, 0.5),
+                                     "RoPE": _decay(1.0, 0.1, 0.5), "NoPE": _decay(1.0, 0.1, 0.5)},
+                          jitter=(-0.3, 0.0, 0.3))),
+    # S2: PaTH tracks S5, the SO(2) accumulations stay at chance
+    "S2": (lambda: _state("s5", {"PaTH": (0.9, 0.02), "accum-learned": (0.01, 0.0), "accum-learned+values": (0.01, 0.0)}),
+           lambda: _state("s5", {"PaTH": (0.01, 0.0), "accum-learned": (0.6, 0.0), "accum-learned+values": (0.6, 0.0)}),
+           lambda: _state("s5", {"PaTH": (0.05, 0.0), "accum-learned": (0.04, 0.0), "accum-learned+values": (0.04, 0.0)},
+                          jitter=(-0.3, 0.0, 0.3))),
+    # S3: far-mass control reads the last write at 64×; rotation-only variants lose it
+    "S3": (lambda: _state("flipflop", {"PaTH-FoX": (0.99, 0.0), "accum-learned+values+forget": (0.99, 0.0),
+                                       "PaTH": _decay(1.0, 0.05), "accum-learned+values": _decay(1.0, 0.05)}),
+           lambda: _state("flipflop", {"PaTH-FoX": _decay(1.0, 0.05), "accum-learned+values+forget": _decay(1.0, 0.05),
+                                       "PaTH": (0.99, 0.0), "accum-learned+values": (0.99, 0.0)}),
+           lambda: _state("flipflop", {"PaTH-FoX": (0.95, 0.0), "accum-learned+values+forget": (0.95, 0.0),
+                                       "PaTH": (0.95, 0.0), "accum-learned+values": (0.95, 0.0)},
+                          jitter=(-0.3, 0.0, 0.3))),
+}
+CASES.update(S_CASES)
+
+
 def verdict(res: Results, claim_id: str):
     (claim,) = [c for c in [*check_claims(res), *check_calibration(res)] if c.id == claim_id]
     return claim

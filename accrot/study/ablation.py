@@ -49,6 +49,8 @@ from accrot.study.variants import (
     DEFAULT_VARIANTS,
     MIN_SEQ_LEN,
     SIZES,
+    STATE_TASKS,
+    STATE_VARIANTS,
     VARIANTS,
     WINDOW_FRACTION,
     WINDOWED,
@@ -346,13 +348,14 @@ def _check_args(args) -> tuple[Size, int, list[str], list[str]]:
         raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
-    variants = args.variants or list(DEFAULT_VARIANTS)
+    datasets = _datasets(args)
+    state_only = all(d in STATE_TASKS for d in datasets)
+    variants = args.variants or list(STATE_VARIANTS if state_only else DEFAULT_VARIANTS)
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
     if len(set(variants)) != len(variants):
         raise UsageError(f"a variant is listed twice: {', '.join(variants)}")
-    datasets = _datasets(args)
     _check_data(datasets, args)
     if args.max_steps is not None and args.max_steps < 1:
         raise UsageError(f"--max_steps={args.max_steps} is not valid; a positive number of steps")
@@ -393,7 +396,8 @@ def _datasets(args) -> list[str]:
         datasets.append(d)
     if len(set(datasets)) != len(datasets):
         raise UsageError(f"a data set is listed twice: {', '.join(given)}")
-    if args.corpus_data not in datasets:
+    state_only = args.datasets and all(d in STATE_TASKS for d in datasets)
+    if args.corpus_data not in datasets and not state_only:  # a state-tracking study reads S1–S3 only
         datasets.insert(0, args.corpus_data)
     if len(set(sources)) > 1:
         raise UsageError(f"two Hugging Face sources ({', '.join(f'hf:{s}' for s in dict.fromkeys(sources))}); the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from accrot.study.results import Results, Run, best_at, horizon, ratio, times
+from accrot.study.state import STATE_CHECKS
 from accrot.study.stats import (
     Claim,
     Comparison,
@@ -28,7 +29,7 @@ SIBLINGS = {"PaTH": ("PaTH-FoX",), "accum-learned+values": ("accum-learned+value
             "accum-random": ("accum-random+alibi",)}
 ROTATION_ONLY = ("accum-random", "accum-token", "accum-learned", "accum-learned+values", "PaTH")
 # N1: the cells the lower bound points to (rotation + far-mass control), the fixed comparators
-ROTATION_CONTROLLED = ("accum-random+alibi", "accum-learned+values+alibi", "accum-learned+values+forget")
+ROTATION_CONTROLLED = ("accum-random+alibi", "accum-learned+values+alibi", "accum-learned+values+forget")  # the anchors
 N1_COMPARATOR = "accum-learned+values"  # precision: non-inferior to it at 1×
 N1_MARGIN = 0.01  # nats: the non-inferiority margin, and how much more an NLL curve may rise than ALiBi's
 N1_ACCURACY = 0.02  # answer tasks: the accuracy drop 1× → longest at most ALiBi's + 2 points
@@ -40,6 +41,7 @@ def check_claims(res: Results) -> list[Claim]:
     claims = [check(res) for check in CLAIM_CHECKS]
     extended = _c1_extended(res)  # C1 is read against plain RoPE and, where the ablation made them, its extensions
     claims = claims[:1] + [extended] + claims[1:] if extended is not None else claims
+    claims += [c for check in STATE_CHECKS if (c := check(res)) is not None]  # where state tasks ran
     for c in claims:
         c.finalize()
     return claims
@@ -132,7 +134,8 @@ def _c5(res: Results) -> Claim:
 def _n1(res: Results) -> Claim:
     """N1 per cell: precise (non-inferior at 1× to the comparator) and flat (no more rise than ALiBi's) on the
     claims' data set and the local task; supported when one cell is both, after Holm over the cells."""
-    datasets = [d for d in (res.corpus, *N1_DATASETS) if any(res.by.get((d, v)) for v in ROTATION_CONTROLLED)]
+    cells = n1_cells(res)
+    datasets = [d for d in (res.corpus, *N1_DATASETS) if any(res.by.get((d, v)) for v in cells)]
     c = Claim("N1", "rotation + far-mass control is both precise and length-stable (the question the lower "
               "bound leaves open)",
               f"per rotation + far-mass cell and data set: NLL(1×) − {N1_COMPARATOR}'s (paired), and its maximum rise "
@@ -143,7 +146,7 @@ def _n1(res: Results) -> Claim:
                    "accuracy on an answer task); supported when one cell is both on every data set (Holm over "
                    "the cells), not supported when every cell has a resolved against")
     lines = []
-    for cell in ROTATION_CONTROLLED:
+    for cell in cells:
         comps = [x for d in datasets for x in _n1_cell(res, d, cell)]
         if comps:
             c.cases[cell] = comps
@@ -153,6 +156,16 @@ def _n1(res: Results) -> Claim:
         c.comparisons.append(Comparison("rotation + far-mass control", "not run", "missing"))
     c.note = " | ".join(lines)
     return c
+
+
+def n1_cells(res: Results) -> list[str]:
+    """N1's candidates: every accumulated rotation with far-mass control that ran (the three anchors, the forget
+    gate at either init, and the field's other designs: scalable softmax, the output gate, NoPE layers)."""
+    from accrot.study.state import controlled, scheme_of
+
+    ran = {v for _, v in res.by}
+    found = [v for v in res.variants(res.corpus) if scheme_of(v)["rotation"] == "accum" and controlled(v)]
+    return [v for v in dict.fromkeys([*ROTATION_CONTROLLED, *found]) if v in ran] or list(ROTATION_CONTROLLED)
 
 
 def _n1_cell(res: Results, dataset: str, cell: str) -> list[Comparison]:

@@ -18,6 +18,7 @@ from accrot.io import atomic_savefig, atomic_write_text, pyplot
 from accrot.metrics import mean_std
 from accrot.study.claims import HORIZON_TOLERANCE, check_calibration, check_claims
 from accrot.study.results import Results, Run, collect, diag_layers, horizon, mean_of, times
+from accrot.study.state import plot_state_heatmap
 from accrot.study.stats import RULES as STATS_RULES
 from accrot.study.stats import Claim, fmt
 from accrot.study.theory import (
@@ -30,7 +31,7 @@ from accrot.study.theory import (
     variants_of,
     window_lengths,
 )
-from accrot.study.variants import ANSWER_TASKS
+from accrot.study.variants import ANSWER_TASKS, STATE_TASKS
 
 # ---------------------------------------------------------------------------------------------------
 # writing the report
@@ -491,6 +492,13 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
             figures.append(heat)
             part += ["", "Accuracy per depth of the key and evaluation length (mean over seeds):", "",
                      f"![accuracy per depth and length]({heat.name})"]
+        state = plot_state_heatmap(res, dataset, folder / f"state_{dataset}.png", _title(dataset)) \
+            if dataset in STATE_TASKS else None
+        if state:
+            figures.append(state)
+            part += ["", "Answer accuracy per evaluation length and position of the answer in the block (mean over "
+                     "seeds): where a variant loses the state as the sequence grows.", "",
+                     f"![accuracy per length and position]({state.name})"]
         if pp:
             part += ["", f"![per-position NLL]({pp.name})"]
         if hz:

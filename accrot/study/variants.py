@@ -98,6 +98,10 @@ DESCRIPTIONS: dict[str, str] = {
 OPTIONAL = ("accum-learned-plain", "PaTH-plain", "RoPE-base500k", "RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved",
             "accum-learned+values+ssmax", "accum-learned+values+gate")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
+# a study of state-tracking tasks only (`--datasets flipflop parity s5`): the variants S1–S3 compare — the anchors
+# RoPE and NoPE, the SO(2) accumulations (S1, S2), PaTH (S2), and far-mass control with and without rotation (S3)
+STATE_VARIANTS = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "PaTH-FoX",
+                  "accum-learned+values+forget"]
 WINDOWED = ("accum-random", "RoPE+jitter", "accum-random-ladder", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 

@@ -1,0 +1,217 @@
+"""What accumulated transformations can carry, across lengths: the claims S1–S3 on the state-tracking tasks
+(``data_modules/state.py``), read on their answer accuracy per evaluation length, and the accuracy heatmaps.
+
+The algebra: accumulated SO(2) rotations commute (their product is a rotation by the summed angle), so they can
+carry an abelian running state (a parity, a count mod n) and nothing non-abelian; Householder products (PaTH) do
+not commute and can carry the running product of permutations (S5, A5). Whether each keeps its state *past* the
+training length, where the far set grows, is what these claims ask:
+
+* **S1** (commuting accumulation carries abelian state): on parity and counting mod n, the mean answer accuracy
+  over 8×–64× L of accum-learned and accum-learned+values above RoPE's and NoPE's (paired over seeds).
+* **S2** (non-commuting accumulation carries more): on S5 and A5, PaTH's accuracy at L and its mean over 2×–64× L
+  above every SO(2) accumulation's, which stay near chance (accuracy at the longest length under 0.05).
+* **S3** (far-mass control keeps state reads exact at length): on flip-flop at the sparse density, every
+  far-mass-controlled variant reads the last write at the longest length with accuracy above 0.95, where every
+  rotation-only variant falls below it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from accrot.study.results import Results, Run, mean_of, times
+from accrot.study.stats import Claim, Comparison, compare_threshold, compare_variants
+
+S2_CHANCE_LIMIT = 0.05  # near chance: S5 has 120 answers (chance 1/120), A5 60 (1/60)
+S3_EXACT = 0.95  # "reads exactly": 95 % of the reads right at the longest length
+ABELIAN = ("parity", "modcount")
+GROUPS = ("s5", "a5")
+FLIPFLOP = ("flipflop",)
+
+
+def scheme_of(variant: str) -> dict:
+    from accrot.study.variants import VARIANTS
+
+    return {"rotation": "none", "far_mass": "none", **VARIANTS.get(variant, {})}
+
+
+def controlled(variant: str) -> bool:
+    """A far-mass design: a bias, scalable softmax, an output gate or NoPE layers interleaved."""
+    s = scheme_of(variant)
+    return s["far_mass"] != "none" or s.get("output_gate", "none") != "none" or bool(s.get("layer_pattern"))
+
+
+def rotation_only(variant: str) -> bool:
+    return scheme_of(variant)["rotation"] in ("accum", "path") and not controlled(variant)
+
+
+def mean_accuracy(lo: float, hi: float):
+    """Per run: the mean answer accuracy over the evaluated multiples in [lo, hi]."""
+    def read(run: Run) -> float | None:
+        return mean_of(run.value("accuracy", m) for m in run.lengths if lo <= m <= hi)
+    return read
+
+
+def _accuracy_vs(res: Results, task: str, what: str, a: str, b: str, fn) -> Comparison:
+    return compare_variants(what, a, res.seeded(task, a, fn), b, res.seeded(task, b, fn), lower_is_for=False)
+
+
+def s1(res: Results) -> Claim | None:
+    tasks = [t for t in ABELIAN if any(d == t for d, _ in res.by)]
+    if not tasks:
+        return None
+    c = Claim("S1", "commuting accumulation carries abelian state beyond L",
+              "parity / counting mod n: mean answer accuracy over 8×–64× L, accum-learned (and +values) against RoPE "
+              "and NoPE", rule="for when each accumulated variant's accuracy is resolved above RoPE's and NoPE's "
+                               "(paired over seeds); every comparison must be for")
+    beyond = mean_accuracy(8, math.inf)
+    for task in tasks:
+        for v in ("accum-learned", "accum-learned+values"):
+            if not res.by.get((task, v)):
+                continue
+            for anchor in ("RoPE", "NoPE"):
+                c.comparisons.append(_accuracy_vs(res, task, f"{task}: {v} vs {anchor}", v, anchor, beyond))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("accum-learned on an abelian task", "not run", "missing"))
+    return c
+
+
+def s2(res: Results) -> Claim | None:
+    tasks = [t for t in GROUPS if any(d == t for d, _ in res.by)]
+    if not tasks:
+        return None
+    c = Claim("S2", "non-commuting accumulation carries more: PaTH tracks permutation products",
+              "S5 / A5: PaTH's answer accuracy at L and its mean over 2×–64× L against every SO(2) accumulation's; "
+              "those at the longest length",
+              rule=f"for when PaTH is resolved above each SO(2) accumulation at L and beyond, and each of those "
+                   f"stays under {S2_CHANCE_LIMIT:g} at the longest length; every comparison must be for")
+    at_l, beyond = mean_accuracy(1, 1), mean_accuracy(2, math.inf)
+    for task in tasks:
+        so2 = [v for v in res.variants(task) if scheme_of(v)["rotation"] == "accum"]
+        longest = res.longest(task)
+        for v in so2:
+            if res.by.get((task, "PaTH")):
+                c.comparisons.append(_accuracy_vs(res, task, f"{task}: PaTH vs {v} at L", "PaTH", v, at_l))
+                c.comparisons.append(_accuracy_vs(res, task, f"{task}: PaTH vs {v} beyond L", "PaTH", v, beyond))
+            c.comparisons.append(compare_threshold(
+                f"{task}: {v} near chance at {times(longest)}", res.values(task, v, "accuracy", longest),
+                S2_CHANCE_LIMIT, label="accuracy "))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("PaTH and an SO(2) accumulation", "not run", "missing"))
+    return c
+
+
+def s3(res: Results) -> Claim | None:
+    tasks = [t for t in FLIPFLOP if any(d == t for d, _ in res.by)]
+    if not tasks:
+        return None
+    c = Claim("S3", "far-mass control keeps state reads exact at length",
+              "flip-flop at the sparse density: the last write's read accuracy at the longest length",
+              rule=f"for when every far-mass-controlled variant lies above {S3_EXACT:g} and every rotation-only "
+                   "variant below it; every comparison must be for")
+    for task in tasks:
+        longest = res.longest(task)
+        for v in res.variants(task):
+            values = res.values(task, v, "accuracy", longest)
+            if controlled(v) and scheme_of(v)["rotation"] != "none":
+                c.comparisons.append(compare_threshold(f"{task}: {v} exact at {times(longest)}", values, S3_EXACT,
+                                                       below_is_for=False, label="accuracy "))
+            elif rotation_only(v):
+                c.comparisons.append(compare_threshold(f"{task}: {v} fails at {times(longest)}", values, S3_EXACT,
+                                                       label="accuracy "))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("far-mass-controlled and rotation-only variants", "not run", "missing"))
+    return c
+
+
+STATE_CHECKS = (s1, s2, s3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# accuracy per length and position
+# ---------------------------------------------------------------------------------------------------
+def position_bins(longest: float) -> list[tuple[float, float]]:
+    """Position bins in multiples of L: [0, 1), [1, 2), [2, 4), ... up to the longest length."""
+    edges = [0.0, 1.0]
+    while edges[-1] < longest:
+        edges.append(edges[-1] * 2)
+    return list(zip(edges, edges[1:]))
+
+
+def accuracy_grid(res: Results, task: str, variant: str) -> tuple[list[float], list[tuple[float, float]], list]:
+    """``(multiples, position bins, accuracy [bin][multiple])``: the answer accuracy (mean over seeds) of the
+    answers whose position in the block lies in each bin (multiples of L), at each evaluation length; NaN where a
+    length has no position in the bin."""
+    runs = res.by.get((task, variant), [])
+    mults = res.multipliers(task)
+    bins = position_bins(max(mults, default=1.0))
+    grid = []
+    for lo, hi in bins:
+        line = []
+        for m in mults:
+            vals = [a for r in runs if (a := _bin_accuracy(r, m, lo, hi)) is not None]
+            line.append(sum(vals) / len(vals) if vals else math.nan)
+        grid.append(line)
+    return mults, bins, grid
+
+
+def _bin_accuracy(run: Run, mult: float, lo: float, hi: float) -> float | None:
+    row = run.lengths.get(float(mult)) or {}
+    width, acc = row.get("bucket_width"), row.get("bucket_accuracy")
+    if not width or not acc:
+        return None
+    L = run.train_length
+    vals = [a for i, a in enumerate(acc) if a is not None and lo * L <= (i + 0.5) * width < hi * L]
+    return sum(vals) / len(vals) if vals else None
+
+
+def plot_state_heatmap(res: Results, task: str, path: Path, title: str) -> Path | None:
+    """One panel per variant: answer accuracy per evaluation length (x) and position in the block (y, multiples of
+    L), mean over seeds, the value in each cell."""
+    from accrot.io import atomic_savefig, pyplot
+
+    panels = [(v, *accuracy_grid(res, task, v)) for v in res.variants(task)]
+    panels = [p for p in panels if any(math.isfinite(a) for line in p[3] for a in line)]
+    if not panels:
+        return None
+    plt = pyplot()
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols + 1.2, 2.8 * rows + 0.7), squeeze=False,
+                             layout="constrained")
+    image = None
+    for k, (ax, (v, mults, bins, grid)) in enumerate(zip(axes.flat, panels)):
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(mults)), [times(m) for m in mults], fontsize=6)
+        ax.set_yticks(range(len(bins)), [f"{lo:g}–{hi:g}" for lo, hi in bins], fontsize=6)
+        for i, line in enumerate(grid):
+            for j, acc in enumerate(line):
+                if math.isfinite(acc):
+                    ax.text(j, i, f"{acc:.2f}", ha="center", va="center", fontsize=5,
+                            color="black" if acc > 0.6 else "white")
+        ax.set_title(f"{v}, {len(res.by.get((task, v), []))} seeds", fontsize=8)
+        if k >= len(panels) - cols:
+            ax.set_xlabel("evaluation length / L", fontsize=7)
+        if k % cols == 0:
+            ax.set_ylabel("answer position / L", fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="answer accuracy (mean over seeds)")
+    fig.suptitle(f"{title}: answer accuracy per length and position", fontsize=10)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def accuracy_table(res: Results, task: str, variants: Sequence[str] | None = None) -> str:
+    """Answer accuracy per variant and length (mean ± std over seeds), markdown."""
+    from accrot.study.stats import fmt
+
+    mults = res.multipliers(task)
+    lines = ["| variant | seeds | " + " | ".join(times(m) for m in mults) + " |", "|" + "---|" * (len(mults) + 2)]
+    for v in variants or res.variants(task):
+        cells = [fmt(res.values(task, v, "accuracy", m)) for m in mults]
+        lines.append(f"| {v} | {len(res.by.get((task, v), []))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
