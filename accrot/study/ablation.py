@@ -44,6 +44,7 @@ from accrot.study.tuning import headline as tuning_headline
 from accrot.study.tuning import lr_table, pending, tuned, tuning_doc, tuning_name, with_lrs, without_lrs
 from accrot.study.tuning import summary as lr_summary
 from accrot.study.variants import (
+    DATASET_VARIANTS,
     DATASETS,
     DEFAULT_DATASETS,
     DEFAULT_VARIANTS,
@@ -72,12 +73,13 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
                wandb: str = "auto", max_steps: int | None = None,
                multipliers: list[float] | None = None, text_root: str | None = None, *, corpus: str = CORPUS,
                hf_source: str | None = None, tokens: int | None = None,
-               settings: dict[str, Any] | None = None) -> dict[str, Any]:
+               settings: dict[str, Any] | None = None, only: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The sweep spec of the ablation (``accrot sweep`` reads the same YAML); ``text_root``: the folder of
     ``.txt`` files of the ``text`` data set; ``hf_source``: the hub name or local files of the ``hf`` data set;
     ``corpus``: the data set the theory diagnostics run on (and the claims read); ``tokens``: the training budget
     per run (:func:`token_budget`); ``settings``: dotted overrides for every run (``--set``, ``--precision``; a
-    ``model.lr`` among them replaces the size's learning rate)."""
+    ``model.lr`` among them replaces the size's learning rate); ``only``: per data set, the variants it runs
+    (the others run every one of ``variants``)."""
     multipliers = list(multipliers or size.multipliers)
     longest = max(multipliers)
     diag = sorted({m for m in size.diagnostics if m <= longest} | {1, longest})
@@ -99,6 +101,8 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
         budget, own_ckpt = ({}, ckpt) if tokens is None or seq_len == size.seq_len else \
             token_budget(tokens, size, {**common, **settings}, seq_len)
         for label in variants:
+            if only and data in only and label not in only[data]:
+                continue
             over = {f"model.scheme.{k}": v for k, v in VARIANTS[label].items()}
             if label in WINDOWED:
                 over["model.scheme.window"] = WINDOW_FRACTION * seq_len
@@ -230,7 +234,8 @@ def main(argv: list[str]) -> int:
     folder = out / study
     spec_doc = build_spec(study, size, seeds, variants, datasets, args.wandb, args.max_steps, args.multipliers,
                           text_root=args.text_root, corpus=args.corpus_data, hf_source=args.hf_source,
-                          tokens=args.tokens, settings=args.settings)
+                          tokens=args.tokens, settings=args.settings,
+                          only=None if args.variants else DATASET_VARIANTS)
     spec_path = folder / f"{study}.yaml"
     tune_path = folder / f"{tuning_name(study)}.yaml"
     ref = StorageRef.parse(args.storage, study, out)

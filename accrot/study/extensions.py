@@ -21,7 +21,10 @@ def extension_runs(res: Results, console=None) -> list[Run]:
     """A :class:`Run` per RoPE run × extension, from ``<run>/eval-<kind>/extrapolation.json``, evaluated once (a
     report built again, or an ablation resumed, reads the files it finds)."""
     out = []
-    rope = [r for r in res.runs if r.variant == "RoPE"]
+    from accrot.study.variants import STATE_TASKS
+
+    # the state-tracking tasks read accuracy against S1–S3, which compare no RoPE extension
+    rope = [r for r in res.runs if r.variant == "RoPE" and r.dataset not in STATE_TASKS]
     for i, run in enumerate(rope):
         trained = json.loads((Path(run.run_dir) / "extrapolation.json").read_text())["final"]["step"]
         for label, kind in EXTENSIONS.items():

@@ -93,11 +93,20 @@ DESCRIPTIONS: dict[str, str] = {
     "accum-learned+values+ssmax": "accum-learned+values with scalable softmax.",
     "accum-learned+values+gate": "accum-learned+values with the elementwise output gate.",
 }
-# variants `accrot ablation` runs only when --variants names them: the earlier settings (to attribute a moved verdict
-# to the parameterisation), the large-base RoPE and the field's other far-mass designs
+# variants `accrot ablation` runs only when --variants names them (the default study fits an hour on 2 CPU cores):
+# the earlier settings (to attribute a moved verdict to the parameterisation), the large-base RoPE, the field's other
+# far-mass designs, RoPE+jitter (it mixes like accum-random: it tests the drift, not the condition) and the forget gate
+# initialised as ALiBi (a prior toward flatness; the default cell takes FoX's own init)
 OPTIONAL = ("accum-learned-plain", "PaTH-plain", "RoPE-base500k", "RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved",
-            "accum-learned+values+ssmax", "accum-learned+values+gate")
+            "accum-learned+values+ssmax", "accum-learned+values+gate", "RoPE+jitter",
+            "accum-learned+values+forget-alibi-init")
 DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
+# the local task by default runs what its claims read (N1's cells, their comparator and ALiBi; C4's siblings) and the
+# anchors; the controls that test the theory's condition (RoPE+jitter, the ladder, GRAPE, token tables) are read on
+# the corpus's diagnostics. --variants runs every named variant on every data set.
+DATASET_VARIANTS = {"local": ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-learned", "accum-learned+values", "PaTH",
+                              "PaTH-FoX", "accum-learned+values+forget", "accum-learned+values+alibi",
+                              "accum-random+alibi"]}
 # a study of state-tracking tasks only (`--datasets flipflop parity s5`): the variants S1–S3 compare — the anchors
 # RoPE and NoPE, the SO(2) accumulations (S1, S2), PaTH (S2), and far-mass control with and without rotation (S3)
 STATE_VARIANTS = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "PaTH-FoX",
