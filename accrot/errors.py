@@ -1,4 +1,4 @@
-"""The errors every layer raises for bad input, how they become one line, and the exit codes (DESIGN §7).
+"""The errors every layer raises for bad input, how they become one line, and the exit codes.
 
 A bad input never prints a traceback: every command catches :class:`BadInput` (and jsonargparse's own errors,
 and an unwritable output folder) and prints one line through :func:`one_line`, then exits with status 2.

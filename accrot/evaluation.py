@@ -1,4 +1,4 @@
-"""Multi-length evaluation (DESIGN §5): the same fixed blocks for every model, NLL per length.
+"""Multi-length evaluation: the same fixed blocks for every model, NLL per length.
 
 For each evaluation length ℓ the data module supplies ``N`` non-overlapping blocks ``[N, ℓ+1]`` cut
 from the validation stream. Every block is one independent forward pass starting at position 0

@@ -1,7 +1,7 @@
 """The common backbone: a decoder-only pre-norm transformer whose attention is a position scheme.
 
 Every variant of the ablation shares this module exactly; only the per-layer scheme built from
-``ModelConfig.scheme`` differs (DESIGN §1–§2); a ``scheme.layer_pattern`` makes some layers position-free
+``ModelConfig.scheme`` differs; a ``scheme.layer_pattern`` makes some layers position-free
 (NoPE/RoPE interleaving, as in Llama 4's iRoPE), each layer's scheme built by the registry for its index.
 RMSNorm and SwiGLU follow LLaMA (Touvron et al., 2023).
 No Lightning import here: the LightningModule in :mod:`accrot.lit` adds loop, loss and optimiser.

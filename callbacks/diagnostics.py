@@ -1,4 +1,4 @@
-"""Theory diagnostics while training (PAPER.md T1–T4): at the end of training and every N steps.
+"""Theory diagnostics while training (T1–T5 of accrot/study/CLAIMS.md): at the end of training and every N steps.
 
 Runs :func:`accrot.diagnostics.diagnose` on the data module's fixed evaluation blocks, writes
 ``diagnostics/diagnostics.json`` and its PNGs into the run directory (rank 0) and logs per-layer scalars

@@ -1,4 +1,4 @@
-"""Evaluate at many lengths while training (DESIGN §5): every N steps and at the end.
+"""Evaluate at many lengths while training: every N steps and at the end.
 
 Writes ``extrapolation.json`` (schema in README.md) and ``extrapolation.png`` into the run directory
 and logs ``extrap/nll@{m}x`` (plus last-window NLL) to every active logger.

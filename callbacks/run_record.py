@@ -1,4 +1,4 @@
-"""Record what produced a run (STYLE §12): git revision, data fingerprint, versions, seed, scheme facts.
+"""Record what produced a run: git revision, data fingerprint, versions, seed, scheme facts.
 
 ``run.json`` also records the launch (``launch``: ranks, nodes, strategy, SLURM job) and says how the run went:
 ``status`` (``running``, ``finished``, ``preempted`` (SIGTERM, SLURM's warning), ``interrupted`` (Ctrl-C),

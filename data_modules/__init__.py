@@ -1,4 +1,4 @@
-"""LightningDataModules (DESIGN §4): the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
+"""LightningDataModules: the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
 corpus shares, prose (the King James Bible from Debian's bible-kjv), the synthetic tasks (offset copy, passkey
 retrieval), the RULER-style retrieval tasks (multi-key needles, multi-value needles, variable tracking) and the
 state-tracking tasks (flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall)."""

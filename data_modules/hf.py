@@ -1,4 +1,4 @@
-"""Hugging Face datasets as token streams: a hub name, or local text / JSONL / JSON / Parquet files (DESIGN §4).
+"""Hugging Face datasets as token streams: a hub name, or local text / JSONL / JSON / Parquet files.
 
 :class:`HFDataModule` checks its source at construction (:mod:`data_modules.hf_source`) and packs it into
 cached token streams on first use (:mod:`data_modules.hf_pack`).

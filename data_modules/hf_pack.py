@@ -1,5 +1,5 @@
 """Packing a dataset's documents into the train and validation token streams of
-:class:`~data_modules.hf.HFDataModule`, and the cache files that keep them between runs (DESIGN §4).
+:class:`~data_modules.hf.HFDataModule`, and the cache files that keep them between runs.
 
 * Streams: the non-empty documents of a split in order, joined by a separator (bytes: ``"\\n\\n"``, a Hugging
   Face tokenizer: its eos id). Empty and null documents are skipped and counted.

@@ -1,5 +1,5 @@
 """Where :class:`~data_modules.hf.HFDataModule`'s documents come from: local files or a hub dataset, read with
-``datasets`` (DESIGN §4). Every way a source can be unusable becomes one :class:`DataError` line.
+``datasets``. Every way a source can be unusable becomes one :class:`DataError` line.
 
 * Local or hub: ``path`` is local when it exists, starts with ``/ ./ ../ ~``, holds a glob character or ends
   in a data file extension; anything else is a hub name (``wikitext``, ``Salesforce/wikitext``).

@@ -1,4 +1,4 @@
-"""RULER-style retrieval tasks (DESIGN §4): multi-key needles, multi-value needles and variable tracking.
+"""RULER-style retrieval tasks: multi-key needles, multi-value needles and variable tracking.
 
 Byte-level tasks (vocab 256, :class:`ByteTokenizer`) in the passkey filler of :mod:`data_modules.synthetic`, with
 its generation machinery: sample i of (task, seed, split, length) comes from the same ``_generator``, batches are

@@ -1,4 +1,4 @@
-"""The embedded default corpus: the running interpreter's standard-library sources, as bytes (DESIGN §4).
+"""The embedded default corpus: the running interpreter's standard-library sources, as bytes.
 
 About 11 MB of real Python with long-range structure (imports, definitions used hundreds of lines later),
 present wherever the code runs, so nothing is downloaded. ``root`` points the same machinery at any other

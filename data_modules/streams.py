@@ -1,4 +1,4 @@
-"""Token-stream data modules: one train stream, one validation stream, fixed evaluation blocks (DESIGN §4, §5).
+"""Token-stream data modules: one train stream, one validation stream, fixed evaluation blocks.
 
 :class:`TokenStreamDataModule` is the base every corpus shares (the embedded stdlib, Hugging Face datasets):
 a subclass only implements :meth:`TokenStreamDataModule.load_streams`; the base turns the two 1-D streams into

@@ -1,4 +1,4 @@
-"""Synthetic tasks for controlled experiments (DESIGN §4): offset copy and passkey retrieval.
+"""Synthetic tasks for controlled experiments: offset copy and passkey retrieval.
 
 Both modules share :class:`TokenStreamDataModule`'s interface (the CLI's data base class) but have no token
 streams: every sequence is generated on demand on the CPU from a ``torch.Generator`` seeded by
@@ -15,7 +15,7 @@ Batches are ``(inputs [B, T], targets [B, T])`` int64 with ``targets = -100`` wh
 ``[N, ℓ + 1]`` tokens and :meth:`SyntheticDataModule.eval_mask` the ``[N, ℓ]`` scored target positions
 (targets = blocks[:, 1:]).
 
-**Offset copy** (:class:`LocalDependencyDataModule`; the lower bound of PAPER.md in its purest form).
+**Offset copy** (:class:`LocalDependencyDataModule`; the study's lower bound in its purest form).
 Tokens ``0 .. n_content-1`` are content, ``n_content + k - 1`` is the cue C_k (k = 1..K, K = ``max_offset``).
 A sequence x of n = ℓ + 1 tokens is drawn as
 

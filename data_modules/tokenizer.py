@@ -1,4 +1,4 @@
-"""Tokenisers. The default is bytes: vocabulary 256, nothing to download (DESIGN §4).
+"""Tokenisers. The default is bytes: vocabulary 256, nothing to download.
 
 A tokeniser is anything with ``name``, ``vocab_size``, ``encode`` and ``decode`` (:class:`Tokenizer`);
 a Hugging Face tokeniser is wrapped to the same protocol by its data module.

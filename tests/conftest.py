@@ -1,4 +1,4 @@
-"""Test hygiene (STYLE §10): offline, caches in tmp, fixed seeds, default dtype reset, tiny shapes."""
+"""Test hygiene: offline, caches in tmp, fixed seeds, default dtype reset, tiny shapes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault injection (issue #9): kill runs and resume them, kill a sweep worker mid-trial, feed every bad input.
+"""Fault injection: kill runs and resume them, kill a sweep worker mid-trial, feed every bad input.
 
     .venv/bin/python tests/fault_injection.py            # the figures below (a few minutes on 2 cores)
     .venv/bin/python tests/fault_injection.py --quick    # one scheme, no sweep

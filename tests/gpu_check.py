@@ -1,4 +1,4 @@
-"""``make gpu-check``: every GPU check of issue #20 in one prepared script, within 10 minutes on one GPU.
+"""``make gpu-check``: every GPU check in one prepared script, within 10 minutes on one GPU.
 
     .venv/bin/python tests/gpu_check.py [--budget 540] [--out results/gpu-check]
 

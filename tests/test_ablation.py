@@ -1,4 +1,4 @@
-"""The ablation (issue #8): the claim rules, the report builder on a synthetic study, the generated spec, and a
+"""The ablation: the claim rules, the report builder on a synthetic study, the generated spec, and a
 real interrupted-and-resumed ablation."""
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     assert max(diag["init_args"]["multipliers"]) == max(SIZES[size].multipliers)
 
 
-FAR_MASS_DESIGNS = ("RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved", "accum-learned+values+ssmax",
+FAR_MASS_CELLS = ("RoPE+ssmax", "RoPE+gate", "RoPE-NoPE-interleaved", "accum-learned+values+ssmax",
                     "accum-learned+values+gate")
 
 
@@ -237,12 +237,12 @@ def test_far_mass_design_variants_are_optional_and_valid_runs_of_every_size():
     from accrot.study.variants import DEFAULT_VARIANTS, OPTIONAL
     from accrot.sweep.trials import check_stratum
 
-    assert set(FAR_MASS_DESIGNS) <= set(OPTIONAL) and not set(FAR_MASS_DESIGNS) & set(DEFAULT_VARIANTS)
-    doc = build_spec("t", SIZES["study"], 1, list(FAR_MASS_DESIGNS), ["corpus"])
+    assert set(FAR_MASS_CELLS) <= set(OPTIONAL) and not set(FAR_MASS_CELLS) & set(DEFAULT_VARIANTS)
+    doc = build_spec("t", SIZES["study"], 1, list(FAR_MASS_CELLS), ["corpus"])
     spec = SweepSpec(**yaml.safe_load(yaml.safe_dump(doc, sort_keys=False)))
     for st in spec.strata():
         check_stratum(spec, st)  # raises a one-line UsageError naming the variant on a bad override
-    labels = {v: SchemeConfig(**VARIANTS[v]).label() for v in FAR_MASS_DESIGNS}
+    labels = {v: SchemeConfig(**VARIANTS[v]).label() for v in FAR_MASS_CELLS}
     assert labels == {"RoPE+ssmax": "rope/ssmax", "RoPE+gate": "rope/none+gate",
                       "RoPE-NoPE-interleaved": "rope/none(cell,none)",
                       "accum-learned+values+ssmax": "accum:learned/ssmax+values",
@@ -359,7 +359,7 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
     for key, value in done.items():  # complete before the interruption: untouched, not run again
         assert after[key] == value, logs
     report = (out / "t" / "REPORT.md").read_text()
-    assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims (PAPER.md)" in report
+    assert "| NoPE | 2 |" in report and "| RoPE | 2 |" in report and "## Claims" in report
     # RoPE's eval-time extensions, from the RoPE runs' checkpoints (no training), right after RoPE, and C1 read
     # against the best of them too
     for kind in ("PI", "NTK", "YaRN"):
@@ -374,7 +374,7 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
     study = optuna.load_study(study_name="t/corpus", storage=storage)
     assert all({"nll@1x", "nll@2x"} <= set(t.user_attrs) for t in study.get_trials(states=(TrialState.COMPLETE,)))
     for note in [get_note(study)]:
-        assert note.startswith("## t: the claims of PAPER.md, 4 complete runs so far"), note[:200]
+        assert note.startswith("## t: the study's claims, 4 complete runs so far"), note[:200]
         assert "| # | claim | test | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
 
 

@@ -1,4 +1,4 @@
-"""The bad-input catalogue (README "Bad input", DESIGN §7): every bad input the CLI, the sweep specs, the data
+"""The bad-input catalogue (README "Bad input"): every bad input the CLI, the sweep specs, the data
 modules and the storages reject, each run through ``accrot.cli.main`` as a user would type it. Each must end
 with exit status 2 and one line ``accrot: error: ...`` naming the offending value, no traceback, and nothing
 left behind (no run directory, no study storage).

@@ -1,4 +1,4 @@
-"""Theory diagnostics (PAPER.md T1–T4) against what the math predicts: coherence = |E[e^{iδ}]|^Δ for i.i.d.
+"""Theory diagnostics (T1–T5 of accrot/study/CLAIMS.md) against what the math predicts: coherence = |E[e^{iδ}]|^Δ for i.i.d.
 increments and ≡ 1 for NoPE, far mass (t − W)/(t + 1) for flat NoPE logits and ALiBi's closed form, value
 transport shrinking coherent far contributions; ``accrot diagnose`` end to end on a real checkpoint."""
 

@@ -1,4 +1,4 @@
-"""Nothing lost (issue #9): runs killed with SIGKILL resume to exactly the uninterrupted run, checkpoints are
+"""Nothing lost: runs killed with SIGKILL resume to exactly the uninterrupted run, checkpoints are
 written atomically, the same config and seed give the same metrics, and a run that diverges stops at once,
 naming the step and the tensor. The bad-input catalogue is tests/test_bad_inputs.py; sweep faults are in
 tests/test_sweep.py; `.venv/bin/python tests/fault_injection.py` prints the figures."""

@@ -1,4 +1,4 @@
-"""The GPU path end to end (issue #20): every shipped config × every scheme cell trains two steps and evaluates on
+"""The GPU path end to end: every shipped config × every scheme cell trains two steps and evaluates on
 CUDA in bf16-mixed, and a run killed on CUDA and resumed continues the uninterrupted one. Every test here is
 gpu-marked and skips without CUDA (the kernels' own CUDA cases are parameters of the twin tests in tests/ops and
 tests/position); ``make gpu-check`` runs them all and writes results/gpu-check/REPORT.md.

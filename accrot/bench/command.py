@@ -25,7 +25,7 @@ and measures their peak memory, e.g. ``--lengths 4096 16384 65536 --memory_lengt
 step in pairs, at the tiny and the small shape (:mod:`accrot.bench.pipeline`).
 
 ``schemes`` builds the full :class:`~accrot.model.Transformer` once per built cell of the grid
-rotation × far_mass × rotate_values (DESIGN §2; ``accum`` with ``random_position`` and ``learned`` increments as
+rotation × far_mass × rotate_values (``accum`` with ``random_position`` and ``learned`` increments as
 separate rows, rotate_values for rope/accum only, path cells when ``path`` is registered; far_mass none, alibi,
 forget and ssmax), plus the output gate once per rotation kind (``+gate``; ``+headgate`` on NoPE) and NoPE/RoPE
 interleaving (``rope/none(cell,none)``), and measures

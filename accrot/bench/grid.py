@@ -81,7 +81,7 @@ INTERLEAVED = (Cell("rope", layer_pattern=("cell", "none")),)
 
 
 def grid() -> tuple[list[Cell], list[str]]:
-    """Every built cell, NoPE first, and a note per family of DESIGN §2 that is not registered yet."""
+    """Every built cell, NoPE first, and a note per scheme family that is not registered yet."""
     from accrot.position import FAR_MASS, OUTPUT_GATES, ROTATIONS
 
     rotations = [r for r in ("none", "rope", "accum", "path") if r in ROTATIONS]

@@ -1,7 +1,7 @@
-"""Theory diagnostics (PAPER.md T1–T5): coherence decay, mixing window, far-attention mass, score gap, value incoherence.
+"""Theory diagnostics (T1–T5 of accrot/study/CLAIMS.md): coherence decay, mixing window, far-attention mass, score gap, value incoherence.
 
 Everything is computed from a model's own per-layer q, k, v and the quantities its schemes expose
-(``angles``, ``householder``, ``log_decay``; DESIGN §2), never from a fast kernel's internals:
+(``angles``, ``householder``, ``log_decay``), never from a fast kernel's internals:
 
 * **coherence** (T1, T2). For query t and key s = t − Δ let ℓᴹ = q_tᵀ M_{t,s} k_s (the transported pairing the
   model uses, without scale or bias) and ℓᴵ = q_tᵀ k_s (the same pair, untransported). The curve is the

@@ -1,4 +1,4 @@
-"""Causal softmax attention, plain or with a far-mass bias (DESIGN §3).
+"""Causal softmax attention, plain or with a far-mass bias.
 
 The bias of key s seen from query t ≤ s is b_ts = Σ_{j=s+1..t} log f_j = c_t − c_s with c = cumsum(log f),
 per batch and head (ALiBi: log f_j = −m_h, Press et al. 2022; FoX forget gate: log f_j = logsigmoid(·),

@@ -1,4 +1,4 @@
-"""SO(2) rotations in the half-split layout: coordinate i pairs with i + D/2 (DESIGN §2).
+"""SO(2) rotations in the half-split layout: coordinate i pairs with i + D/2.
 
 RoPE (Su et al., 2021) rotates pair i of q_t and k_t by θ_t,i = t·ω_i; accumulated rotations use
 θ_t = Σ_{j≤t} δ_j instead. Either way the logit is (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ R(θ_s − θ_t) k_s, and with

@@ -1,4 +1,4 @@
-"""Position schemes: ``SchemeConfig`` + ``build`` (DESIGN §2). One file per family; importing the package
+"""Position schemes: ``SchemeConfig`` + ``build``. One file per family; importing the package
 registers every family."""
 
 from accrot.errors import ConfigError

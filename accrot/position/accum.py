@@ -1,4 +1,4 @@
-"""Accumulated SO(2) rotations: RoPE at "positions" θ_t = Σ_{j≤t} δ_j (PAPER.md; cf. Selective RoPE).
+"""Accumulated SO(2) rotations: RoPE at "positions" θ_t = Σ_{j≤t} δ_j (cf. Selective RoPE; accrot/study/CLAIMS.md).
 
 Each token j adds an angle δ_j (per head and frequency pair) and pair i of q_t, k_t is rotated by θ_t,i, the
 inclusive running sum. Rotations in a plane commute, so the pairing of t and s ≤ t is
@@ -48,11 +48,11 @@ Increments (``cfg.increments``):
   far as ω varies and the slow pairs stay coherent, the learned rotation the regularity condition says should
   not extrapolate. A mixing floor can be added as for ``learned``.
 
-Theory (PAPER.md): pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing window W_i = log ε / log ρ_i; the
+Theory: pair i mixes when ρ_i = |E[e^{iδ_i}]| < 1, with mixing window W_i = log ε / log ρ_i; the
 mean μ_i does not change ρ_i. Angles are accumulated in float64 and wrapped to [0, 2π) before the float32 cast,
 which keeps them within 1e-3 rad at position 10⁶.
 
-Randomness belongs to the run (DESIGN §2): ``seed`` follows the run's ``seed_everything`` unless set (the CLI
+Randomness belongs to the run: ``seed`` follows the run's ``seed_everything`` unless set (the CLI
 fills it in; None here means 0), and every layer has its own training stream, evaluation draws and token table,
 as independent as different seeds, so seeds are independent replicates and evaluation shows no correlation
 across layers that training never had.

@@ -1,4 +1,4 @@
-"""The composed position scheme: one ``nn.Module`` per attention layer (DESIGN §2).
+"""The composed position scheme: one ``nn.Module`` per attention layer.
 
 A scheme is ``rotation × far_mass × rotate_values`` (× an optional output gate). :class:`PositionScheme` owns one
 rotation part, one far-mass part and the gate, exposes what defines them (``angles``, ``householder``,

@@ -1,4 +1,4 @@
-"""Typed configuration of a position scheme: rotation × far_mass × rotate_values (DESIGN §2).
+"""Typed configuration of a position scheme: rotation × far_mass × rotate_values.
 
 Every choice is a ``Literal``; cross-field checks run at construction so an impossible cell can
 never reach the model. Errors are :class:`ConfigError` (a ``ValueError``) with a one-line message

@@ -1,4 +1,4 @@
-"""Registry and the composed per-layer scheme module (DESIGN §2).
+"""Registry and the composed per-layer scheme module.
 
 ``build(cfg, d_model, n_heads, layer)`` looks the rotation, the far-mass part and the output gate up in three
 registries, so a new family is one file with a ``@register_rotation`` / ``@register_far_mass`` /
@@ -69,7 +69,7 @@ class PositionScheme(nn.Module):
         self.far_mass = far_mass
         self.gate = gate
 
-    # -- exposed quantities (DESIGN §2) -------------------------------------------------------------
+    # -- exposed quantities -------------------------------------------------------------
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Absolute accumulated angles θ_t, ``[B, H, T, D/2]`` float32 (rope, accum; zeros for none)."""
         if self.rotation.kind == "path":

@@ -1,9 +1,9 @@
-"""``accrot ablation``: the paper's controlled experiment in one command (PAPER.md).
+"""``accrot ablation``: the paper's controlled experiment in one command.
 
 It trains every variant of :data:`VARIANTS` on each data set of :data:`DATASETS` with the same recipe, token
 budget, seeds and evaluation blocks, evaluates each run to 64× its training length, runs the theory
 diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.study.report` builds it): the
-tables, the figures and every claim of PAPER.md marked supported / not supported / inconclusive.
+tables, the figures and every claim of the study (accrot/study/CLAIMS.md) marked supported / not supported / inconclusive.
 
 It is a sweep (:mod:`accrot.sweep`): one Optuna study per data set (``<study>/corpus``, ``<study>/local``), in which
 the whole grid of variants × seeds (one learning rate) is queued at the start, each trial carrying its variant and
@@ -119,7 +119,7 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
             strata[f"{data}.{label}"] = over
     return {
         "name": study,
-        "description": "accrot ablation: the variants of PAPER.md on each data set, same recipe, budget and seeds",
+        "description": "accrot ablation: the study's variants on each data set, same recipe, budget and seeds",
         "base": size.base,
         "overrides": common,
         "space": {"model.lr": [lr]},  # one point: the grid is variants × seeds (--tune_lr: each variant's own lr)

@@ -660,7 +660,7 @@ def write_notes(spec, ref, res: Results | None = None) -> None:
 
     res = collect(spec, ref) if res is None else res
     runs = res.trained()
-    body = (f"## {spec.name}: the claims of PAPER.md, {runs} complete run{'s' if runs != 1 else ''} so far\n\n"
+    body = (f"## {spec.name}: the study's claims, {runs} complete run{'s' if runs != 1 else ''} so far\n\n"
             + _claims_md(check_claims(res)) + "\n" + RULES.split("\n\n")[0] + "\n")
     storage = open_storage(ref)
     for name in spec.studies():

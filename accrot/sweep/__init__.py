@@ -1,4 +1,4 @@
-"""``accrot sweep SPEC``: Optuna studies over accrot runs (DESIGN §6).
+"""``accrot sweep SPEC``: Optuna studies over accrot runs.
 
 A study spec (``sweeps/*.yaml``, schema in README "Sweeps") names a base config, fixed overrides, a search
 space over the CLI's dotted keys (categorical / int / float, log scale, conditional on other keys), the

@@ -323,7 +323,7 @@ def test_kernel_mode_rejects_an_unknown_value(monkeypatch):
 
 def test_accumulated_angles_stay_within_a_milliradian_at_a_million_positions():
     """Increments that drift (mean 1 rad, like RoPE's fastest pair): at position 10⁶ the float32 angle, wrapped,
-    is within 1e-3 rad of the exact float64 sum (issue #3's numerics), in both paths."""
+    is within 1e-3 rad of the exact float64 sum, in both paths."""
     gen = torch.Generator().manual_seed(7)
     T = 1_000_000
     delta = (1.0 + 0.3 * torch.randn(1, 1, T, 2, generator=gen)).float()

@@ -1,5 +1,5 @@
 """SO(2) schemes (none / rope / accum) × far mass × value transport against an independent naive twin,
-plus the properties that follow from the math (DESIGN §2, STYLE 3–5)."""
+plus the properties that follow from the math."""
 
 from __future__ import annotations
 

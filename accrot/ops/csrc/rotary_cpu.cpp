@@ -6,7 +6,7 @@
 // Each kernel below is one pass: the rotations over independent (b, h, t) rows, the scans over t per (b, h).
 // Built for the baseline ISA without FMA contraction, so every machine of a cluster computes the same bits.
 //
-// Layout (DESIGN §2): x [B, H, T, D] pairs coordinate i with i + D/2; angles, cos, sin [B, H, T, D/2]
+// Layout: x [B, H, T, D] pairs coordinate i with i + D/2; angles, cos, sin [B, H, T, D/2]
 // (broadcast dimensions arrive with stride 0). The last dimension is contiguous; the others may have any stride.
 
 #include <ATen/ATen.h>
