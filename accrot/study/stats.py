@@ -125,15 +125,14 @@ def _tail(diff: float, se: float, df: float, lower: bool) -> float:
 def seeds_needed(distance: float, sd: float, alpha: float = ALPHA, power: float = POWER) -> int | None:
     """The smallest n ≥ 2 for which a one-sample t-test at one-sided level ``alpha`` detects a mean ``distance``
     away from its limit with probability ``power``, when seeds spread by ``sd`` (noncentral t); None when there is
-    no difference to detect (distance 0 or no spread known)."""
+    no difference to detect (distance 0 or no spread known); MAX_SEEDS + 1 beyond MAX_SEEDS."""
+    import numpy as np
+
     if not (sd > 0 and distance > 0 and math.isfinite(sd) and math.isfinite(distance)):
         return None
-    d = distance / sd
-    for n in range(2, MAX_SEEDS + 1):
-        crit = sps.t.ppf(1 - alpha, n - 1)
-        if sps.nct.sf(crit, n - 1, d * math.sqrt(n)) >= power:
-            return n
-    return MAX_SEEDS + 1
+    n = np.arange(2, MAX_SEEDS + 1)
+    reached = sps.nct.sf(sps.t.ppf(1 - alpha, n - 1), n - 1, distance / sd * np.sqrt(n)) >= power  # every n at once
+    return int(n[reached.argmax()]) if reached.any() else MAX_SEEDS + 1
 
 
 def _one_sample(values: Sequence[float]) -> _Test | None:
