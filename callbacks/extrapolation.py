@@ -1,6 +1,6 @@
 """Evaluate at many lengths while training: every N steps and at the end.
 
-Writes ``extrapolation.json`` (schema in README.md) and ``extrapolation.png`` into the run directory
+Writes ``extrapolation.json`` (schema in callbacks/README.md) and ``extrapolation.png`` into the run directory
 and logs ``extrap/nll@{m}x`` (plus last-window NLL) to every active logger.
 """
 

@@ -19,7 +19,7 @@ code, markup and tables: too close to the corpus it is meant to contrast with.
   package's version is recorded beside it.
 
 A folder of your own ``.txt`` files needs no new code: ``StdlibDataModule(root=DIR, glob="**/*.txt")`` splits
-them by file the same way (README, "Your own text").
+them by file the same way (data_modules/README.md, "Your own text").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """optuna-dashboard in a real browser: Debian's headless Chromium driven by selenium through Debian's chromedriver
-(nothing downloads a browser or a driver). The browser test and the README's screenshot share this code path:
+(nothing downloads a browser or a driver). The browser test and accrot/sweep/README.md's screenshot share this code
+path:
 
     python -m tests.browser sqlite:///runs/sweeps/smoke/study.db runs/sweeps/smoke/artifacts .github/dashboard.png
 """

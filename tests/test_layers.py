@@ -1,5 +1,5 @@
-"""Imports flow one way (pyproject.toml ``[tool.importlinter]``, README "Layout"): the tree keeps every contract,
-and an upward import, added to a copy of the tree, breaks one."""
+"""Imports flow one way (pyproject.toml ``[tool.importlinter]``, the layout in accrot/README.md): the tree keeps
+every contract, and an upward import, added to a copy of the tree, breaks one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``accrot sweep SPEC``: Optuna studies over accrot runs.
 
-A study spec (``sweeps/*.yaml``, schema in README "Sweeps") names a base config, fixed overrides, a search
+A study spec (``sweeps/*.yaml``, schema in accrot/sweep/README.md) names a base config, fixed overrides, a search
 space over the CLI's dotted keys (categorical / int / float, log scale, conditional on other keys), the
 objective(s) read from the extrapolation evaluation (``nll@16x``, ...), sampler, pruner, budget, seeds and
 storage. Each trial is one ordinary ``accrot fit`` run, in-process in a worker, with its own run directory.
