@@ -1,10 +1,17 @@
-"""The bad-input catalogue (README "Bad input"): every bad input the CLI, the sweep specs, the data
-modules and the storages reject, each run through ``accrot.cli.main`` as a user would type it. Each must end
-with exit status 2 and one line ``accrot: error: ...`` naming the offending value, no traceback, and nothing
-left behind (no run directory, no study storage).
+"""The bad-input catalogue: every bad input the CLI, the sweep specs, the data modules and the storages reject,
+each run through ``accrot.cli.main`` as a user would type it. Each must end with exit status 2 and one line
+``accrot: error: ...`` naming the offending value and what would be valid, no traceback, and nothing left behind
+(no run directory, no study storage).
 
-``CATALOGUE`` is shared with ``tests/fault_injection.py`` (the reviewer's figures), and every row's input
-appears in the README's table.
+Reading it as a catalogue: ``CATALOGUE`` (below the fixtures) is grouped by a comment per section (the command line
+and configs, data, the output folder, checkpoints, sweeps and storages, SLURM launches, the ablation). In each
+``Row``, ``id`` names the case; ``input`` is what the user types: a flag alone (``--model.d_modle=3``) is added to
+the section's command (``accrot fit --config tiny``; ``accrot sweep`` among the storages), words describe the file
+or condition it is posed in, and a name in capitals (``ROPE_RUN.ckpt``, ``EMPTY_DIR``) stands for the case's file or
+folder, which ``Fixtures`` makes; ``argv`` is the exact command; ``expect`` holds fragments of the one-line message
+it must print. To see a message whole, type the input (``.venv/bin/accrot fit --config tiny
+--model.d_modle=3``); ``make faults`` (``tests/fault_injection.py``, which shares ``CATALOGUE``) tries every row and
+counts the clean rejections.
 """
 
 from __future__ import annotations
@@ -306,8 +313,8 @@ def environment(name: str, value: str) -> contextlib.AbstractContextManager:
 
 @dataclass(frozen=True)
 class Row:
-    """One bad input: what the user types (``input``, as in the README), the argv it becomes, and a fragment
-    of the one-line message it must produce."""
+    """One bad input: what the user types (``input``), the argv it becomes, and a fragment of the one-line
+    message it must produce."""
 
     id: str
     input: str
@@ -317,8 +324,8 @@ class Row:
 
 
 def _ablation(id_: str, words: str, expect: str | tuple[str, ...], note: str = "", **kw) -> Row:
-    """``accrot ablation WORDS`` (``note``: the condition it is posed in, as the README's table says it), with the
-    fixtures' sweeps folder as ``--out`` (it must stay empty)."""
+    """``accrot ablation WORDS`` (``note``: the condition it is posed in, in words), with the fixtures' sweeps
+    folder as ``--out`` (it must stay empty)."""
     return Row(id_, f"accrot ablation {words}" + (f" ({note})" if note else ""),
                lambda f: ["ablation", *shlex.split(words), f"--out={f.sweeps}"], expect, **kw)
 
@@ -865,11 +872,3 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(row: Row, fixtures: Fix
     if problem == "skipped":
         pytest.skip("this machine cannot pose the case (e.g. running as root with a writable /sys)")
     assert problem is None, problem
-
-
-def test_every_row_is_in_the_readme():
-    readme = (REPO / "README.md").read_text()
-    table = readme[readme.index("## Bad input"):]
-    table = table[: table.index("\n## ", 3)]
-    missing = [r.id for r in CATALOGUE if f"`{r.input}`" not in table]
-    assert not missing, f"rows missing from the README's Bad input table: {missing}"
