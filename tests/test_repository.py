@@ -46,6 +46,13 @@ def test_every_relative_link_in_the_markdown_resolves():
     assert not broken, broken
 
 
+def test_the_readme_is_a_runbook():
+    """README.md stays a runbook (set-up, recipes, the study, the cluster, tests) of at most 300 lines; each
+    component's reference lives beside its code and is linked from it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move reference material beside its code"
+
+
 def test_the_claims_document_answers_what_each_claim_is():
     """Every claim the report judges has its line in accrot/study/CLAIMS.md (what it predicts, how it is read)."""
     from accrot.study.claims import check_claims
