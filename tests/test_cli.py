@@ -406,7 +406,12 @@ def test_default_run_names_tell_every_cell_of_the_study_apart():
     names = {label: default_run_name(SchemeConfig(**over)) for label, over in VARIANTS.items()}
     assert len(set(names.values())) == len(names), names
     assert names["accum-learned+values+forget"] == "accum-learned-forget-values"
-    assert names["accum-random-drift"] == "accum-random_position-none-mean_rope"
+    assert names["RoPE+jitter"] == "accum-random_position-none-mean_rope"
+    # the reference implementations' settings are the plain name; a departure from them is in it
+    assert names["accum-learned"] == "accum-learned-none" and names["PaTH"] == "path-none"
+    assert names["accum-learned-plain"] == "accum-learned-none-plain-rank0-conv0-noladder"
+    assert names["PaTH-plain"] == "path-none-rank0-conv0-torchinit"
+    assert names["accum-learned+values+forget-alibi-init"] == "accum-learned-forget-values-alibi_init"
     assert names["RoPE-base500k"] == "rope-none-base500000" and names["NoPE"] == "none-none"
 
 

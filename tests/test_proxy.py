@@ -130,8 +130,14 @@ def test_workers_through_the_proxy_spend_the_budget_exactly(postgres, tmp_path):
             assert proxy.poll() is None and time.monotonic() < deadline, proxy.stdout.read()
             time.sleep(0.1)
         assert address.read_text().strip() == f"127.0.0.1:{port}"
-        workers = [subprocess.Popen([sys.executable, "-c", "import sys; from accrot.bench.storage import _worker_main; "
-                                     "_worker_main(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5])", str(spec_path),
+        # each worker waits at a start line until all three have imported (a loaded machine starts them seconds
+        # apart, and the first would otherwise spend the whole budget alone); a trial then takes 0.1 s
+        start = ("import sys, time, pathlib; from accrot.bench.storage import TrivialWorker, _worker_main; "
+                 "d = pathlib.Path(sys.argv[3]); (d / f'ready{sys.argv[4]}').touch(); "
+                 "[time.sleep(0.05) for _ in range(4000) if len(list(d.glob('ready*'))) < 3]; "
+                 "TrivialWorker.run = lambda self, *a: time.sleep(0.1); "
+                 "_worker_main(*sys.argv[1:4], int(sys.argv[4]), sys.argv[5])")
+        workers = [subprocess.Popen([sys.executable, "-c", start, str(spec_path),
                                      f"grpc://127.0.0.1:{port}", str(tmp_path), str(i), str(tmp_path / f"w{i}.log")])
                    for i in range(3)]
         codes = [w.wait(240) for w in workers]
