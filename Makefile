@@ -61,7 +61,7 @@ breakages: $(STAMP) ## apply each deliberate breakage of tests/breakages.py to a
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo $(if $(QUIET),--quiet)
 
-ablation: $(STAMP) ## the paper's ablation: every variant x both data sets x seeds -> results/ablation-SIZE/REPORT.md (SIZE=study|tiny|small|paper; resumable)
+ablation: $(STAMP) ## the ablation: the default variants x the corpus and the local task x seeds -> results/ablation-SIZE/REPORT.md (SIZE=study|tiny|small|paper; resumable)
 	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)

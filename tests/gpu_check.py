@@ -11,7 +11,7 @@ reported as such, and the next one starts):
    resumed run on CUDA, a 2-step bf16-mixed fast_dev_run of every shipped config × every scheme cell;
 2. the first 200 steps of the ``small`` preset per variant of the study (bf16-mixed, one GPU, in one process):
    tokens/s, ms/step and peak memory measured after a 10-step warm-up (a variant whose share of the budget runs
-   out stops early; its rate is over the steps it took), and the training time of the preset's 78 runs
+   out stops early; its rate is over the steps it took), and the training time of the preset's runs
    (13 variants × 2 data sets × 3 seeds × 5000 steps) they imply;
 3. the fused rotation kernels on CUDA, ``torch.compile`` (``ACCROT_GPU_KERNELS=on``) against eager (``off``), on the
    small model's training step of the learned-increment cells: which measures better;

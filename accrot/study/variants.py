@@ -189,7 +189,7 @@ class Size:
     tune_lr: bool = False  # a learning-rate grid per variant before the seeds (`accrot ablation --tune_lr`)
 
 
-# The default, "study", was chosen by measurement on a quiet 2-core machine (README "The study"): the
+# The default, "study", was chosen by measurement on a quiet 2-core machine (earlier variant selections): the
 # tiny recipe at 3 seeds took 37 min and left C1 inside the seeds' spread (4× NLL, accum-random − RoPE:
 # −0.22 ± 0.26); at d_model 96 the same 3 seeds resolve it (−0.12 ± 0.09: RoPE's seeds agree more), for 1.35× the
 # run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget,
@@ -198,13 +198,13 @@ class Size:
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8},
-                  cost="78 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
+                  cost="75 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
                        "3 seeds: the size measured to resolve the claims on a CPU"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
                  multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
-                 cost="52 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
+                 cost="50 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
                       "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
     # the GPU sizes: 5 seeds (a paired interval over 5 seeds is (t₄/√5)/(t₂/√3) = 0.50 of one over 3), each variant
     # at its own learning rate from a 3-point grid (1 seed; --no_tune_lr: the size's lr for every variant)
