@@ -287,7 +287,7 @@ def _accuracy_run(variant: str, seed: int, table: dict[float, dict[str, float]])
 
 
 def test_depth_heatmap_is_the_mean_over_seeds_per_depth_and_length(tmp_path):
-    from accrot.study.report import depth_accuracy
+    from accrot.study.figures import depth_accuracy
 
     runs = [_accuracy_run("NoPE", 0, {1: {"0": 1.0, "0.5": 0.5}, 2: {"0": 0.0, "0.5": 0.25}}),
             _accuracy_run("NoPE", 1, {1: {"0": 0.5, "0.5": 0.5}, 2: {"0": 1.0, "0.5": 0.75}}),

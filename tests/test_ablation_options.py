@@ -18,7 +18,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from accrot.errors import UsageError
-from accrot.study.ablation import _check_resumable, _datasets, build_spec, describe_scope
+from accrot.study.ablation import build_spec, describe_scope
+from accrot.study.options import check_resumable, datasets_of
 from accrot.study.report import write_report
 from accrot.study.results import Results, Run, collect, theory_dataset
 from accrot.study.tuning import (
@@ -140,12 +141,12 @@ def test_a_tuned_ablation_refuses_other_options_before_its_grid_runs(tmp_path):
     doc = build_spec("r", SIZES["tiny"], 2, ["NoPE"], ["corpus"])
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(with_lrs(doc, {"corpus.NoPE": 0.009})))
-    _check_resumable(path, doc)  # the same options: its rates are the grid's, it resumes
+    check_resumable(path, doc)  # the same options: its rates are the grid's, it resumes
     with pytest.raises(UsageError, match=r"other options \(seeds differ\)"):
-        _check_resumable(path, build_spec("r", SIZES["tiny"], 3, ["NoPE"], ["corpus"]))
+        check_resumable(path, build_spec("r", SIZES["tiny"], 3, ["NoPE"], ["corpus"]))
     path.write_text(yaml.safe_dump(doc))  # an ablation made without --tune_lr
     with pytest.raises(UsageError, match=r"other options \(--tune_lr differs\)"):
-        _check_resumable(path, doc)
+        check_resumable(path, doc)
 
 
 @pytest.mark.slow
@@ -193,7 +194,7 @@ def test_a_tuned_ablation_trains_each_variant_at_its_best_grid_rate_and_resumes(
 ], ids=["default", "prose", "joins", "hf-corpus", "hf-entry"])
 def test_the_corpus_option_names_the_data_set_the_claims_read(corpus, given, datasets, source):
     args = SimpleNamespace(corpus=corpus, datasets=given)
-    assert _datasets(args) == datasets and args.hf_source == source
+    assert datasets_of(args) == datasets and args.hf_source == source
     assert args.corpus_data == {"stdlib": "corpus", "prose": "prose"}.get(corpus, "hf")
 
 
