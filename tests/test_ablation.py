@@ -221,6 +221,8 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     diag = next(s for s in strata if s.variant == "corpus.accum-random").overrides["trainer.callbacks"][-1]
     assert diag["class_path"].endswith("DiagnosticsCallback")
     assert diag["init_args"]["draws"] == SIZES[size].fresh_draws >= 8  # the coherence instrument's fresh draws
+    # every diagnosed length on at least 16 blocks: the replicates of each head's window and its jackknife interval
+    assert diag["init_args"]["blocks"] == SIZES[size].diagnostic_blocks >= 16
     assert max(diag["init_args"]["multipliers"]) == max(SIZES[size].multipliers)
 
 

@@ -99,7 +99,8 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
         common.update(budget)
     common.update(settings)  # last: what the user sets wins over the size and the budget
     diagnostics = {"class_path": "callbacks.diagnostics.DiagnosticsCallback",
-                   "init_args": {"multipliers": diag, "blocks": 2, "draws": size.fresh_draws}}
+                   "init_args": {"multipliers": diag, "blocks": size.diagnostic_blocks,
+                                 "draws": size.fresh_draws}}
     strata: dict[str, dict[str, Any]] = {}
     for data in datasets:
         seq_len = max(size.seq_len, MIN_SEQ_LEN.get(data, 0))

@@ -185,6 +185,9 @@ class Size:
     multipliers: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64)
     diagnostics: tuple[float, ...] = (1, 8, 64)
     fresh_draws: int = 32  # increment draws per block for the coherence of random increments (FRESH_DRAWS)
+    # blocks per diagnosed length, spread over the validation split: the replicates of each head's window and its
+    # jackknife interval (2 blocks would leave 1 degree of freedom)
+    diagnostic_blocks: int = 16
     cost: str = ""
     tune_lr: bool = False  # a learning-rate grid per variant before the seeds (`accrot ablation --tune_lr`)
 
