@@ -19,8 +19,9 @@ from accrot.ops.path.common import LN2, LOG2E
 
 
 def _walk_kernels():
-    """The compiled key-walk loop (``path_walk_forward``/``_backward``) or None: the eager loop. Two names for one
-    switch, so a test can run the compiled and eager walk loops over the same chunk core."""
+    """The compiled key-walk loop (``path_walk_forward``/``_backward``) or None: the eager loop
+    (:func:`eager_path_walk_forward`, :func:`eager_path_walk_backward`). Two names for one switch, so a test can run
+    the compiled and eager walk loops over the same chunk core."""
     return cpu_kernels.ops()
 
 
@@ -114,36 +115,44 @@ def _walk_chunks(q_start, k_end, Pt, vb, G, R, keep: int = 0):
     carried to its start (:class:`_KeyWalk`; the loop in C++ when the CPU kernels are built). Returns the output
     ``[N−1, BH, c, Dv]`` and the log-sum-exp ``[N−1, BH, c]`` (natural units, without the bias's row part a_t),
     the K_n buffers at n = 1 + keep, 1 + 2·keep, … when ``keep`` > 0 (``{n: [BH, n·c, width]}``) and the walk."""
-    N, D, Dv = q_start.shape[0], q_start.shape[-1], vb.shape[-1]
+    N, Dv = q_start.shape[0], vb.shape[-1]
     walk = _KeyWalk(q_start, k_end, Pt, vb, G, R)
-    kept: dict[int, torch.Tensor] = {}
     kernels = _walk_kernels()
     if kernels is not None:  # the same loop in C++ (csrc/path_cpu.cpp)
         o, l, buffers = kernels.path_walk_forward(walk.queries, walk.values, k_end, Pt, G, R, keep, Dv)
         kept = dict(zip(range(1 + keep, N, keep), buffers)) if keep else {}
     else:
-        # with a bias (and Dv ≤ D) the flash calls run at head size D with the bias's key part as a broadcast
-        # mask (added after the scale, so times ln 2): cheaper than the extra coordinate, which the kept buffers
-        # still carry for the backward
-        masked = walk.bias and Dv <= D
-        width = D if masked else walk.width
-        outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
-        for n in range(1, N):
-            keep_n = keep and n > 1 and (n - 1) % keep == 0
-            keys = walk.advance(fresh=keep_n)  # [BH, n·c, walk.width]
-            if keep_n:
-                kept[n] = keys
-            rows = keys.shape[1]
-            mask = None
-            if masked:
-                mask = ((walk.R[n][:, None] - walk.G[:, :rows]) * LN2).to(keys.dtype)[None, :, None, :]
-            o, l = _CPU_FWD(walk.queries[n][None, ..., :width], keys[None, ..., :width],
-                            walk.values[None, :, :rows, :width], 0.0, False, attn_mask=mask,
-                            scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
-            outs.append(o[0])
-            lses.append(l[0])
-        o, l = torch.stack(outs), torch.stack(lses)  # [N−1, BH, c, width], [N−1, BH, c]
+        o, l, kept = eager_path_walk_forward(walk, keep)
     return o[..., :Dv], l, kept, walk
+
+
+def eager_path_walk_forward(walk: _KeyWalk, keep: int = 0):
+    """The eager twin of ``path_walk_forward`` (``csrc/path_cpu.cpp``): for each query chunk n ≥ 1, the walk advanced
+    to K_n, then one fused flash call over those keys. Returns the output ``[N−1, BH, c, width]``, the log-sum-exp
+    ``[N−1, BH, c]`` and the kept K_n buffers, as :func:`_walk_chunks` describes (N ≥ 2)."""
+    N, D, Dv = walk.N, walk.D, walk.Dv
+    kept: dict[int, torch.Tensor] = {}
+    # with a bias (and Dv ≤ D) the flash calls run at head size D with the bias's key part as a broadcast
+    # mask (added after the scale, so times ln 2): cheaper than the extra coordinate, which the kept buffers
+    # still carry for the backward
+    masked = walk.bias and Dv <= D
+    width = D if masked else walk.width
+    outs, lses = [], []  # per query chunk n ≥ 1: the walk's output [BH, c, width] and log-sum-exp [BH, c]
+    for n in range(1, N):
+        keep_n = keep and n > 1 and (n - 1) % keep == 0
+        keys = walk.advance(fresh=keep_n)  # [BH, n·c, walk.width]
+        if keep_n:
+            kept[n] = keys
+        rows = keys.shape[1]
+        mask = None
+        if masked:
+            mask = ((walk.R[n][:, None] - walk.G[:, :rows]) * LN2).to(keys.dtype)[None, :, None, :]
+        o, l = _CPU_FWD(walk.queries[n][None, ..., :width], keys[None, ..., :width],
+                        walk.values[None, :, :rows, :width], 0.0, False, attn_mask=mask,
+                        scale=LN2)  # [1, BH, c, width], [1, BH, c]: log2-unit logits · ln 2
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.stack(outs), torch.stack(lses), kept  # [N−1, BH, c, width], [N−1, BH, c], {n: K_n}
 
 
 def _merge(out, lse, o, l, a) -> None:
@@ -224,7 +233,7 @@ class _PathWalk(torch.autograd.Function):
                     list(kept), ctx.seg, Dv)
                 dcol = dcol if walk.bias else None
             else:
-                dq, dk, dPt, dvals, dcol = _walk_backward_loop(walk, kept, ctx.seg, g_w, o_w, lse_walk)
+                dq, dk, dPt, dvals, dcol = eager_path_walk_backward(walk, kept, ctx.seg, g_w, o_w, lse_walk)
             dvb += dvals.view(BH, N, c, Dv).transpose(0, 1)
             if dcol is not None:
                 # b_ts = G_t − G_s off the diagonal blocks: −Σ_t dℓ_ts to G_s, and to G_t its row's off-diagonal
@@ -242,7 +251,7 @@ def _tokens_major(x: torch.Tensor, width: int) -> torch.Tensor:
     return widened(x.transpose(1, 2), width).transpose(1, 2)
 
 
-def _walk_backward_loop(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk):
+def eager_path_walk_backward(walk: _KeyWalk, kept: dict[int, torch.Tensor], seg: int, g_w, o_w, lse_walk):
     """The eager twin of ``path_walk_backward`` (``csrc/path_cpu.cpp``): from the last query chunk to the first,
     ATen's fused flash backward per chunk, then the key gradients carried back through K_{n+1} = [K_n P_nᵀ ; k̂_n]
     (which also gives each chunk transport's gradient). Segments between the forward's ``kept`` buffers are
