@@ -92,10 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         return answered
     try:
         importlib.import_module("accrot.run.launch").check_environment()
-        # before torch's first parallel region, so its intra-op threads inherit the mode (cpu_kernels.set_denormals)
-        kernels = importlib.import_module("accrot.ops.cpu_kernels")
-        kernels.set_denormals()
-        kernels.set_allocator()  # before the first tensor: glibc applies it to later allocations
+        # before torch's first parallel region and first tensor: the intra-op threads inherit the subnormal mode,
+        # and glibc applies the allocator's thresholds to later allocations only
+        importlib.import_module("accrot.runtime").configure_process()
         if argv and argv[0] in COMMANDS:
             module, _, func = COMMANDS[argv[0]].partition(":")
             return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -23,7 +23,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
-from accrot import phases
+from accrot import phases, runtime
 from accrot.io import atomic_write_text, git_revision
 from accrot.logs import release_startup_logs
 from accrot.ops import cpu_kernels
@@ -76,8 +76,8 @@ class RunRecord(L.Callback):
             "versions": versions(),
             # the compiled CPU rotation kernels and the eager formulas agree to rounding, not bit for bit
             "rotation_kernels": cpu_kernels.describe(trainer.strategy.root_device),
-            "denormals": cpu_kernels.denormals(),  # flushed to zero (the accrot command's default) or IEEE
-            "allocator": cpu_kernels.allocator(),  # glibc malloc tuned (the accrot command's default) or default
+            "denormals": runtime.denormals(),  # flushed to zero (the accrot command's default) or IEEE
+            "allocator": runtime.allocator(),  # glibc malloc tuned (the accrot command's default) or default
             "seed": _seed(),
             "hparams": dict(pl_module.hparams),
             "data": dm.describe() if dm is not None and hasattr(dm, "describe") else {},

@@ -204,12 +204,13 @@ def cpu_model() -> str:
 def machine(device: torch.device | str = "cpu") -> dict[str, Any]:
     """What a benchmark measured on: CPU model, cores, torch threads, torch and Python, the rotation-kernel path
     and, on CUDA, the GPU (every report carries it; ratios from two machines are not comparable)."""
+    from accrot import runtime
     from accrot.ops import cpu_kernels
 
     dev = torch.device(device)
     out = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
            "python": platform.python_version(), "kernels": cpu_kernels.describe(dev), "device": str(dev),
-           "denormals": cpu_kernels.denormals(), "allocator": cpu_kernels.allocator()}
+           "denormals": runtime.denormals(), "allocator": runtime.allocator()}
     if dev.type == "cuda" and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(dev)
         out["cuda"] = torch.version.cuda

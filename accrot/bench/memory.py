@@ -114,7 +114,7 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
     fresh ``mmap``, which costs allocation-heavy kernels up to ~40% time, hence a child of its own), one untimed
     forward on a short prefix, then the resident-memory growth (KiB) of one forward.
     """
-    from accrot.ops import cpu_kernels
+    from accrot import runtime
 
     run = _forward(Cell(**cell), shape, seed, T, target, torch.device("cpu"))
     with torch.no_grad():
@@ -125,8 +125,8 @@ def eval_probe(cell: dict[str, Any], shape: dict[str, int], seed: int, T: int, m
                 t0 = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - t0)
-            return {"seconds": statistics.median(times), "forwards": len(times), "denormals": cpu_kernels.denormals(),
-                    "allocator": cpu_kernels.allocator()}
+            return {"seconds": statistics.median(times), "forwards": len(times), "denormals": runtime.denormals(),
+                    "allocator": runtime.allocator()}
         _pin_allocator()
         run(min(T, 128))
         gc.collect()
@@ -148,10 +148,9 @@ def zygote_loop() -> None:
     """The helper interpreter: one JSON request per stdin line → fork a child that runs :func:`eval_probe` →
     one JSON result per stdout line. It never runs a tensor op itself, so each child starts OpenMP afresh (and its
     threads inherit the subnormal mode the benchmark process runs under, set here first, as is its allocator)."""
-    from accrot.ops import cpu_kernels
+    from accrot import runtime
 
-    cpu_kernels.set_denormals()
-    cpu_kernels.set_allocator()  # the time probes allocate as the benchmark process does (memory probes re-pin)
+    runtime.configure_process()  # the time probes allocate as the benchmark process does (memory probes re-pin)
     out = sys.stdout
     sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
     for line in sys.stdin:

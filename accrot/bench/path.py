@@ -152,9 +152,11 @@ def memory_child(T: int, B: int, H: int, D: int, chunk: int, kernel: str, seed: 
     import gc
     import resource
 
-    from accrot.ops import cpu_kernels
+    from accrot import runtime
 
-    cpu_kernels.set_denormals()  # as the benchmark process runs, before the first parallel op
+    # as the benchmark process runs, before the first parallel op; the subnormal mode alone: this child's peak
+    # memory is read under glibc's own allocator
+    runtime.set_denormals()
     ins = _inputs(B, H, T, D, seed)
     with torch.no_grad():
         path_attention(*_inputs(B, H, min(T, 4 * chunk), D, seed), chunk_size=chunk, kernel=kernel)  # warm-up

@@ -137,7 +137,7 @@ class _KeyBiasAttention(torch.autograd.Function):
         if kernels is not None:  # the same loop in C++ (csrc/attention_cpu.cpp)
             out, lse = kernels.key_bias_forward(q, k, v, c, blk, D**-0.5)
         else:
-            out, lse = _key_bias_forward_loop(q, k, v, c, blk)
+            out, lse = eager_key_bias_forward(q, k, v, c, blk)
         ctx.save_for_backward(q, k, v, c, out, lse)
         ctx.blk = blk
         return out
@@ -151,7 +151,7 @@ class _KeyBiasAttention(torch.autograd.Function):
         if kernels is not None:  # the same loop in C++ (csrc/attention_cpu.cpp)
             dqa, dka, dva = kernels.key_bias_backward(ga, qa, ka, va, oa, lse, c, ctx.blk, D**-0.5)
         else:
-            dqa, dka, dva = _key_bias_backward_loop(ga, qa, ka, va, oa, lse, c, ctx.blk)
+            dqa, dka, dva = eager_key_bias_backward(ga, qa, ka, va, oa, lse, c, ctx.blk)
         # bias slot c_t0 − c_s: dka[..., D] holds Σ_t dℓ_ts over every block, so −that to each c_s. The share of
         # c_t0 (+Σ_s dℓ_ts per row) is exactly 0, since c_t0 shifts every logit of a row alike; leaving it out
         # keeps float32 cancellation noise out of it
@@ -161,7 +161,7 @@ class _KeyBiasAttention(torch.autograd.Function):
         return dqa[..., :D], dka[..., :D], dva[..., :D], dc, None
 
 
-def _key_bias_forward_loop(q, k, v, c, blk):
+def eager_key_bias_forward(q, k, v, c, blk):
     """The eager twin of ``key_bias_forward`` (``csrc/attention_cpu.cpp``): per query block its diagonal tile
     (causal) and the keys before it, each one fused flash call with the key part of the bias as a mask, merged by
     log-sum-exp. Returns the output ``[B, H, T, D]`` and the natural-unit log-sum-exp ``[B, H, T]``."""
@@ -185,7 +185,7 @@ def _key_bias_forward_loop(q, k, v, c, blk):
     return out, lse
 
 
-def _key_bias_backward_loop(ga, qa, ka, va, oa, lse, c, blk):
+def eager_key_bias_backward(ga, qa, ka, va, oa, lse, c, blk):
     """The eager twin of ``key_bias_backward`` (``csrc/attention_cpu.cpp``): the fused backward of each part of
     every query block on the operands augmented to D + 1 (:func:`_augmented`; ``ka``'s last coordinate is filled
     per block). Returns dq', dk', dv' ``[B, H, T, D + 1]``."""

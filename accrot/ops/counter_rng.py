@@ -15,7 +15,7 @@ Floats: :func:`standard_normal` is Box–Muller from the two 32-bit halves of on
 ∈ (0, 1], u₂ = lo/2³²; |z| ≤ 6.66), :func:`standard_uniform` the top 53 bits as u ∈ (0, 1) mapped to [−√3, √3];
 both in float64, rounded once to float32. The integer bits are identical on every device; the float64 log, cos
 and sqrt may differ in their last bit between CPU and CUDA libraries, which survives the float32 rounding for
-about one element in 10⁸ (then by one float32 ulp). :func:`splitmix64_reference` is the test twin (Python ints).
+about one element in 10⁸ (then by one float32 ulp). :func:`naive_splitmix64` is the test twin (Python ints).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def splitmix64(key: int, counter: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
-def splitmix64_reference(key: int, counter: int) -> int:
+def naive_splitmix64(key: int, counter: int) -> int:
     """Test twin of :func:`splitmix64` for one counter, in Python's unbounded ints: the unsigned 64-bit output."""
     z = (key + (counter + 1) * GOLDEN) & _MASK64
     z = ((z ^ (z >> 30)) * MIX1) & _MASK64
@@ -75,14 +75,14 @@ def standard_uniform(key: int, counter: torch.Tensor) -> torch.Tensor:
     return ((2.0 * u - 1.0) * math.sqrt(3.0)).to(torch.float32)
 
 
-def reference_normal(key: int, counter: int) -> float:
+def naive_standard_normal(key: int, counter: int) -> float:
     """Test twin of :func:`standard_normal` for one counter (float64 before the float32 rounding)."""
-    z = splitmix64_reference(key, counter)
+    z = naive_splitmix64(key, counter)
     u1, u2 = ((z >> 32) + 1) * 2.0**-32, (z & 0xFFFFFFFF) * 2.0**-32
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
 
 
-def reference_uniform(key: int, counter: int) -> float:
+def naive_standard_uniform(key: int, counter: int) -> float:
     """Test twin of :func:`standard_uniform` for one counter (float64 before the float32 rounding)."""
-    u = ((splitmix64_reference(key, counter) >> 11) + 0.5) * 2.0**-53
+    u = ((naive_splitmix64(key, counter) >> 11) + 0.5) * 2.0**-53
     return (2.0 * u - 1.0) * math.sqrt(3.0)

@@ -24,7 +24,6 @@ Compiled for the baseline ISA (no ``-march=native``): one build may serve every 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import os
 import sys
@@ -54,75 +53,6 @@ def _switch(name: str, choices: tuple[str, ...]) -> str:
 def mode() -> str:
     """``ACCROT_CPU_KERNELS``: ``auto`` (default), ``on`` or ``off`` (module docstring)."""
     return _switch("ACCROT_CPU_KERNELS", ("auto", "on", "off"))
-
-
-def denormal_mode() -> str:
-    """``ACCROT_DENORMALS``: ``flush`` (default) or ``keep`` (IEEE subnormals, e.g. to compare)."""
-    return _switch("ACCROT_DENORMALS", ("flush", "keep"))
-
-
-def set_denormals() -> str:
-    """Apply :func:`denormal_mode` to this thread and return what holds: ``"flushed"`` or ``"IEEE"``.
-
-    Why: a far-mass bias (ALiBi, FoX, PaTH-FoX) drives the softmax weights of far keys into float32's subnormal
-    range (below 1.2e-38), and PaTH's transports shrink far keys geometrically (β < 2 contracts); x86 runs each
-    operation on a subnormal some hundred times slower. Measured on a Xeon: PaTH-FoX's op (B 4 × H 4 × T 1024 ×
-    D 32, forward + backward) 145 ms with subnormals, 84 ms flushed; PaTH's evaluation forward at 16384 tokens
-    4169 ms against 571. Flushing them to zero (FTZ/DAZ, the default of TensorFlow's and XLA's CPU runtimes)
-    changes no value above 1.2e-38.
-
-    The mode is per thread and new threads copy their creator's: called before torch's first parallel region
-    (the ``accrot`` command does so first thing), the intra-op pool inherits it. Called later, it reaches only the
-    calling thread.
-    """
-    flushed = denormal_mode() == "flush" and torch.set_flush_denormal(True)
-    if not flushed:
-        torch.set_flush_denormal(False)
-    _state["denormals"] = "flushed" if flushed else "IEEE"
-    return str(_state["denormals"])
-
-
-def denormals() -> str:
-    """What :func:`set_denormals` applied in this process (recorded in run.json and the benchmark's report), or
-    ``"IEEE"`` (torch's default) when it was not called."""
-    return str(_state.get("denormals", "IEEE"))
-
-
-MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: blocks below it come from the heap
-TRIM_THRESHOLD = 2**30  # free heap kept before returning any of it to the OS
-
-
-def allocator_mode() -> str:
-    """``ACCROT_MALLOC``: ``tuned`` (default) or ``default`` (glibc's own dynamic thresholds)."""
-    return _switch("ACCROT_MALLOC", ("tuned", "default"))
-
-
-def set_allocator() -> str:
-    """Apply :func:`allocator_mode` to glibc's malloc and return what holds (``"tuned"`` or ``"default"``).
-
-    Why: by default glibc serves a block of ≥ 128 KiB (a threshold it raises after frees, up to 32 MiB) by a fresh
-    ``mmap`` and gives it back on ``free``, and trims the heap top; every training step then touches fresh pages
-    for its activations, and the page faults cost more the more temporaries a kernel allocates. Fixing the mmap
-    threshold at 32 MiB and trimming only above 1 GiB of free heap keeps a step's memory mapped for the next one.
-    Measured in ``accrot bench schemes`` (small, side by side in two runs): NoPE's step 199.5 -> 193.8 ms, PaTH's
-    301.7 -> 285.2, PaTH-FoX's 338.9 -> 300.7. The cost: freed memory stays resident (up to the process's peak).
-    Blocks of ≥ 32 MiB (long evaluations) are still mapped and unmapped one by one.
-    """
-    tuned = False
-    if allocator_mode() == "tuned":
-        try:
-            libc = ctypes.CDLL("libc.so.6")
-            # M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1; each returns 1 on success
-            tuned = libc.mallopt(-3, MMAP_THRESHOLD) == 1 and libc.mallopt(-1, TRIM_THRESHOLD) == 1
-        except (OSError, AttributeError):  # not glibc: its allocator is left as it is
-            tuned = False
-    _state["allocator"] = "tuned" if tuned else "default"
-    return str(_state["allocator"])
-
-
-def allocator() -> str:
-    """What :func:`set_allocator` applied in this process (run.json, the benchmark's report), else ``"default"``."""
-    return str(_state.get("allocator", "default"))
 
 
 def build_directory() -> Path:

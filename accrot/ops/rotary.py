@@ -55,7 +55,7 @@ def rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inver
 
     One fused autograd node (:class:`_Rotate`): four multiply-adds into the two output halves forward, the
     inverse rotation of the gradient backward, and the angle gradient only when ``cos``/``sin`` need one
-    (learned increments). Autograd through the elementwise formula (:func:`rotate_pairs_reference`, the test
+    (learned increments). Autograd through the elementwise formula (:func:`naive_rotate_pairs_cs`, the test
     twin) records seven nodes and a concatenation per call, which cost the rotation schemes ~5% of a tiny
     training step. On the CPU each direction is one pass of a compiled kernel (:mod:`accrot.ops.cpu_kernels`)
     instead of four to six eager ones; on CUDA, one ``torch.compile``-fused kernel (:mod:`accrot.ops.gpu_kernels`).
@@ -79,7 +79,7 @@ def rotate_pairs_many(xs: tuple[torch.Tensor, ...] | list[torch.Tensor], cos: to
     return tuple(y.to(x.dtype) for x, y in zip(xs, outs))
 
 
-def rotate_pairs_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def naive_rotate_pairs_cs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Test twin of :func:`rotate_pairs_cs`: the elementwise formula, differentiated by autograd."""
     work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
     a, b = x.to(work).chunk(2, dim=-1)  # [B, H, T, D/2] each
@@ -232,7 +232,7 @@ def accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -
 
     One autograd node (:class:`_AccumulateWrap`): the float64 sum and the wrap run in place (on the CPU, one
     kernel pass), and the backward pass is a reverse cumulative sum of the gradient.
-    :func:`accumulate_angles_reference` (the same formula through autograd, five nodes and their float64
+    :func:`naive_accumulate_angles` (the same formula through autograd, five nodes and their float64
     copies) is its test twin.
     """
     return _AccumulateWrap.apply(delta, offset)
@@ -249,7 +249,7 @@ def accumulate_drawn(z: torch.Tensor, mean: torch.Tensor, sigma: torch.Tensor) -
     return accumulate_angles((mean + sigma * z).to(torch.float32))
 
 
-def accumulate_angles_reference(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+def naive_accumulate_angles(delta: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
     """Test twin of :func:`accumulate_angles`, differentiated by autograd."""
     theta = delta.to(torch.float64).cumsum(dim=-2)  # [..., T, P]
     if offset is not None:
@@ -311,20 +311,21 @@ def accumulate_bounded(u: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor 
     On the CPU (:class:`_AccumulateBounded`) torch's vectorised tanh is the one extra pass forward: the scale, the
     shifts, the float64 running sum and the wrap are one kernel pass, and the backward pass is one more (the
     suffix sums times scale·(1 − tanh²)), in u's layout. Eager, it is the autograd formula of
-    :func:`accumulate_bounded_reference`, its test twin.
+    :func:`naive_accumulate_bounded`, its test twin.
     """
     return _AccumulateBounded.apply(u, scale, mean, extra)
 
 
-def accumulate_bounded_reference(u: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None = None,
-                                 extra: torch.Tensor | None = None) -> torch.Tensor:
-    """Test twin of :func:`accumulate_bounded`: δ rounded to float32 step by step, then the reference sum."""
+def naive_accumulate_bounded(u: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor | None = None,
+                             extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Test twin of :func:`accumulate_bounded`: δ rounded to float32 step by step, then
+    :func:`naive_accumulate_angles`."""
     delta = torch.tanh(u) * scale
     if mean is not None:
         delta = delta + mean
     if extra is not None:
         delta = delta + extra.detach()
-    return accumulate_angles_reference(delta)
+    return naive_accumulate_angles(delta)
 
 
 class _AccumulateBounded(torch.autograd.Function):

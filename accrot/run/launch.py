@@ -7,6 +7,7 @@ import os
 import re
 from typing import Any
 
+from accrot import runtime
 from accrot.errors import UsageError
 from accrot.ops import cpu_kernels
 
@@ -49,7 +50,7 @@ def check_environment() -> None:
     work, like a bad option."""
     try:
         cpu_kernels.mode()
-        cpu_kernels.denormal_mode()
-        cpu_kernels.allocator_mode()
+        runtime.denormal_mode()
+        runtime.allocator_mode()
     except ValueError as err:
         raise UsageError(str(err)) from None

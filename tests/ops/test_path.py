@@ -1,4 +1,4 @@
-"""PaTH attention (accrot/ops/path.py): the chunked UT/WY kernel against its naive twins on outputs and on every
+"""PaTH attention (accrot/ops/path/): the chunked UT/WY kernel against its naive twins on outputs and on every
 gradient (q, k, v, w, β, log_decay), plus properties that follow from the math."""
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ import torch.nn.functional as F
 
 from accrot.errors import ConfigError
 from accrot.ops.path import (
-    _chunk_core,
-    _ChunkCore,
-    _path_chunked,
     fla_problem,
     householder_product,
     naive_path_attention_products,
     naive_path_attention_recurrence,
     path_attention,
 )
+from accrot.ops.path.block_walk import _path_chunked
+from accrot.ops.path.chunk import _chunk_core, _ChunkCore
 from tests.kernels import kernels_or_skip
 from tests.tolerance import assert_close, within
 
@@ -228,12 +227,12 @@ def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dt
     """Long evaluations walk on several levels: chunks inside groups of 3 chunks from T = 6c, and those inside
     groups of 9 chunks from T = 18c (ragged: the tail is padded to whole groups). The same outputs as the
     recurrence twin, in (3 − 1) + (9/3 − 1) + (groups − 1) flash calls, one per walk step of each level."""
-    import accrot.ops.path as path_module
+    from accrot.ops.path import dispatch
 
     def levels(T: int, c: int) -> tuple[int, ...]:
         return tuple(g for g in (3, 9) if T >= 2 * g * c)
 
-    monkeypatch.setattr(path_module, "_eval_levels", levels)
+    monkeypatch.setattr(dispatch, "_eval_levels", levels)  # where path_attention looks it up
     inputs = {k: v.to(dtype) for k, v in make_inputs(B, H, T, D, dtype, beta=beta, fox=fox).items()}
     ref = naive_path_attention_recurrence(**inputs)
     with torch.no_grad(), torch.autograd.profiler.profile() as prof:
@@ -252,7 +251,7 @@ def test_grouped_evaluation_walk_matches_recurrence(B, T, H, D, c, beta, fox, dt
 def test_evaluation_levels_by_length():
     """One level below 4096 tokens (groups do not pay there), groups of 256 tokens from 4096 and of 1024 from 8192
     (measured, PATH.md §6); a chunk too long for two per group keeps one level."""
-    from accrot.ops.path import _eval_levels
+    from accrot.ops.path.eval_walk import _eval_levels
 
     assert _eval_levels(512, 32) == () and _eval_levels(4095, 32) == ()
     assert _eval_levels(4096, 32) == (8,) and _eval_levels(8191, 32) == (8,)
@@ -266,9 +265,9 @@ def test_evaluation_levels_by_length():
 def test_evaluation_walk_with_another_value_width(Dv, fox, levels, kernels_mode, monkeypatch):
     """Values narrower or wider than the keys (the fused op wants one head size: the walk pads the narrower side),
     on one level, two (groups of 2 chunks) and three (those in groups of 4)."""
-    import accrot.ops.path as path_module
+    from accrot.ops.path import dispatch
 
-    monkeypatch.setattr(path_module, "_eval_levels", lambda T, c: levels)
+    monkeypatch.setattr(dispatch, "_eval_levels", lambda T, c: levels)
     inputs = make_inputs(2, 2, 70, 8, beta="mixed", fox=fox, seed=3)
     inputs["v"] = torch.randn(2, 2, 70, Dv, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     with torch.no_grad():
@@ -292,11 +291,11 @@ def test_compiled_walk_loop_is_the_eager_loop(grad, fox, monkeypatch):
     """The C++ chunk loop makes the eager loop's ATen calls in the same order, so over the same chunk core the two
     agree to the bit: 33 chunks (so the backward rebuilds segments between checkpoints), values narrower than the
     keys, float32."""
-    import accrot.ops.path as path_module
+    from accrot.ops.path import chunk
 
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on")
     core = kernels_or_skip()
-    monkeypatch.setattr(path_module, "_core_kernels", lambda: core)  # the compiled core both times
+    monkeypatch.setattr(chunk, "_core_kernels", lambda: core)  # the compiled core both times
     inputs = {k: v.float() for k, v in make_inputs(2, 2, 257, 8, beta="uniform", fox=fox, seed=11).items()}
     inputs["v"] = torch.randn(2, 2, 257, 5, generator=torch.Generator().manual_seed(12))
     results = []
@@ -498,9 +497,9 @@ def test_fla_kernel_on_cpu_is_a_clear_error():
 
 def test_fla_head_dims_it_cannot_run_are_one_line(monkeypatch):
     """fla's PaTH supports head dims 16, 32 and 64; any other is named before fla is called."""
-    import accrot.ops.path as path_ops
+    from accrot.ops.path import fla
 
-    monkeypatch.setattr(path_ops, "fla_problem", lambda device=None: None)  # as if CUDA, Triton and fla were here
+    monkeypatch.setattr(fla, "fla_problem", lambda device=None: None)  # as if CUDA, Triton and fla were here
     with pytest.raises(ConfigError, match=r"supports head dims 16, 32, 64 \(got 8\)"):
         path_attention(**make_inputs(1, 1, 8, 8), kernel="fla")
 

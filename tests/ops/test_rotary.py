@@ -17,14 +17,14 @@ from accrot.ops import cpu_kernels, gpu_kernels
 from accrot.ops.rotary import (
     _kernels,
     accumulate_angles,
-    accumulate_angles_reference,
     accumulate_bounded,
-    accumulate_bounded_reference,
     accumulate_drawn,
     cos_sin,
+    naive_accumulate_angles,
+    naive_accumulate_bounded,
+    naive_rotate_pairs_cs,
     rotate_pairs_cs,
     rotate_pairs_many,
-    rotate_pairs_reference,
 )
 from tests.kernels import kernels_or_skip
 
@@ -57,7 +57,7 @@ def on(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)
 @pytest.mark.parametrize("angle_shape", ["full", "batch-broadcast", "batch-and-head-broadcast"])
 @pytest.mark.parametrize("angles_learned", [True, False], ids=["learned", "fixed"])
-def test_fused_rotation_matches_reference(angle_shape, angles_learned, device):
+def test_fused_rotation_matches_the_naive_twin(angle_shape, angles_learned, device):
     B, H, T, D = 3, 2, 7, 8
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(B, H, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -72,7 +72,7 @@ def test_fused_rotation_matches_reference(angle_shape, angles_learned, device):
         return out, torch.autograd.grad(out, wrt, g)
 
     (fast, fast_grads) = run(rotate_pairs_cs, *on(device, x, theta, g))
-    (ref, ref_grads) = run(rotate_pairs_reference, x, theta, g)
+    (ref, ref_grads) = run(naive_rotate_pairs_cs, x, theta, g)
     assert fast.device.type == device.type
     torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-12)
     for a, b in zip(fast_grads, ref_grads):
@@ -85,7 +85,7 @@ def test_fused_rotation_keeps_the_input_dtype_and_rotates_in_float32():
     theta = torch.linspace(0, 100, 10).view(1, 1, 5, 2)
     out = rotate_pairs_cs(x, *cos_sin(theta, x.dtype))
     assert out.dtype == torch.bfloat16
-    ref = rotate_pairs_reference(x.float(), *cos_sin(theta))
+    ref = naive_rotate_pairs_cs(x.float(), *cos_sin(theta))
     torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)  # bf16 rounding of the output only
 
 
@@ -98,7 +98,7 @@ def test_inverse_rotation_matches_negated_sine(angles_learned):
     wrt = [x, theta] if angles_learned else [x]
     fast = rotate_pairs_cs(x, *cos_sin(theta, x.dtype), inverse=True)
     cos, sin = cos_sin(theta, x.dtype)  # a graph of its own: the first grad() frees the other's
-    ref = rotate_pairs_reference(x, cos, -sin)
+    ref = naive_rotate_pairs_cs(x, cos, -sin)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-12)
     for a, b in zip(torch.autograd.grad(fast, wrt, g), torch.autograd.grad(ref, wrt, g)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
@@ -116,7 +116,7 @@ def test_second_rotation_by_minus_theta_undoes_the_first_with_gradients():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)
 @pytest.mark.parametrize("with_offset", [False, True], ids=["no-offset", "offset"])
-def test_fused_accumulation_matches_reference(with_offset, device):
+def test_fused_accumulation_matches_the_naive_twin(with_offset, device):
     """Angles (float64 sum, wrap) and the gradients to the increments and the carried offset."""
     gen = torch.Generator().manual_seed(3)
     delta = (2 * torch.randn(2, 3, 50, 4, generator=gen)).requires_grad_()  # float32, big enough to wrap often
@@ -125,7 +125,7 @@ def test_fused_accumulation_matches_reference(with_offset, device):
     wrt = [delta] + ([offset] if with_offset else [])
     fast_wrt = on(device, *wrt)
     fast = accumulate_angles(fast_wrt[0], fast_wrt[1] if with_offset else None)
-    ref = accumulate_angles_reference(delta, offset)
+    ref = naive_accumulate_angles(delta, offset)
     assert fast.dtype == torch.float32 and fast.shape == ref.shape and fast.device.type == device.type
     torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-6)
     assert float(fast.detach().min()) >= -math.pi and float(fast.detach().max()) < math.pi
@@ -146,7 +146,7 @@ def test_angle_gradient_from_the_output_matches_the_one_through_cos_and_sin(inve
     xd, thd = on(device, x, theta)
     fast = rotate_pairs_cs(xd, *cos_sin(thd.detach(), x.dtype), inverse=inverse, theta=thd)
     cos, sin = cos_sin(theta, x.dtype)
-    ref = rotate_pairs_reference(x, cos, -sin if inverse else sin)
+    ref = naive_rotate_pairs_cs(x, cos, -sin if inverse else sin)
     torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-12)
     fast_grads = torch.autograd.grad(fast, [xd, thd], g.to(device))
     for a, b in zip(fast_grads, torch.autograd.grad(ref, [x, theta], g)):
@@ -169,7 +169,7 @@ def _layouts(B, H, T, D, gen):
 @pytest.mark.parametrize("layout", ["qkv-view", "bthd", "contiguous"])
 @pytest.mark.parametrize("angle_layout", ["bhtp", "bthp", "batch-broadcast"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-def test_rotation_of_strided_inputs_matches_reference(layout, angle_layout, dtype, device):
+def test_rotation_of_strided_inputs_matches_the_naive_twin(layout, angle_layout, dtype, device):
     """Outputs and gradients (x and the angles, forward and inverse) for every layout the model produces."""
     B, H, T, D = 2, 3, 9, 10
     gen = torch.Generator().manual_seed(5)
@@ -184,7 +184,7 @@ def test_rotation_of_strided_inputs_matches_reference(layout, angle_layout, dtyp
         fast = rotate_pairs_cs(x, *cos_sin(theta.detach(), dtype), inverse=inverse, theta=theta)
         xc, thc = on(torch.device("cpu"), x, theta)  # the twin on the CPU, same values and dtype
         cos, sin = cos_sin(thc, dtype)
-        ref = rotate_pairs_reference(xc, cos, -sin if inverse else sin)
+        ref = naive_rotate_pairs_cs(xc, cos, -sin if inverse else sin)
         torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=tol)
         ref_grads = torch.autograd.grad(ref, [xc, thc], g.cpu())
         for a, b in zip(torch.autograd.grad(fast, [x, theta], g), ref_grads):
@@ -204,22 +204,22 @@ def test_drawn_accumulation_is_the_eager_map_then_sum(family, monkeypatch):
     mean = torch.rand(8, generator=gen, dtype=torch.float64)
     sigma = 2 * torch.rand(8, generator=gen, dtype=torch.float64)  # large enough to wrap often
     for zz in (z, z[1::2], z.transpose(1, 2).contiguous().transpose(1, 2)):
-        eager = accumulate_angles_reference((mean + sigma * zz).to(torch.float32))
+        naive = naive_accumulate_angles((mean + sigma * zz).to(torch.float32))
         fused = accumulate_drawn(zz, mean, sigma)
-        assert fused.dtype == torch.float32 and torch.equal(fused, eager)
+        assert fused.dtype == torch.float32 and torch.equal(fused, naive)
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "off")
-    assert torch.equal(accumulate_drawn(z, mean, sigma), accumulate_angles_reference((mean + sigma * z).float()))
+    assert torch.equal(accumulate_drawn(z, mean, sigma), naive_accumulate_angles((mean + sigma * z).float()))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])], indirect=True)
-def test_accumulation_in_the_learned_increments_layout_matches_reference(device):
+def test_accumulation_in_the_learned_increments_layout_matches_the_naive_twin(device):
     """Learned increments arrive as a [B, T, H, P] permuted view; the sum runs along its strided time axis."""
     gen = torch.Generator().manual_seed(6)
     raw = 4 * torch.randn(2, 300, 3, 4, generator=gen)
     delta = raw.transpose(1, 2).requires_grad_()  # [B, H, T, P] view
     fast_delta = raw.to(device).transpose(1, 2).requires_grad_()  # the same view on the device
     g = torch.randn(2, 3, 300, 4, generator=gen)
-    fast, ref = accumulate_angles(fast_delta, None), accumulate_angles_reference(delta, None)
+    fast, ref = accumulate_angles(fast_delta, None), naive_accumulate_angles(delta, None)
     torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-6)
     (d_fast,), (d_ref,) = torch.autograd.grad(fast, [fast_delta], g.to(device)), torch.autograd.grad(ref, [delta], g)
     torch.testing.assert_close(d_fast.cpu(), d_ref, rtol=1e-6, atol=1e-5)
@@ -246,7 +246,7 @@ def test_rotating_several_tensors_at_once_matches_rotating_each(layout, dtype, i
         qc, kc, thc = on(torch.device("cpu"), q, k_in, theta)
         cos, sin = cos_sin(thc, dtype)
         sin = -sin if inverse else sin
-        rq, rk = rotate_pairs_reference(qc, cos, sin), rotate_pairs_reference(kc, cos, sin)
+        rq, rk = naive_rotate_pairs_cs(qc, cos, sin), naive_rotate_pairs_cs(kc, cos, sin)
         torch.testing.assert_close(yq.cpu(), rq, rtol=0, atol=tol)
         torch.testing.assert_close(yk.cpu(), rk, rtol=0, atol=tol)
         wrt, ref_wrt = [q, theta] + ([k_in] if k_grad else []), [qc, thc] + ([kc] if k_grad else [])
@@ -261,7 +261,7 @@ def test_rotating_several_tensors_at_once_matches_rotating_each(layout, dtype, i
 @pytest.mark.parametrize("with_mean", [False, True], ids=["zero-mean", "mean"])
 @pytest.mark.parametrize("extra", [None, "full", "batch-broadcast"])
 @pytest.mark.parametrize("layout", ["btHP-view", "contiguous"])
-def test_bounded_accumulation_matches_reference(with_mean, extra, layout, device):
+def test_bounded_accumulation_matches_the_naive_twin(with_mean, extra, layout, device):
     """Learned increments' angles in one node, δ = scale·tanh(u) + mean + extra, against the twin: the angles and
     the gradient to u, in the projection's [B, T, H, P] view and contiguous, with and without a mixing floor."""
     B, H, T, P = 2, 3, 60, 4
@@ -278,7 +278,7 @@ def test_bounded_accumulation_matches_reference(with_mean, extra, layout, device
     if layout == "btHP-view":  # the same permuted view on the device
         ud = raw.to(device).transpose(1, 2).requires_grad_()
     fast = accumulate_bounded(ud, *(None if t is None else t.to(device) for t in (scale, mean, floor)))
-    ref = accumulate_bounded_reference(u, scale, mean, floor)
+    ref = naive_accumulate_bounded(u, scale, mean, floor)
     assert fast.dtype == torch.float32 and fast.shape == (B, H, T, P)
     torch.testing.assert_close(fast.cpu(), ref, rtol=0, atol=1e-6)
     assert float(fast.detach().min()) >= -math.pi and float(fast.detach().max()) < math.pi
@@ -287,12 +287,12 @@ def test_bounded_accumulation_matches_reference(with_mean, extra, layout, device
     torch.testing.assert_close(d_fast.cpu(), d_ref, rtol=1e-5, atol=1e-5)
 
 
-def test_bounded_accumulation_in_float64_matches_reference():
+def test_bounded_accumulation_in_float64_matches_the_naive_twin():
     """A float64 pre-activation (a float64 model) takes the eager formula, exactly the twin's."""
     gen = torch.Generator().manual_seed(13)
     u = torch.randn(2, 3, 40, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     scale = torch.full((4,), 0.7, dtype=torch.float64)
-    fast, ref = accumulate_bounded(u, scale), accumulate_bounded_reference(u, scale)
+    fast, ref = accumulate_bounded(u, scale), naive_accumulate_bounded(u, scale)
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-6)
     g = torch.randn(2, 3, 40, 4, generator=gen)
     (a,), (b,) = torch.autograd.grad(fast, [u], g), torch.autograd.grad(ref, [u], g)
@@ -366,7 +366,7 @@ def test_a_failed_compile_falls_back_to_the_eager_formulas_once(monkeypatch, cap
     monkeypatch.setattr(gpu_kernels, "_compiled_variant", broken)
     x, theta = torch.randn(2, 1, 3, 4), torch.randn(1, 1, 3, 2)
     out = gpu_kernels.CompiledOps.rotate(x, theta.cos(), theta.sin(), 1.0)
-    torch.testing.assert_close(out, rotate_pairs_reference(x, theta.cos(), theta.sin()), rtol=0, atol=0)
+    torch.testing.assert_close(out, naive_rotate_pairs_cs(x, theta.cos(), theta.sin()), rtol=0, atol=0)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "torch.compile of the rotation kernels failed" in err[0] and "no working C" in err[0]
     assert gpu_kernels.ops() is None  # later calls go straight to the eager path
@@ -389,12 +389,12 @@ def test_gpu_kernel_formulas_match_the_twins(name):
     ya, yb = y.chunk(2, -1)
     dtheta = sign * (ya * gb - yb * ga)
     expect = {
-        "rotate": (lambda: rotate_pairs_reference(x, cos, sign * sin), (x, cos, sin)),
-        "dx": (lambda: rotate_pairs_reference(g, cos, -sign * sin), (g, cos, sin)),
+        "rotate": (lambda: naive_rotate_pairs_cs(x, cos, sign * sin), (x, cos, sin)),
+        "dx": (lambda: naive_rotate_pairs_cs(g, cos, -sign * sin), (g, cos, sin)),
         "dtheta": (lambda: dtheta, (g, y)),
-        "both": (lambda: (rotate_pairs_reference(g, cos, -sign * sin), dtheta), (g, y, cos, sin)),
-        "accumulate": (lambda: accumulate_angles_reference(delta), (delta,)),
-        "accumulate+offset": (lambda: accumulate_angles_reference(delta, offset), (delta, offset)),
+        "both": (lambda: (naive_rotate_pairs_cs(g, cos, -sign * sin), dtheta), (g, y, cos, sin)),
+        "accumulate": (lambda: naive_accumulate_angles(delta), (delta,)),
+        "accumulate+offset": (lambda: naive_accumulate_angles(delta, offset), (delta, offset)),
         "suffix": (lambda: g.flip(-2).cumsum(-2).flip(-2), (g,)),
     }[name.rstrip("+-")]
     want, args = expect[0](), expect[1]
@@ -422,7 +422,7 @@ def test_compiled_gpu_kernels_match_the_eager_formulas_on_the_cpu(kernel_mode):
         torch.testing.assert_close(dx, edx, rtol=0, atol=1e-6)
         torch.testing.assert_close(dth, edth, rtol=0, atol=1e-6)
         delta = 2 * torch.randn(2, 3, T, 4, generator=gen)
-        torch.testing.assert_close(ops.accumulate_wrap(delta, None), accumulate_angles_reference(delta), rtol=0,
+        torch.testing.assert_close(ops.accumulate_wrap(delta, None), naive_accumulate_angles(delta), rtol=0,
                                    atol=1e-6)
         torch.testing.assert_close(ops.suffix_sum(g[..., :4].contiguous()), gpu_kernels.EAGER["suffix"](g[..., :4]),
                                    rtol=0, atol=1e-6)
@@ -436,9 +436,9 @@ def test_compiled_gpu_kernels_match_the_eager_formulas_on_the_cpu(kernel_mode):
         theta = rotary.accumulate_angles(delta)
         out = rotary.rotate_pairs_cs(x, *cos_sin(theta.detach()), inverse=True, theta=theta)
         grads = torch.autograd.grad(out, [x, delta], torch.ones_like(out))
-    theta_ref = accumulate_angles_reference(delta)
+    theta_ref = naive_accumulate_angles(delta)
     cos, sin = cos_sin(theta_ref)
-    ref = rotate_pairs_reference(x, cos, -sin)
+    ref = naive_rotate_pairs_cs(x, cos, -sin)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
     for a, b in zip(grads, torch.autograd.grad(ref, [x, delta], torch.ones_like(ref))):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,7 @@ import torch
 
 from accrot.ops.attention import naive_attention, naive_decay_bias
 from accrot.ops.path import naive_path_attention_products
-from accrot.ops.rotary import rotate_pairs_reference
+from accrot.ops.rotary import naive_rotate_pairs_cs
 
 
 def naive_scheme_attention(scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor,
@@ -28,13 +28,13 @@ def naive_scheme_attention(scheme, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         if kind == "so2":
             theta = scheme.angles(x, tokens)  # [B, H, T, D/2]
             cos, sin = theta.double().cos(), theta.double().sin()
-            q, k = rotate_pairs_reference(q, cos, sin), rotate_pairs_reference(k, cos, sin)
+            q, k = naive_rotate_pairs_cs(q, cos, sin), naive_rotate_pairs_cs(k, cos, sin)
             values = scheme.cfg.rotate_values
             if values:
-                v = rotate_pairs_reference(v, cos, -sin)  # value of s leaves at −θ_s
+                v = naive_rotate_pairs_cs(v, cos, -sin)  # value of s leaves at −θ_s
         out = naive_attention(q, k, v, naive_decay_bias(log_f), logit_scale=c)
         if values:
-            out = rotate_pairs_reference(out, cos, sin)  # ... and arrives at +θ_t
+            out = naive_rotate_pairs_cs(out, cos, sin)  # ... and arrives at +θ_t
     return out * gate.to(out.dtype)
 
 

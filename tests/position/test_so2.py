@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from accrot.ops.attention import causal_attention
-from accrot.ops.counter_rng import reference_normal, reference_uniform
+from accrot.ops.counter_rng import naive_standard_normal, naive_standard_uniform
 from accrot.ops.rotary import TWO_PI, naive_so2_attention, rotate_pairs
 from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.accum import (
@@ -541,7 +541,7 @@ def test_device_training_draw_is_the_counter_stream(family):
     delta = source.counter_draw(key, B, T, "cpu")  # [B, H, T, P]
     assert delta.shape == (B, H, T, P) and delta.dtype == torch.float32
     mean, sigma = increment_distribution(source.cfg, D)
-    ref_fn = reference_normal if family == "gaussian" else reference_uniform
+    ref_fn = naive_standard_normal if family == "gaussian" else naive_standard_uniform
     for b, h, t, p in [(0, 0, 0, 0), (1, 1, 4, 3), (0, 1, 2, 1), (1, 0, 3, 2)]:
         z = torch.tensor(ref_fn(key, ((b * H + h) * T + t) * P + p), dtype=torch.float64).float()
         expect = (mean[p] + sigma[p] * z.double()).float()

@@ -1,5 +1,5 @@
-// The block loop of the far-mass CPU kernel (accrot/ops/attention.py: _KeyBiasAttention.forward and .backward are
-// the eager twins, the module docstring the derivation).
+// The block loop of the far-mass CPU kernel (accrot/ops/attention.py: eager_key_bias_forward and
+// eager_key_bias_backward are the eager twins, the module docstring the derivation).
 //
 // Why: each query block is two fused flash calls (the keys before it, then its causal diagonal tile), and between
 // them the loop slices, merges by log-sum-exp and accumulates a dozen tensors. At training shapes (8 blocks of

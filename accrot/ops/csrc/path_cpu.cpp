@@ -1,5 +1,6 @@
-// The chunk loop of PaTH's CPU key walk (accrot/ops/path.py: _KeyWalk, _walk_forward, _PathWalk.backward are the
-// eager twins, PATH.md §6-7 the derivation), and below it the chunk core (_ChunkCore's eager twin, PATH.md §7).
+// The chunk loop of PaTH's CPU key walk (accrot/ops/path/key_walk.py: eager_path_walk_forward and
+// eager_path_walk_backward are the eager twins, PATH.md §6-7 the derivation), and below it the chunk core
+// (accrot/ops/path/chunk.py: _ChunkCore's eager branch is its twin, PATH.md §7).
 //
 // Why: each query chunk is one fused flash-attention call, but between two calls the walk carries every earlier
 // key across one chunk and slices, copies and accumulates a dozen small tensors. At training shapes (16 chunks of
@@ -338,7 +339,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
 }
 
 
-// ---- the chunk core (accrot/ops/path.py: _ChunkCore is the eager twin, PATH.md §1-2 and §7 the algebra) ----------
+// ---- the chunk core (accrot/ops/path/chunk.py: _ChunkCore is the eager twin, PATH.md §1-2 and §7 the algebra) ----
 //
 // Why: per chunk the UT transform and the diagonal block are a dozen products of 32 x 32 matrices. As batched
 // ATen calls each product is a pass over every chunk's operands in memory (fresh [N, BH, c, c] tensors, masks,

@@ -1,4 +1,5 @@
-// Fused CPU kernels of the SO(2) rotation path (accrot/ops/rotary.py has the eager twins and the contract).
+// Fused CPU kernels of the SO(2) rotation path (accrot/ops/rotary.py has the eager formulas, the naive twins and the
+// contract).
 //
 // Why: in eager PyTorch one pair rotation is four elementwise passes forward and six backward (with the angle
 // gradient), and accumulating the angles is five more (float64 cast, cumsum along a strided axis, the wrap).

@@ -1,5 +1,6 @@
-"""How the accrot command sets up its process before any tensor: subnormal floats flushed to zero in every intra-op
-thread (cpu_kernels.set_denormals) and glibc's malloc tuned to keep a step's memory mapped (set_allocator).
+"""How the accrot command sets up its process before any tensor (accrot/runtime.py): subnormal floats flushed to zero
+in every intra-op thread (set_denormals) and glibc's malloc tuned to keep a step's memory mapped (set_allocator),
+both by configure_process.
 
 A far-mass bias drives far keys' softmax weights below float32's normal range, and x86 computes on subnormals
 about a hundred times slower; the probe below multiplies subnormals across torch's threads and reads the result.
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 
-from accrot.ops import cpu_kernels
+from accrot import runtime
 
 # a subnormal float32 broadcast to 2^20 elements (no parallel region before set_denormals: the pool is created
 # after it and inherits the mode), then one product split across 2 threads
@@ -21,8 +22,8 @@ PROBE = """
 import torch
 torch.set_num_threads(2)
 x = torch.tensor([1e-39]).expand(1 << 20)
-from accrot.ops import cpu_kernels
-print(cpu_kernels.set_denormals(), cpu_kernels.denormals())
+from accrot import runtime
+print(runtime.set_denormals(), runtime.denormals())
 y = x * 1.5
 print(int((y == 0).sum()), y.numel(), float(y[0]), float(y[-1]))
 """
@@ -53,15 +54,15 @@ def test_keep_leaves_ieee_subnormals():
 def test_a_bad_switch_is_a_value_error(monkeypatch):
     monkeypatch.setenv("ACCROT_DENORMALS", "sometimes")
     with pytest.raises(ValueError, match="ACCROT_DENORMALS='sometimes' is not valid; choose one of flush, keep"):
-        cpu_kernels.denormal_mode()
+        runtime.denormal_mode()
 
 
 # 64 MiB in blocks of 8 MiB (below the tuned mmap threshold, above glibc's default 128 KiB): allocated, freed, and
 # the resident set read before and after the free
 ALLOCATOR_PROBE = """
 import torch
-from accrot.ops import cpu_kernels
-print(cpu_kernels.set_allocator(), cpu_kernels.allocator())
+from accrot import runtime
+print(runtime.set_allocator(), runtime.allocator())
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -100,4 +101,21 @@ def test_default_allocator_returns_freed_blocks():
 def test_a_bad_allocator_switch_is_a_value_error(monkeypatch):
     monkeypatch.setenv("ACCROT_MALLOC", "fast")
     with pytest.raises(ValueError, match="ACCROT_MALLOC='fast' is not valid; choose one of tuned, default"):
-        cpu_kernels.allocator_mode()
+        runtime.allocator_mode()
+
+
+CONFIGURE_PROBE = """
+from accrot import runtime
+first = runtime.configure_process()
+print(first == runtime.configure_process() == {"denormals": runtime.denormals(), "allocator": runtime.allocator()})
+print(first["denormals"], first["allocator"])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux's")
+def test_configure_process_makes_both_settings_and_is_idempotent():
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCROT_DENORMALS", "ACCROT_MALLOC")}
+    done = subprocess.run([sys.executable, "-c", CONFIGURE_PROBE], capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "flushed", "tuned"]

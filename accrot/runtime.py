@@ -1,0 +1,105 @@
+"""The process-wide settings the accrot commands make before any tensor work: float32 subnormals flushed to zero in
+every intra-op thread (:func:`set_denormals`) and glibc's malloc kept from handing a step's memory back to the OS
+(:func:`set_allocator`). :func:`configure_process` makes both; the ``accrot`` command calls it first thing, and so do
+the benchmark's helper interpreters, which are not started through it. Each setting has its switch
+(``ACCROT_DENORMALS``, ``ACCROT_MALLOC``) and is recorded in run.json and the benchmark's report.
+
+They live here, not in :mod:`accrot.ops`, because they change the whole process (every thread's float mode, the C
+allocator) while the ops are pure tensor functions; an import contract keeps the ops from reaching them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import torch
+
+_state: dict[str, str] = {}
+
+
+def _switch(name: str, choices: tuple[str, ...]) -> str:
+    """The environment switch ``name`` (case and spaces ignored; unset or empty: the first choice), or a
+    ValueError naming the choices."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {', '.join(choices)}")
+    return value
+
+
+def denormal_mode() -> str:
+    """``ACCROT_DENORMALS``: ``flush`` (default) or ``keep`` (IEEE subnormals, e.g. to compare)."""
+    return _switch("ACCROT_DENORMALS", ("flush", "keep"))
+
+
+def set_denormals() -> str:
+    """Apply :func:`denormal_mode` to this thread and return what holds: ``"flushed"`` or ``"IEEE"``.
+
+    Why: a far-mass bias (ALiBi, FoX, PaTH-FoX) drives the softmax weights of far keys into float32's subnormal
+    range (below 1.2e-38), and PaTH's transports shrink far keys geometrically (β < 2 contracts); x86 runs each
+    operation on a subnormal some hundred times slower, so a long evaluation spends most of its time on weights
+    that round to nothing. Flushing them to zero (FTZ/DAZ, the default of TensorFlow's and XLA's CPU runtimes)
+    changes no value above 1.2e-38.
+
+    The mode is per thread and new threads copy their creator's: called before torch's first parallel region, the
+    intra-op pool inherits it. Called later, it reaches only the calling thread.
+    """
+    flushed = denormal_mode() == "flush" and torch.set_flush_denormal(True)
+    if not flushed:
+        torch.set_flush_denormal(False)
+    _state["denormals"] = "flushed" if flushed else "IEEE"
+    return _state["denormals"]
+
+
+def denormals() -> str:
+    """What :func:`set_denormals` applied in this process (recorded in run.json and the benchmark's report), or
+    ``"IEEE"`` (torch's default) when it was not called."""
+    return _state.get("denormals", "IEEE")
+
+
+MMAP_THRESHOLD = 32 * 2**20  # glibc's largest: blocks below it come from the heap
+TRIM_THRESHOLD = 2**30  # free heap kept before returning any of it to the OS
+
+
+def allocator_mode() -> str:
+    """``ACCROT_MALLOC``: ``tuned`` (default) or ``default`` (glibc's own dynamic thresholds)."""
+    return _switch("ACCROT_MALLOC", ("tuned", "default"))
+
+
+def set_allocator() -> str:
+    """Apply :func:`allocator_mode` to glibc's malloc and return what holds (``"tuned"`` or ``"default"``).
+
+    Why: by default glibc serves a block of ≥ 128 KiB (a threshold it raises after frees, up to 32 MiB) by a fresh
+    ``mmap`` and gives it back on ``free``, and trims the heap top; every training step then touches fresh pages
+    for its activations, and the page faults cost more the more temporaries a kernel allocates. Fixing the mmap
+    threshold at 32 MiB and trimming only above 1 GiB of free heap keeps a step's memory mapped for the next one.
+    The cost: freed memory stays resident (up to the process's peak). Blocks of ≥ 32 MiB (long evaluations) are
+    still mapped and unmapped one by one. Applies to allocations made after it, so it comes before the first tensor.
+    """
+    tuned = False
+    if allocator_mode() == "tuned":
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            # M_MMAP_THRESHOLD = -3, M_TRIM_THRESHOLD = -1; each returns 1 on success
+            tuned = libc.mallopt(-3, MMAP_THRESHOLD) == 1 and libc.mallopt(-1, TRIM_THRESHOLD) == 1
+        except (OSError, AttributeError):  # not glibc: its allocator is left as it is
+            tuned = False
+    _state["allocator"] = "tuned" if tuned else "default"
+    return _state["allocator"]
+
+
+def allocator() -> str:
+    """What :func:`set_allocator` applied in this process (run.json, the benchmark's report), else ``"default"``."""
+    return _state.get("allocator", "default")
+
+
+def configure_process() -> dict[str, str]:
+    """Both settings, :func:`set_denormals` then :func:`set_allocator`, as the switches ask; returns what holds
+    (``{"denormals": ..., "allocator": ...}``).
+
+    Idempotent: a second call reads the same switches and applies the same settings again, so an entry point may
+    call it without knowing whether another did. Call it before torch's first parallel region and first tensor
+    (the reasons are in the two functions' docstrings)."""
+    set_denormals()
+    set_allocator()
+    return {"denormals": denormals(), "allocator": allocator()}
