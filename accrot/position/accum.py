@@ -540,6 +540,16 @@ class AccumulatedRotation(RotationPart):
             noise = dataclasses.replace(cfg, increments="random_position", increment_mean="zero")
             self.floor = RandomPositionIncrements(noise, n_heads, self.head_dim)
 
+    def set_stream(self, layer: int) -> None:
+        for source in (self.source, self.floor):
+            if isinstance(source, (RandomPositionIncrements, RandomTokenIncrements)):
+                source.set_stream(layer)
+
+    def set_data_shard(self, rank: int, world: int) -> None:
+        for source in (self.source, self.floor):  # a token table is drawn once, not per row: nothing to shard
+            if isinstance(source, RandomPositionIncrements):
+                source.set_shard(rank, world)
+
     def increments(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """δ_j, ``[B|1, H, T, D/2]`` float32 (training with resample: a fresh draw per call)."""
         delta = self.source(x, tokens)

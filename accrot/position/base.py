@@ -42,6 +42,15 @@ class RotationPart(nn.Module):
         """Facts worth logging at construction (e.g. predicted mixing windows)."""
         return {}
 
+    # what the backbone tells a scheme: a rotation with no randomness of its own has nothing to do with it
+    def set_stream(self, layer: int) -> None:
+        """This part belongs to layer ``layer`` of the model: parts that draw randomness take that layer's own
+        draws, so no two layers share one."""
+
+    def set_data_shard(self, rank: int, world: int) -> None:
+        """Under DDP this process trains on rows ``rank``, ``rank + world``, … of the global batch: parts that draw
+        per row keep the global batch's draws of those rows."""
+
 
 class FarMassPart(nn.Module):
     """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32.
