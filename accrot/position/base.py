@@ -85,3 +85,16 @@ def init_weights(module: nn.Module, std: float | None) -> None:
             nn.init.normal_(layer.weight, std=std)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
+
+
+class DeviceConstants:
+    """Small float tensors kept on the CPU in full precision (never cast by ``Module.to``) and copied once per
+    device, so a forward pass on an accelerator does no host-to-device copy."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        self._by_device: dict[torch.device, dict[str, torch.Tensor]] = {torch.device("cpu"): tensors}
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        if device not in self._by_device:
+            self._by_device[device] = {k: t.to(device) for k, t in self._by_device[torch.device("cpu")].items()}
+        return self._by_device[device]
