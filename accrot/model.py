@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrot.position import ConfigError, SchemeConfig, build
-from accrot.position.accum import RandomPositionIncrements, RandomTokenIncrements
 from accrot.position.config import saved_scheme
 
 
@@ -147,9 +146,7 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
         for layer, scheme in enumerate(self.schemes()):  # random increments: each layer its own draws
-            for m in scheme.modules():
-                if isinstance(m, (RandomPositionIncrements, RandomTokenIncrements)):
-                    m.set_stream(layer)
+            scheme.set_stream(layer)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         # GPT-2's depth-scaled init of the residual projections keeps the residual stream's variance flat
@@ -158,11 +155,10 @@ class Transformer(nn.Module):
                 nn.init.normal_(p, std=cfg.init_std / (2 * cfg.n_layers) ** 0.5)
 
     def set_data_shard(self, rank: int, world: int) -> None:
-        """Tell the random increments which rows of the global batch this process trains on (DDP rank r of W
-        holds rows r, r + W, …), so their training draws match a single process's for the same global batch."""
-        for m in self.modules():
-            if isinstance(m, RandomPositionIncrements):
-                m.set_shard(rank, world)
+        """Tell the schemes which rows of the global batch this process trains on (DDP rank r of W holds rows
+        r, r + W, …), so random increments' training draws match a single process's for the same global batch."""
+        for scheme in self.schemes():
+            scheme.set_data_shard(rank, world)
 
     def _init(self, module: nn.Module) -> None:
         # only the backbone's own layers: schemes initialise their parameters themselves

@@ -5,9 +5,11 @@
   in a data file extension; anything else is a hub name (``wikitext``, ``Salesforce/wikitext``).
 * Local files are read with ``datasets.load_dataset("text" | "json" | "parquet", data_files=...)``; a ``.txt``
   file is one document (``sample_by="document"``), a JSON/Parquet row is one document.
-* Local splits: a single file is split ``train``. The files of a directory or glob are split by the keywords
-  ``datasets`` uses in file names (``train``, ``validation``/``valid``/``dev``/``val``, ``test``/``eval``);
-  when no file names a split, all of them are ``train``.
+* Local splits: a single file is split ``train``. The files of a directory or glob are split by ``datasets``' own
+  patterns (:mod:`datasets.data_files`, matched as its file resolution matches them): the hub's
+  ``data/{split}-00000-of-00001.*`` shards, then a directory named by a split keyword (``train``,
+  ``validation``/``valid``/``dev``/``val``, ``test``/``eval``, …), then such a keyword in the file name; when no
+  file names a split, all of them are ``train``.
 * Offline (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set, or the hub's host unreachable within 1.5 s): a
   hub name is looked up only in the local ``datasets`` cache, with ``datasets``' own cache builder (no network
   call, no retries), so a machine without network fails in seconds.
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob as globlib
 import os
 import re
@@ -33,16 +36,6 @@ FORMATS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", "
 VALID_FORMATS = ", ".join(sorted(FORMATS))
 # Suffixes that make a path that does not exist read as a (missing) local file rather than a hub name.
 LOCAL_SUFFIXES = set(FORMATS) | {".csv", ".tsv", ".arrow", ".gz", ".bz2", ".xz", ".zst", ".zip", ".md", ".raw"}
-# The split keywords of `datasets` (datasets.data_files.SPLIT_KEYWORDS), delimited by its non-word characters.
-SPLIT_KEYWORDS = {
-    "train": ("train", "training"),
-    "validation": ("validation", "valid", "dev", "val"),
-    "test": ("test", "testing", "eval", "evaluation"),
-}
-_SEP = r"[-._ 0-9/]"
-_SPLIT_RE = {
-    split: re.compile(rf"(?:^|{_SEP})(?:{'|'.join(words)})(?:{_SEP}|$)") for split, words in SPLIT_KEYWORDS.items()
-}
 _TRUE = {"1", "ON", "YES", "TRUE"}
 _GLOB_CHARS = "*?["
 
@@ -153,14 +146,46 @@ class LocalFiles:
         return f"'{self.base}' ({len(files)} {split} files)"
 
 
+@functools.cache
+def _split_patterns() -> tuple[re.Pattern[str], list[tuple[str, re.Pattern[str]]]]:
+    """``datasets``' sharded-file pattern and its (split, pattern) list in the order it tries them (directory names,
+    then file names; train, validation, test), each a regex from fsspec's glob translation, the one its file
+    resolution (an fsspec glob) matches paths with, so a file is named by a split exactly when ``datasets`` would
+    find it under that split's pattern."""
+    from datasets.data_files import (
+        DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME,
+        DEFAULT_PATTERNS_SPLIT_IN_FILENAME,
+        SPLIT_PATTERN_SHARDED,
+    )
+    from fsspec.utils import glob_translate
+
+    sharded = re.compile(glob_translate(SPLIT_PATTERN_SHARDED.replace("{split}", "*")))
+    keywords = [
+        (str(split), re.compile(glob_translate(pattern)))
+        for group in (DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME, DEFAULT_PATTERNS_SPLIT_IN_FILENAME)
+        for split, patterns in group.items()
+        for pattern in patterns
+    ]
+    return sharded, keywords
+
+
 def split_of(relpath: str) -> str | None:
-    """The split a file's relative path names (``data/train-00000-of-00002.parquet`` -> train), or None."""
-    stem = relpath[: -len(Path(relpath).suffix)] if Path(relpath).suffix else relpath
-    stem = stem.lower()
-    for split, pattern in _SPLIT_RE.items():
-        if pattern.search(stem):
-            return split
-    return None
+    """The split a file's relative posix path names (``data/train-00000-of-00002.parquet`` -> train), or None.
+
+    Per file rather than per directory as ``datasets`` decides, so that a file naming no split is reported instead
+    of silently dropped; a file that two splits' patterns match goes to the first only (no document in two splits).
+    """
+    import datasets
+    from datasets.data_files import SPLIT_PATTERN_SHARDED
+    from datasets.utils.py_utils import string_to_dict
+
+    sharded, keywords = _split_patterns()
+    if sharded.match(relpath):  # the hub's layout names any split: data/<split>-00000-of-00002.parquet
+        parts = string_to_dict(relpath.rsplit("/", 1)[-1], SPLIT_PATTERN_SHARDED.rsplit("/", 1)[-1])
+        if parts:
+            with contextlib.suppress(ValueError):  # a name datasets refuses for a split names no split
+                return str(datasets.NamedSplit(parts["split"]))
+    return next((split for split, pattern in keywords if pattern.match(relpath)), None)
 
 
 def _glob_base(pattern: str) -> Path:

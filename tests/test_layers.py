@@ -41,7 +41,8 @@ def test_the_tree_keeps_every_contract():
     ("accrot/errors.py", "from accrot.run import args"),  # a base module that would close a circle
     ("accrot/sweep/spec.py", "from accrot.sweep.parent import run_sweep"),  # upward inside a stage
     ("data_modules/streams.py", "from callbacks import preemption"),  # independent siblings
-], ids=["model->sweep", "errors->run", "spec->parent", "data->callbacks"])
+    ("accrot/model.py", "from accrot.position.accum import RandomPositionIncrements"),  # a family, not the scheme API
+], ids=["model->sweep", "errors->run", "spec->parent", "data->callbacks", "model->accum"])
 def test_an_upward_import_breaks_a_contract(tmp_path, module, upward):
     tree = copy_tree(tmp_path)
     path = tree / module

@@ -42,6 +42,15 @@ class RotationPart(nn.Module):
         """Facts worth logging at construction (e.g. predicted mixing windows)."""
         return {}
 
+    # what the backbone tells a scheme: a rotation with no randomness of its own has nothing to do with it
+    def set_stream(self, layer: int) -> None:
+        """This part belongs to layer ``layer`` of the model: parts that draw randomness take that layer's own
+        draws, so no two layers share one."""
+
+    def set_data_shard(self, rank: int, world: int) -> None:
+        """Under DDP this process trains on rows ``rank``, ``rank + world``, … of the global batch: parts that draw
+        per row keep the global batch's draws of those rows."""
+
 
 class FarMassPart(nn.Module):
     """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32.
@@ -76,3 +85,16 @@ def init_weights(module: nn.Module, std: float | None) -> None:
             nn.init.normal_(layer.weight, std=std)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
+
+
+class DeviceConstants:
+    """Small float tensors kept on the CPU in full precision (never cast by ``Module.to``) and copied once per
+    device, so a forward pass on an accelerator does no host-to-device copy."""
+
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        self._by_device: dict[torch.device, dict[str, torch.Tensor]] = {torch.device("cpu"): tensors}
+
+    def on(self, device: torch.device) -> dict[str, torch.Tensor]:
+        if device not in self._by_device:
+            self._by_device[device] = {k: t.to(device) for k, t in self._by_device[torch.device("cpu")].items()}
+        return self._by_device[device]

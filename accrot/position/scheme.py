@@ -110,6 +110,17 @@ class PositionScheme(nn.Module):
             return x.new_ones(1, 1, 1, 1).expand(B, self.rotation.n_heads, T, self.rotation.head_dim)
         return self.gate.gate(x, tokens)
 
+    # -- what the backbone tells the scheme ------------------------------------------------------------
+    def set_stream(self, layer: int) -> None:
+        """Draw layer ``layer``'s own random increments (training stream, evaluation draws, token table); a scheme
+        without randomness ignores it. ``build`` leaves every scheme on stream 0, so a model tells each its own."""
+        self.rotation.set_stream(layer)
+
+    def set_data_shard(self, rank: int, world: int) -> None:
+        """This process trains on rows ``rank``, ``rank + world``, … of the global batch (DDP), so that random
+        training draws are the global batch's, of which it keeps its rows; a scheme without them ignores it."""
+        self.rotation.set_data_shard(rank, world)
+
     def _row_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
         return None if self.far_mass is None else self.far_mass.logit_scale(x, tokens)
 

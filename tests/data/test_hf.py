@@ -472,10 +472,30 @@ def test_looks_local(path, local):
     "relpath, split",
     [("train.jsonl", "train"), ("data/train-00000-of-00002.parquet", "train"), ("wiki.valid.txt", "validation"),
      ("dev/a.txt", "validation"), ("val.jsonl", "validation"), ("test_1.txt", "test"), ("interval.txt", None),
-     ("notes.txt", None), ("contest.jsonl", None)],
+     ("notes.txt", None), ("contest.jsonl", None), ("valid/train.jsonl", "validation"),
+     ("data/random-00000-of-00003.jsonl", "random")],
 )
 def test_split_of(relpath, split):
     assert split_of(relpath) == split
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [["train.jsonl", "validation.jsonl"], ["wiki.train.txt", "wiki.valid.txt", "wiki.test.txt"],
+     ["dev/a.txt", "train/b.txt", "train/c.txt"], ["valid/train.jsonl", "train/x.jsonl"],
+     ["data/train-00000-of-00002.parquet", "data/train-00001-of-00002.parquet", "data/test-00000-of-00001.parquet"],
+     ["notes.txt", "more.txt"]],
+)
+def test_split_of_agrees_with_datasets(layout, tmp_path):
+    """Each file of a directory is in the split ``datasets`` itself resolves it to (so its rules are the ones used)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    for rel in layout:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    resolved = DataFilesDict.from_patterns(get_data_patterns(str(tmp_path)), base_path=str(tmp_path))
+    theirs = {Path(f).relative_to(tmp_path).as_posix(): split for split, files in resolved.items() for f in files}
+    assert theirs == {rel: split_of(rel) or "train" for rel in layout}
 
 
 def test_document_split_is_deterministic():

@@ -505,6 +505,32 @@ def test_random_draws_are_a_function_of_seed_and_layer(kind):
     assert abs(corr) < 4 / math.sqrt(a.numel())
 
 
+def test_the_backbone_sets_layer_and_shard_through_the_scheme():
+    """A scheme takes its layer's stream and its process's rows of the global batch through its own methods (what
+    the backbone calls): a built scheme told layer 1 draws what a model's layer 1 draws, rank r of W draws rows
+    r, r + W, … of the whole batch's draw, and a scheme without random increments accepts both and ignores them."""
+    from accrot.model import ModelConfig, Transformer
+
+    cfg = SchemeConfig(rotation="accum", increments="random_position", seed=4, window=20)
+    tokens = torch.randint(0, 256, (6, 300), generator=torch.Generator().manual_seed(2))
+    x = torch.zeros(6, 300, DM)
+    model = Transformer(ModelConfig(d_model=DM, n_layers=2, n_heads=H, scheme=cfg)).eval()
+    scheme = build(cfg, DM, H).eval()
+    assert not torch.equal(scheme.angles(x, tokens), model.schemes()[1].angles(x, tokens))  # stream 0 until told
+    scheme.set_stream(1)
+    assert torch.equal(scheme.angles(x, tokens), model.schemes()[1].angles(x, tokens))
+    whole = build(cfg, DM, H).train()
+    full = whole.angles(x, tokens)  # [6, H, T, P]
+    for rank in range(3):
+        part = build(cfg, DM, H).train()
+        part.set_data_shard(rank, 3)
+        assert torch.equal(part.angles(x[rank::3], tokens[rank::3]), full[rank::3])
+    for plain in (SchemeConfig(rotation="rope"), SchemeConfig(rotation="path"), SchemeConfig(rotation="none")):
+        other = build(plain, DM, H)
+        other.set_stream(3)
+        other.set_data_shard(1, 2)
+
+
 def test_scheme_seed_follows_the_run_seed(tmp_path):
     """``accrot fit --seed_everything=N``: the scheme's seed (unset) becomes N, recorded in the run's hparams, so a
     sweep's seeds are independent realisations of the random increments; an explicit scheme seed is kept."""
