@@ -334,6 +334,10 @@ CATALOGUE: list[Row] = [
     # -- the command line and configs --------------------------------------------------------------------
     Row("unknown-key", "--model.d_modle=3", lambda f: f.fit("--model.d_modle=3"),
         "unknown key 'model.d_modle'; did you mean model.d_model"),
+    Row("unknown-data-argument", "--data.init_args.seq_lem=64", lambda f: f.fit("--data.init_args.seq_lem=64"),
+        "unknown key 'data.init_args.seq_lem'; did you mean data.init_args.seq_len?"),
+    Row("data-argument-no-match", "--data.init_args.bogus=3", lambda f: f.fit("--data.init_args.bogus=3"),
+        "unknown key 'data.init_args.bogus'; data_modules.StdlibDataModule takes: batch_size,"),
     Row("unknown-value", "--model.scheme.rotation=bogus", lambda f: f.fit("--model.scheme.rotation=bogus"),
         "model.scheme.rotation='bogus' is not valid; choose one of 'none', 'rope', 'accum', 'path'"),
     Row("wrong-type", "--data.init_args.seq_len=abc", lambda f: f.fit("--data.init_args.seq_len=abc"),

@@ -104,14 +104,41 @@ class AccrotCLI(LightningCLI):
             super().parse_arguments(parser, args)
         except ArgumentError as err:
             # an unknown flag, or an unknown key inside a config file (jsonargparse: "does not accept")
-            unknown = (re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
-                       or re.search(r"does not accept option '([\w.]+)'", str(err)))
             bad_class = re.search(r'Parser key "data".*?Problem with given class_path \'([^\']+)\'', str(err), re.S)
+            unknown = (re.search(r"unrecognized arguments: --?([\w.]+)", str(err))
+                       or re.search(r"does not accept option '([\w.]+)'", str(err))
+                       # jsonargparse >= 4.5x inside a class's own arguments: "Option 'x' is not accepted"
+                       or re.search(r'Parser key "(\w+)".*?Option \'(\w+)\' is not accepted', str(err), re.S))
+            if unknown is not None and unknown.re.groups == 2:  # name the class's own arguments as the close matches
+                key = f"{unknown.group(1)}.init_args.{unknown.group(2)}"
+                raise UsageError(self._unknown_init_arg_message(key, bad_class.group(1) if bad_class else None)) \
+                    from err
             if bad_class and not unknown:  # a misspelt data module: one line with the close match
                 data_module_class(bad_class.group(1), "data")
             if not unknown:
                 raise
             raise UsageError(self._unknown_key_message(parser, unknown.group(1))) from err
+
+    @staticmethod
+    def _unknown_init_arg_message(key: str, class_path: str | None) -> str:
+        """An argument the data module's class does not take: the close matches among the ones it does."""
+        import inspect
+
+        known: set[str] = set()
+        if class_path:
+            cls = data_module_class(class_path, "data")
+            for klass in cls.__mro__:
+                init = klass.__dict__.get("__init__")
+                if init is not None:
+                    known |= {n for n, p in inspect.signature(init).parameters.items()
+                              if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        prefix, _, name = key.rpartition(".")
+        close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+        if close:
+            return f"unknown key {key!r}; did you mean {', '.join(f'{prefix}.{c}' for c in close)}?"
+        if known:
+            return f"unknown key {key!r}; {class_path} takes: {', '.join(sorted(known))}"
+        return f"unknown key {key!r}; run with --help for the valid keys"
 
     @staticmethod
     def _unknown_key_message(parser: LightningArgumentParser, key: str) -> str:
