@@ -53,10 +53,10 @@ test-all: $(STAMP) ## every test in one run (test + test-slow)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 faults: $(STAMP) ## kill and resume runs, kill a sweep worker, try every bad input; print the figures
-	$(BIN)/python tests/fault_injection.py
+	$(BIN)/python tests/helpers/fault_injection.py
 
-breakages: $(STAMP) ## apply each deliberate breakage of tests/breakages.py to a scratch copy: its tests must fail
-	$(BIN)/python tests/breakages.py
+breakages: $(STAMP) ## apply each deliberate breakage of tests/helpers/breakages.py to a scratch copy: its tests must fail
+	$(BIN)/python tests/helpers/breakages.py
 
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo $(if $(QUIET),--quiet)
@@ -71,7 +71,7 @@ bench-storage: $(STAMP) ## a sweep's storage under load: PostgreSQL directly vs 
 	$(BIN)/accrot bench storage
 
 gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0)
-	$(BIN)/python tests/gpu_check.py
+	$(BIN)/python tests/helpers/gpu_check.py
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)

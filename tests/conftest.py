@@ -44,7 +44,7 @@ def _hygiene():
 def kernels_mode(request, monkeypatch) -> str:
     """The CPU kernels both ways: compiled (``accrot/ops/csrc``) and their eager Python twins. A machine that
     cannot build the kernels skips the compiled half with the reason (under CI=true it fails)."""
-    from tests.kernels import kernels_or_skip
+    from tests.helpers.kernels import kernels_or_skip
 
     monkeypatch.setenv("ACCROT_CPU_KERNELS", "on" if request.param == "compiled" else "off")
     if request.param == "compiled":
@@ -85,3 +85,16 @@ def postgres_server():
 def postgres(postgres_server) -> str:
     """The URL of :func:`postgres_server`'s empty database."""
     return postgres_server.url
+
+
+def tiny_model(seed: int | None = 0, d_model: int = 32, n_layers: int = 2, n_heads: int = 4, **scheme):
+    """The tests' one tiny model: a ``Transformer`` of ``d_model`` × ``n_layers`` with ``n_heads`` heads under the
+    position scheme ``SchemeConfig(**scheme)`` (NoPE when none is given), its weights drawn after
+    ``torch.manual_seed(seed)`` (None: from the current generator), in training mode. A plain function, so worker
+    processes can build the same model: ``from tests.conftest import tiny_model``."""
+    from accrot.model import ModelConfig, Transformer
+    from accrot.position import SchemeConfig
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    return Transformer(ModelConfig(d_model=d_model, n_layers=n_layers, n_heads=n_heads, scheme=SchemeConfig(**scheme)))

@@ -10,7 +10,7 @@ the section's command (``accrot fit --config tiny``; ``accrot sweep`` among the 
 or condition it is posed in, and a name in capitals (``ROPE_RUN.ckpt``, ``EMPTY_DIR``) stands for the case's file or
 folder, which ``Fixtures`` makes; ``argv`` is the exact command; ``expect`` holds fragments of the one-line message
 it must print. To see a message whole, type the input (``.venv/bin/accrot fit --config tiny
---model.d_modle=3``); ``make faults`` (``tests/fault_injection.py``, which shares ``CATALOGUE``) tries every row and
+--model.d_modle=3``); ``make faults`` (``tests/helpers/fault_injection.py``, which shares ``CATALOGUE``) tries every row and
 counts the clean rejections.
 """
 
@@ -711,7 +711,7 @@ CATALOGUE: list[Row] = [
         lambda f: ["bench", "storage"],
         "accrot bench storage starts its own PostgreSQL server: PostgreSQL's server binaries were not found",
         simulate=lambda: _patched_module("accrot.bench.postgres", find_bindir=lambda: None)),
-    # -- SLURM launches (tests/test_slurm.py has a real cluster; here the cluster's answers are simulated) ------
+    # -- SLURM launches (tests/sweep/test_slurm.py has a real cluster; here the cluster's answers are simulated) ------
     Row("slurm-layout-mismatch", "accrot slurm train --tasks_per_node 2 -- --config CONFIG_WITH_DEVICES_4",
         lambda f: ["slurm", "train", "--tasks_per_node=2", "--dry-run", "--", *f.fit("--config", str(f.devices_config()))[1:]],
         "the config asks for trainer.devices=4 x trainer.num_nodes=1, but the job has --nodes=1 x --tasks_per_node=2"),

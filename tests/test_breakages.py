@@ -1,11 +1,11 @@
-"""The deliberate-breakage list (tests/breakages.py, ``make breakages``) stays applicable: every entry's edit
+"""The deliberate-breakage list (tests/helpers/breakages.py, ``make breakages``) stays applicable: every entry's edit
 still finds its text exactly once and names test files that exist, so the list cannot silently go stale."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.breakages import BREAKAGES, REPO, stale
+from tests.helpers.breakages import BREAKAGES, REPO, stale
 
 
 @pytest.mark.parametrize("breakage", BREAKAGES, ids=[b.name for b in BREAKAGES])

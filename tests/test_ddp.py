@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from data_modules.streams import ResumableSampler
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 STEPS, WARMUP, GRAD_STEP = 6, 2, 4  # the gradients compared are those of step 4, past the 2-step warm-up
 TINY = ["--config", "tiny", "--model.d_model=32", "--data.init_args.seq_len=64", "--trainer.accelerator=cpu",
         f"--trainer.max_steps={STEPS}", f"--model.warmup_steps={WARMUP}", "--trainer.limit_val_batches=2",
         "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--extrapolation.multipliers=[1, 2]",
         "--extrapolation.budget_tokens=512", "--wandb=disabled", "--name=ddp",
-        "--trainer.callbacks+=tests.grad_probe.SaveGradients"]
+        "--trainer.callbacks+=tests.helpers.grad_probe.SaveGradients"]
 SCHEMES = {
     "NoPE": [],
     "accum-random": ["--model.scheme.rotation=accum", "--model.scheme.increments=random_position"],

@@ -10,14 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from accrot.evaluation import bootstrap_ci, bucket_width_for, evaluate_length, evaluate_lengths
-from accrot.model import ModelConfig, Transformer
-from accrot.position import SchemeConfig
+from tests.conftest import tiny_model
 
 
 @pytest.fixture
 def model():
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(rotation="none"))).eval()
+    return tiny_model(rotation="none").eval()
 
 
 @pytest.mark.parametrize("max_batch_tokens", [40, 100000], ids=["chunked", "one-batch"])

@@ -11,13 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from accrot.evaluation import evaluate_lengths
-from accrot.model import ModelConfig, Transformer
-from accrot.position import SchemeConfig
-
-
-def _model() -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(rotation="rope"))).eval()
+from tests.conftest import tiny_model
 
 
 def _sets():
@@ -33,7 +27,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     try:
         torch.set_num_threads(1)
         blocks, masks = _sets()
-        results = evaluate_lengths(_model(), blocks, 16, max_batch_tokens=64, masks=masks, shard=(rank, world))
+        results = evaluate_lengths(tiny_model(rotation="rope").eval(), blocks, 16, max_batch_tokens=64, masks=masks, shard=(rank, world))
         with open(f"{out}.{rank}", "w") as f:
             json.dump([r.to_dict() for r in results], f)
     finally:
@@ -51,7 +45,7 @@ def test_two_rank_sharded_evaluation_equals_single_process(tmp_path):
     out = str(tmp_path / "res")
     mp.start_processes(_worker, args=(2, _free_port(), out), nprocs=2, start_method="spawn", join=True)
     blocks, masks = _sets()
-    single = [r.to_dict() for r in evaluate_lengths(_model(), blocks, 16, masks=masks)]
+    single = [r.to_dict() for r in evaluate_lengths(tiny_model(rotation="rope").eval(), blocks, 16, masks=masks)]
     for rank in range(2):
         sharded = json.loads((tmp_path / f"res.{rank}").read_text())
         assert len(sharded) == len(single)

@@ -21,7 +21,7 @@ import yaml
 from accrot.bench.grid import Cell, grid
 from accrot.cli import main
 from accrot.run.args import CONFIG_DIR
-from tests.fault_injection import numbers, rows
+from tests.helpers.fault_injection import numbers, rows
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -60,13 +60,13 @@ def _close(a: str, b: str) -> bool:
 def test_resumed_run_on_cuda_continues_the_uninterrupted_one(scheme, tmp_path):
     """A run that dies at step 10 after its checkpoint at step 8, resumed with ``--ckpt_path last``, ends with the
     uninterrupted run's metrics to :data:`RESUME_RTOL` and the same random-increment draw counts."""
-    from tests.test_faults import CrashOnce
+    from tests.callbacks.test_faults import CrashOnce
 
     args = ["fit", "--config", "tiny", f"--root={tmp_path}", "--trainer.max_steps=14", "--model.d_model=32", *GPU,
             "--trainer.precision=32-true", *QUICK, "--extrapolation.multipliers=[1,2]", "--trainer.val_check_interval=5",
             "--trainer.log_every_n_steps=1", "--extrapolation.every_n_steps=5", _checkpoint_every(4), *scheme]
     assert main([*args, "--name=reference"]) == 0
-    crash = [f"--trainer.callbacks+={json.dumps({'class_path': 'tests.test_faults.CrashOnce', 'init_args': {'step': 10}})}"]
+    crash = [f"--trainer.callbacks+={json.dumps({'class_path': 'tests.callbacks.test_faults.CrashOnce', 'init_args': {'step': 10}})}"]
     CrashOnce.fired = False
     with pytest.raises(RuntimeError, match="crash at step 10"):
         main([*args, *crash, "--name=crashed"])

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (tests/gpu_check.py) where there is no GPU: the one line and exit 0, the make target, the
+"""``make gpu-check`` (tests/helpers/gpu_check.py) where there is no GPU: the one line and exit 0, the make target, the
 report written from fake section results, the budget split, and the plumbing of the sections a CPU can run."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests import gpu_check
+from tests.helpers import gpu_check
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, whatever the machine has
-    done = subprocess.run([sys.executable, "tests/gpu_check.py"], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "tests/helpers/gpu_check.py"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [gpu_check.NO_CUDA]
@@ -28,7 +28,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
 def test_make_target_runs_the_script():
     done = subprocess.run(["make", "-n", "gpu-check"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "tests/gpu_check.py" in done.stdout
+    assert "tests/helpers/gpu_check.py" in done.stdout
     help_text = subprocess.run(["make", "help"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
     assert "gpu-check" in help_text
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from accrot.model import ModelConfig, Transformer
-from accrot.position import ConfigError, SchemeConfig
+from accrot.position import ConfigError
+from tests.conftest import tiny_model
 
 CELLS = [
     dict(rotation="none"),
@@ -27,14 +28,9 @@ def cell_id(cell: dict) -> str:
     return "-".join(f"{v}" for v in cell.values())
 
 
-def tiny(cell: dict) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(**cell)))
-
-
 @pytest.mark.parametrize("cell", CELLS, ids=cell_id)
 def test_shapes_and_causal_prefix_invariance(cell):
-    model = tiny(cell).eval()
+    model = tiny_model(**cell).eval()
     tokens = torch.randint(0, 256, (2, 37))
     with torch.no_grad():
         full = model(tokens)
@@ -52,7 +48,7 @@ def test_tied_embeddings_share_storage():
 
 
 def test_gradients_reach_every_parameter():
-    model = tiny(dict(rotation="rope"))
+    model = tiny_model(rotation="rope")
     tokens = torch.randint(0, 256, (2, 16))
     model(tokens).logsumexp(-1).mean().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]

@@ -1,4 +1,4 @@
-"""The suite's comparison helper (tests/tolerance.py): rounding noise on a zero reference passes, a real error on
+"""The suite's comparison helper (tests/helpers/tolerance.py): rounding noise on a zero reference passes, a real error on
 a zero reference fails, the relative bound holds as before, and a failure names the tensor and both norms."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tests.tolerance import ULPS, assert_close, noise_floor, within
+from tests.helpers.tolerance import ULPS, assert_close, noise_floor, within
 
 
 def test_zero_reference_admits_rounding_noise_only():

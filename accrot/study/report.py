@@ -48,7 +48,7 @@ over 1 ≤ Δ ≤ 7/8 of the length, *censored* when the fit cannot place it the
 blocks. Random position increments are measured under fresh draws of their own distribution instead (32 per block
 at the default size): their coherence is |φ|^Δ whatever the model, so they calibrate the estimator (the instrument
 checks) and decide nothing. Far keys of a head are those beyond its own window (never nearer than L/4). Every
-instrument and every rule is tested on synthetic truth at the default size's geometry (tests/test_verdicts.py)."""
+instrument and every rule is tested on synthetic truth at the default size's geometry (tests/study/test_verdicts.py)."""
 
 
 def _table(res: Results, dataset: str, field_: str, digits: int = 3) -> str:

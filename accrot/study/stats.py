@@ -255,7 +255,7 @@ class Pool:
     only where no variant's residual variance stands out (Cochran's C test, p ≥ 0.05: with a few seeds per variant
     it is the check with power against the case that matters, one noisy variant; ``why`` says what failed) and,
     per pair, where the pair's own residual variance is not above the pooled one (:meth:`test`). Simulated on
-    synthetic studies with one noisy variant (tests/test_statistics.py): coverage stays at 93 % or more."""
+    synthetic studies with one noisy variant (tests/study/test_statistics.py): coverage stays at 93 % or more."""
 
     variants: tuple[str, ...] = ()
     seeds: int = 0

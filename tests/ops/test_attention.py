@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from accrot.ops.attention import _masked_blocks, causal_attention, naive_attention, naive_decay_bias
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -72,7 +72,7 @@ def test_blockwise_matches_naive_float64(case, device, kernels_mode):
 def test_compiled_block_loop_is_the_eager_loop(case, dtype, monkeypatch):
     """The C++ block loop makes the eager loop's ATen calls in the same order, so the two agree to the bit: the
     output and the gradients of q, k, v (strided views of one projection, as the model passes them) and log f."""
-    from tests.kernels import kernels_or_skip
+    from tests.helpers.kernels import kernels_or_skip
 
     kernels_or_skip()
     B, T, H, D, blk, Bd = case

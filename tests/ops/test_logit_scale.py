@@ -9,7 +9,7 @@ import torch
 
 from accrot.ops.attention import causal_attention, naive_attention, naive_decay_bias
 from accrot.ops.path import naive_path_attention_products, path_attention
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 

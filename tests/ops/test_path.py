@@ -19,8 +19,8 @@ from accrot.ops.path import (
 )
 from accrot.ops.path.block_walk import _path_chunked
 from accrot.ops.path.chunk import _chunk_core, _ChunkCore
-from tests.kernels import kernels_or_skip
-from tests.tolerance import assert_close, within
+from tests.helpers.kernels import kernels_or_skip
+from tests.helpers.tolerance import assert_close, within
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
 DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}

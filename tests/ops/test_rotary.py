@@ -26,7 +26,7 @@ from accrot.ops.rotary import (
     rotate_pairs_cs,
     rotate_pairs_many,
 )
-from tests.kernels import kernels_or_skip
+from tests.helpers.kernels import kernels_or_skip
 
 
 @pytest.fixture(autouse=True, params=["on", "off"], ids=["kernels", "eager"])

@@ -11,7 +11,7 @@ from accrot.ops.attention import causal_attention, naive_attention, naive_decay_
 from accrot.position import ConfigError, SchemeConfig, build
 from accrot.position.alibi import alibi_slopes
 from accrot.position.forget import alibi_matching_bias
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 

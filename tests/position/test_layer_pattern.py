@@ -11,8 +11,8 @@ import torch
 from accrot.diagnostics import layer_inputs
 from accrot.model import ModelConfig, Transformer
 from accrot.position import ROTATIONS, ConfigError, SchemeConfig, build
+from tests.helpers.tolerance import assert_close
 from tests.position.reference import naive_scheme_attention
-from tests.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 

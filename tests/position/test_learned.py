@@ -16,7 +16,7 @@ from accrot.position import SchemeConfig, build
 from accrot.position.accum import SOFTPLUS_INIT_OMEGA, causal_depthwise_conv
 from accrot.position.config import saved_scheme
 from accrot.position.rope import rope_frequencies
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 H, D = 2, 8
 DM, P = H * D, D // 2

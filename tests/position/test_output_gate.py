@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from accrot.position import OUTPUT_GATES, ConfigError, SchemeConfig, build
+from tests.helpers.tolerance import assert_close
 from tests.position.reference import GRAD_RTOL, ROTATIONS, inputs, naive_scheme_attention
-from tests.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 

@@ -11,7 +11,7 @@ import torch
 from accrot.ops.path import path_attention
 from accrot.position import ROTATIONS, ConfigError, SchemeConfig, build
 from accrot.position.base import RotationPart
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 B, T, D_MODEL, N_HEADS = 2, 23, 32, 2
 HEAD_DIM = D_MODEL // N_HEADS

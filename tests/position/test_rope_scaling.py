@@ -19,7 +19,7 @@ from accrot.position.rope_scaling import (
     logit_scale,
     scaled_frequencies,
 )
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 

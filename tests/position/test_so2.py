@@ -23,7 +23,7 @@ from accrot.position.accum import (
     sigma_for_window,
 )
 from accrot.position.rope import rope_frequencies
-from tests.tolerance import assert_close
+from tests.helpers.tolerance import assert_close
 
 H, D = 2, 8
 DM = H * D

@@ -150,7 +150,7 @@ def test_fresh_draws_batched_equal_one_draw_at_a_time(increments, monkeypatch):
     import accrot.diagnostics.coherence as coherence
     from accrot.diagnostics import scheme_coherence_sums
     from accrot.diagnostics.coherence import fresh_generator
-    from tests.tolerance import assert_close
+    from tests.helpers.tolerance import assert_close
 
     scheme = build(SchemeConfig(rotation="accum", increments=increments, window=WINDOW, seed=5, vocab_size=64),
                    D_MODEL, H).eval()

@@ -1,6 +1,6 @@
 """A callback for the DDP tests: saves every parameter's gradient, as the optimiser will see it, at one step.
 
-Used as ``--trainer.callbacks+=tests.grad_probe.SaveGradients`` with ``ACCROT_TEST_GRADS=<dir>`` and
+Used as ``--trainer.callbacks+=tests.helpers.grad_probe.SaveGradients`` with ``ACCROT_TEST_GRADS=<dir>`` and
 ``ACCROT_TEST_GRAD_STEP=<step>``: after DDP's all-reduce and before clipping, rank r writes ``<dir>/rank<r>.pt``.
 """
 

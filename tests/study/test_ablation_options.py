@@ -37,7 +37,7 @@ from accrot.study.variants import SIZES
 from accrot.sweep.spec import SweepSpec, load_spec
 from accrot.sweep.storage import StorageRef, open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _spec(doc: dict) -> SweepSpec:

@@ -1,6 +1,6 @@
 """A callback for the interrupt tests: the run sends itself a signal, as a terminal's Ctrl-C would, at a known step.
 
-Used as ``--trainer.callbacks+=tests.signal_probe.SignalAt`` with ``ACCROT_TEST_SIGNAL=INT`` (or ``TERM``) and
+Used as ``--trainer.callbacks+=tests.helpers.signal_probe.SignalAt`` with ``ACCROT_TEST_SIGNAL=INT`` (or ``TERM``) and
 ``ACCROT_TEST_SIGNAL_STEPS=5`` (``5,5`` sends it twice at that step: a user who presses Ctrl-C again). Sent from
 inside a step, it lands exactly where a user's would: between two Python bytecodes of the training loop.
 """

@@ -667,7 +667,7 @@ def test_diverged_run_fails_with_message_and_pruned_run_stops_cleanly(tmp_path, 
 # dashboard and report
 # ---------------------------------------------------------------------------------------------------
 def test_dashboard_serves_the_study(sqlite_study):
-    from tests.browser import api, dashboard
+    from tests.helpers.browser import api, dashboard
 
     root, url = sqlite_study
     with dashboard(url, root / "smoke" / "artifacts") as base:
@@ -689,7 +689,7 @@ def test_dashboard_serves_the_study(sqlite_study):
 def test_dashboard_renders_in_a_real_browser(sqlite_study, tmp_path):
     """Headless Chromium (Debian's, through its chromedriver) on optuna-dashboard: the study list names the study,
     a trial's page decodes its uploaded extrapolation curve and renders its note; a screenshot is saved."""
-    from tests.browser import chromium, dashboard, missing_browser, render_trial
+    from tests.helpers.browser import chromium, dashboard, missing_browser, render_trial
 
     why = missing_browser()
     if why:

@@ -5,7 +5,7 @@ likewise; and regression cases of the artefacts the earlier rules produced (one 
 that never extrapolated credited by C4, a censored window read as inconclusive).
 
 The instruments themselves (coherence, windows, the lower bound's prediction, the score gap) are tested on known
-truth in tests/test_instruments.py.
+truth in tests/study/test_instruments.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fault injection: kill runs and resume them, kill a sweep worker mid-trial, feed every bad input.
 
-    .venv/bin/python tests/fault_injection.py            # the figures below (a few minutes on 2 cores)
-    .venv/bin/python tests/fault_injection.py --quick    # one scheme, no sweep
+    .venv/bin/python tests/helpers/fault_injection.py            # the figures below (a few minutes on 2 cores)
+    .venv/bin/python tests/helpers/fault_injection.py --quick    # one scheme, no sweep
 
 prints, for example::
 
@@ -16,7 +16,7 @@ prints, for example::
 Every kill is a real ``SIGKILL`` sent to a real ``python -m accrot.cli fit`` process as soon as its first
 checkpoint exists; the run is resumed with ``accrot fit --resume RUN_DIR`` and its ``metrics.csv``,
 ``extrapolation.json`` numbers and final weights are compared, for equality, with an uninterrupted run of the
-same command. The test suite uses the same functions (tests/test_faults.py, tests/test_bad_inputs.py).
+same command. The test suite uses the same functions (tests/callbacks/test_faults.py, tests/test_bad_inputs.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: make `tests` and the packages importable
     sys.path.insert(0, str(REPO))
 
@@ -172,9 +172,9 @@ def kill_and_resume(workdir: Path, scheme: str, extra: list[str] | None = None,
 
 def interrupted(workdir: Path, name: str, steps: str, signum: str = "INT") -> tuple[subprocess.CompletedProcess, Path]:
     """A run that sends itself ``signum`` (a terminal's Ctrl-C: INT) at the start of the given steps
-    (tests/signal_probe.py), before its first periodic checkpoint (step 10)."""
+    (tests/helpers/signal_probe.py), before its first periodic checkpoint (step 10)."""
     args = [*RUN, *SCHEMES["NoPE"], f"--root={workdir}", f"--name={name}",
-            "--trainer.callbacks+=tests.signal_probe.SignalAt"]
+            "--trainer.callbacks+=tests.helpers.signal_probe.SignalAt"]
     run_env = {**env(), "ACCROT_TEST_SIGNAL": signum, "ACCROT_TEST_SIGNAL_STEPS": steps}
     done = subprocess.run([sys.executable, "-m", "accrot.cli", *args], cwd=REPO, env=run_env, capture_output=True,
                           text=True, timeout=600)

@@ -1,7 +1,7 @@
 """Nothing lost: runs killed with SIGKILL resume to exactly the uninterrupted run, checkpoints are
 written atomically, the same config and seed give the same metrics, and a run that diverges stops at once,
 naming the step and the tensor. The bad-input catalogue is tests/test_bad_inputs.py; sweep faults are in
-tests/test_sweep.py; `.venv/bin/python tests/fault_injection.py` prints the figures."""
+tests/sweep/test_sweep.py; `.venv/bin/python tests/helpers/fault_injection.py` prints the figures."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 from accrot.cli import main
 from accrot.resume import PARTIAL, AtomicCheckpointIO
-from tests.fault_injection import (
+from tests.helpers.fault_injection import (
     REPO,
     RUN,
     SCHEMES,
@@ -36,7 +36,7 @@ from tests.fault_injection import (
     start,
     wait,
 )
-from tests.fault_injection import env as run_env
+from tests.helpers.fault_injection import env as run_env
 
 QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--model.d_model=32",
          "--extrapolation.multipliers=[1,2]", "--extrapolation.budget_tokens=512", "--trainer.limit_val_batches=1"]
@@ -81,7 +81,7 @@ def test_sigkill_during_a_save_never_corrupts_the_checkpoint(tmp_path):
     file exists): the checkpoint on disk is a complete earlier one."""
     path = tmp_path / "last.ckpt"
     for _ in range(2):
-        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], cwd=Path(__file__).parent.parent)
+        proc = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], cwd=Path(__file__).resolve().parents[2])
         try:
             deadline = time.time() + 120
             while not (path.exists() and any(tmp_path.glob(f"last.ckpt{PARTIAL}*"))):
@@ -203,7 +203,7 @@ def test_resume_across_epochs_with_ckpt_path_last(every, tmp_path):
             "--data.init_args.max_train_tokens=8385", "--trainer.val_check_interval=5", "--trainer.log_every_n_steps=1",
             "--extrapolation.every_n_steps=5", "--trainer.deterministic=true", checkpoint_every(every)]
     assert main([*args, "--name=reference"]) == 0
-    crash = [f"--trainer.callbacks+={json.dumps({'class_path': 'tests.test_faults.CrashOnce', 'init_args': {'step': 10}})}"]
+    crash = [f"--trainer.callbacks+={json.dumps({'class_path': 'tests.callbacks.test_faults.CrashOnce', 'init_args': {'step': 10}})}"]
     CrashOnce.fired = False
     with pytest.raises(RuntimeError, match="crash at step 10"):
         main([*args, *crash, "--name=crashed"])

@@ -1,7 +1,7 @@
 """The storage proxy: its budget-lock leases (a fake clock over a real storage lock), ``grpc://`` URLs, and sweep
 workers through a real ``accrot storage-proxy`` in front of a real PostgreSQL server spending a budget exactly.
 
-The load under kills (a worker, the proxy itself) is ``accrot bench storage``'s (tests/test_bench.py runs it)."""
+The load under kills (a worker, the proxy itself) is ``accrot bench storage``'s (tests/bench/test_bench.py runs it)."""
 
 from __future__ import annotations
 

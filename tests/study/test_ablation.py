@@ -35,7 +35,7 @@ from accrot.study.variants import SIZES, VARIANTS
 from accrot.sweep.spec import SweepSpec
 from accrot.sweep.storage import StorageRef, open_storage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``accrot slurm``: rendering, bad input, the launch check, and (marked ``integration``) a real two-node SLURM.
 
-The integration tests start munged, slurmctld and two slurmd daemons on localhost (:mod:`tests.slurm_cluster`),
+The integration tests start munged, slurmctld and two slurmd daemons on localhost (:mod:`tests.helpers.slurm_cluster`),
 submit the rendered training template on 2 nodes × 1 task, and check that the run trained with DDP over both
 ranks; a job requeued mid-run (``scontrol requeue``) checkpoints on SIGTERM, resumes from that checkpoint in the
 same run directory and finishes with the same step count. Sweeps run on a real PostgreSQL server (the
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from accrot.cli import main
-from tests.slurm_cluster import SlurmCluster, missing_binaries
+from tests.helpers.slurm_cluster import SlurmCluster, missing_binaries
 
 # a tiny DDP run: 2 layers, width 32, T = 64; checkpoints every 2 steps, a 2-length evaluation at the end
 TINY = ["--config", "tiny", "--model.d_model=32", "--data.init_args.seq_len=64", "--data.init_args.batch_size=4",
@@ -137,7 +137,7 @@ def test_bad_input_is_one_line(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.setattr("accrot.sweep.slurm.cluster_is_this_machine", lambda: False)
     if "CONFIG_WITH_DEVICES_4" in argv:
         cfg = tmp_path / "four.yaml"
-        cfg.write_text((Path(__file__).parent.parent / "accrot/configs/tiny.yaml").read_text()
+        cfg.write_text((Path(__file__).resolve().parents[2] / "accrot/configs/tiny.yaml").read_text()
                        .replace("devices: 1", "devices: 4"))
         argv = [str(cfg) if a == "CONFIG_WITH_DEVICES_4" else a for a in argv]
     assert main(argv) == 2

@@ -1,6 +1,6 @@
 """``make gpu-check``: every GPU check in one prepared script, within 10 minutes on one GPU.
 
-    .venv/bin/python tests/gpu_check.py [--budget 540] [--out results/gpu-check]
+    .venv/bin/python tests/helpers/gpu_check.py [--budget 540] [--out results/gpu-check]
 
 Without CUDA it prints one line and exits 0 (the rest of the suite never needs a GPU). With CUDA it runs, each
 section in a child process under its own share of the time budget (a section that runs out is stopped and
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script: make `tests` and the packages importable
     sys.path.insert(0, str(REPO))
 
@@ -235,7 +235,7 @@ def section_pytest(budget: float, out: Path) -> dict[str, Any]:
 
 def _step_timer_class():
     """:class:`StepTimer`, built on first use so that the parent process (and the no-CUDA line) never imports
-    Lightning; ``tests.gpu_check.StepTimer`` resolves through the module's ``__getattr__``."""
+    Lightning; ``tests.helpers.gpu_check.StepTimer`` resolves through the module's ``__getattr__``."""
     import lightning as L
     import torch
 
@@ -322,7 +322,7 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
             continue
         timing = out / f"steps-{i}.json"
         timing.unlink(missing_ok=True)
-        timer = json.dumps({"class_path": "tests.gpu_check.StepTimer",
+        timer = json.dumps({"class_path": "tests.helpers.gpu_check.StepTimer",
                             "init_args": {"path": str(timing), "warmup": warmup}})
         argv = ["fit", "--config", config, f"--trainer.max_steps={steps}", f"--trainer.precision={precision}",
                 f"--trainer.accelerator={accelerator}", "--trainer.devices=1", "--trainer.limit_val_batches=0",

@@ -23,12 +23,13 @@ from accrot.diagnostics import (
     value_far_norm,
 )
 from accrot.errors import UsageError
-from accrot.model import ModelConfig, Transformer
+from accrot.model import Transformer
 from accrot.ops.rotary import rotate_pairs
 from accrot.position import SchemeConfig, build
 from accrot.position.alibi import alibi_slopes
 from accrot.run.diagnose import main as diagnose_main
-from tests.tolerance import assert_close
+from tests.conftest import tiny_model
+from tests.helpers.tolerance import assert_close
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,8 @@ def _one_thread():
 
 
 def tiny(**scheme) -> Transformer:
-    return Transformer(ModelConfig(d_model=32, n_layers=2, n_heads=4, scheme=SchemeConfig(**scheme))).eval()
+    """The tests' tiny model in eval mode, its weights from the generator as the test left it."""
+    return tiny_model(seed=None, **scheme).eval()
 
 
 def random_inputs(H: int, D: int, T: int, B: int = 1, seed: int = 0):

@@ -5,7 +5,7 @@ Debian's ``slurm-wlm`` (22.05) and ``munge``, run as root: one ``munged``, one `
 ``task/none`` (no cgroups in a container). The node names do not resolve, so jobs export
 ``MASTER_ADDR=127.0.0.1`` (the templates' ``--master_addr``). Every daemon is stopped by its PID.
 
-``python tests/slurm_cluster.py`` starts one and waits (Ctrl-C stops it): ``export SLURM_CONF=...`` as printed.
+``python tests/helpers/slurm_cluster.py`` starts one and waits (Ctrl-C stops it): ``export SLURM_CONF=...`` as printed.
 """
 
 from __future__ import annotations

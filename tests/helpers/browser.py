@@ -2,7 +2,7 @@
 (nothing downloads a browser or a driver). The browser test and accrot/sweep/README.md's screenshot share this code
 path:
 
-    python -m tests.browser sqlite:///runs/sweeps/smoke/study.db runs/sweeps/smoke/artifacts .github/dashboard.png
+    python -m tests.helpers.browser sqlite:///runs/sweeps/smoke/study.db runs/sweeps/smoke/artifacts .github/dashboard.png
 """
 
 from __future__ import annotations
@@ -134,11 +134,11 @@ def render_trial(driver, base: str, study: str, out: Path, timeout: float = 60) 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m tests.browser STORAGE_URL ARTIFACT_DIR OUT.png", file=sys.stderr)
+        print("usage: python -m tests.helpers.browser STORAGE_URL ARTIFACT_DIR OUT.png", file=sys.stderr)
         return 2
     why = missing_browser()
     if why:
-        print(f"tests.browser: {why}", file=sys.stderr)
+        print(f"tests.helpers.browser: {why}", file=sys.stderr)
         return 2
     url, artifacts, out = args[0], Path(args[1]), Path(args[2])
     study = url.rstrip("/").rsplit("/", 2)[-2] if url.startswith("sqlite:") else "smoke"
