@@ -203,6 +203,14 @@ class AccrotCLI(LightningCLI):
                 kwargs["default_root_dir"] = str(self.run_dir)
         elif self.resume_dir is not None:
             raise UsageError("--resume needs accrot's own loggers; remove trainer.logger from the config")
+        elif trainer_cfg.get("default_root_dir") is None:
+            # loggers off (or the user's own): the run still gets its own <root>/<name>/version_N, never the
+            # current directory, where two runs would overwrite each other's checkpoints
+            self.run_dir = self.dirs.run_dir = Path(
+                ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=self.run_name(cfg)).log_dir)
+            if rank_zero_only.rank == 0:
+                self.dirs.make(self.run_dir)
+            kwargs["default_root_dir"] = str(self.run_dir)
         if resumed:
             remove_partials(self.resume_dir / "checkpoints")
             rank_zero_info(f"resuming {self.resume_dir} at step {checkpoint.get('global_step')}")
