@@ -601,12 +601,12 @@ def test_loggers_off_the_run_still_gets_its_own_directory(tmp_path, monkeypatch,
     """``--trainer.logger=false``: no metrics loggers, but the checkpoints and records still land in
     ``<root>/<name>/version_N`` (two such runs never share a folder), and nothing in the current directory."""
     monkeypatch.chdir(tmp_path)
-    for version in (0, 1):
+    for n in (0, 1):
         rc = main(["fit", "--config", "tiny", f"--root={tmp_path / 'runs'}", "--trainer.logger=false",
                    "--trainer.max_steps=2", "--model.d_model=32", "--trainer.limit_val_batches=1",
                    "--extrapolation.multipliers=[1]", *QUICK])
         assert rc == 0
-        run = tmp_path / "runs" / "none-none" / f"version_{version}"
+        run = tmp_path / "runs" / "none-none" / f"version_{n}"
         assert capsys.readouterr().out.strip().splitlines()[-1] == f"run directory: {run} (finished at step 2)"
         assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "run.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]

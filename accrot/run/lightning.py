@@ -195,22 +195,7 @@ class AccrotCLI(LightningCLI):
         checkpoint = self._checkpoint_to_load(cfg, io)
         resumed = self.resume_dir is not None and checkpoint is not None
         record = (checkpoint or {}).get("accrot") or {}
-        if trainer_cfg.get("logger") in (None, True):
-            kwargs["logger"] = self._loggers(cfg, keep_rows=record.get("metrics_rows") if resumed else None,
-                                             wandb_id=record.get("wandb_id") if resumed else None)
-            if trainer_cfg.get("default_root_dir") is None:
-                # fast_dev_run swaps the loggers for a dummy: files still land in the run directory
-                kwargs["default_root_dir"] = str(self.run_dir)
-        elif self.resume_dir is not None:
-            raise UsageError("--resume needs accrot's own loggers; remove trainer.logger from the config")
-        elif trainer_cfg.get("default_root_dir") is None:
-            # loggers off (or the user's own): the run still gets its own <root>/<name>/version_N, never the
-            # current directory, where two runs would overwrite each other's checkpoints
-            self.run_dir = self.dirs.run_dir = Path(
-                ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=self.run_name(cfg)).log_dir)
-            if rank_zero_only.rank == 0:
-                self.dirs.make(self.run_dir)
-            kwargs["default_root_dir"] = str(self.run_dir)
+        self._place_run(cfg, trainer_cfg, kwargs, record, resumed)
         if resumed:
             remove_partials(self.resume_dir / "checkpoints")
             rank_zero_info(f"resuming {self.resume_dir} at step {checkpoint.get('global_step')}")
@@ -340,6 +325,26 @@ class AccrotCLI(LightningCLI):
                          f"to train (--ckpt_path continues its training state); start a new run from its weights with "
                          f"--init_from {ckpt}, or train its run longer: accrot fit --resume RUN_DIR "
                          f"--trainer.max_steps=N (N > {step})")
+
+    def _place_run(self, cfg, trainer_cfg, kwargs: dict, record: dict, resumed: bool) -> None:
+        """The run directory and accrot's loggers (CSV, wandb) into the Trainer's ``kwargs``; with the loggers off
+        (or the user's own), the directory alone."""
+        if trainer_cfg.get("logger") in (None, True):
+            kwargs["logger"] = self._loggers(cfg, keep_rows=record.get("metrics_rows") if resumed else None,
+                                             wandb_id=record.get("wandb_id") if resumed else None)
+            if trainer_cfg.get("default_root_dir") is None:
+                # fast_dev_run swaps the loggers for a dummy: files still land in the run directory
+                kwargs["default_root_dir"] = str(self.run_dir)
+        elif self.resume_dir is not None:
+            raise UsageError("--resume needs accrot's own loggers; remove trainer.logger from the config")
+        elif trainer_cfg.get("default_root_dir") is None:
+            # loggers off (or the user's own): the run still gets its own <root>/<name>/version_N, never the
+            # current directory, where two runs would overwrite each other's checkpoints
+            self.run_dir = self.dirs.run_dir = Path(
+                ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=self.run_name(cfg)).log_dir)
+            if rank_zero_only.rank == 0:
+                self.dirs.make(self.run_dir)
+            kwargs["default_root_dir"] = str(self.run_dir)
 
     def _loggers(self, cfg, keep_rows: int | None = None, wandb_id: str | None = None) -> list:
         name = self.run_name(cfg)
