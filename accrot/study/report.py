@@ -109,14 +109,15 @@ def _calibration_md(checks: Sequence[Claim]) -> str:
     if not any(c.comparisons for c in checks):
         return ""
     lines = ["## Instrument checks (not findings)", "",
-             "Random position increments have a known coherence, |φ|^Δ, under fresh draws of their distribution "
-             "whatever the model has learned: these rows check that the estimator and the window fit recover it on "
+             "Random position increments with one spread for every pair have a known coherence, |φ|^Δ, under fresh "
+             "draws of their distribution whatever the model has learned: these rows check that the estimator and the window fit recover it on "
              "the trained models' own q and k. They hold by construction and support no claim.", "",
              "| check | rule | verdict |", "|---|---|---|"]
     lines += [f"| {c.id}: {_cell(c.claim)} | {_cell(c.rule)} | **{c.verdict}** |" for c in checks]
     lines.append("")
     for c in checks:
         lines += [f"- {comp.line()}" for comp in c.comparisons]
+    lines += list(dict.fromkeys(f"- {c.note}" for c in checks if c.note))  # the same note once
     return "\n".join(lines) + "\n"
 
 
