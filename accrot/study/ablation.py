@@ -16,7 +16,7 @@ seed. The spec it generates is written beside the results (``<study>.yaml``), so
 * ``--report_only`` rebuilds the report from whatever trials are complete.
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
-about 50 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
+about 40 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
 at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 5 seeds after a learning-rate grid per variant: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and
 batch 32, 5 seeds after the grid: a GPU node or a cluster).
@@ -169,7 +169,7 @@ HELP = ("The paper's ablation in one command: every variant on each data set (de
         "(32x at --size tiny), the theory diagnostics on the --corpus models, and REPORT.md with the tables, figures "
         "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
         "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
-        "the same command again after an interruption. Sizes: study (default; 75 runs, about 50 min on 2 CPU "
+        "the same command again after an interruption. Sizes: study (default; 75 runs, about 40 min on 2 CPU "
         "cores), tiny (a 12-minute quick look), small and paper (a GPU); --max_steps, --seeds and --multipliers "
         "below a size's make a quick look, which the report marks as such.")
 

@@ -201,14 +201,16 @@ class Size:
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8},
-                  cost="75 runs of 300 steps (d96, 2 layers, L = 128): about 50 min with 2 workers on 2 CPU cores; "
-                       "3 seeds: the size measured to resolve the claims on a CPU"),
+                  cost="300 steps per run (d96, 2 layers, L = 128); its default selection, 75 runs, takes about "
+                       "40 min with 2 workers on 2 CPU cores; 3 seeds: the size measured to resolve the claims on a "
+                       "CPU"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
                  multipliers=(1, 2, 4, 8, 16, 32), diagnostics=(1, 8, 32), fresh_draws=8,
-                 cost="50 runs of 150 steps (d64, 2 layers, L = 128, up to 32× L): about 12 min with 2 workers on "
-                      "2 CPU cores; 2 seeds and half the training: a quick look, most verdicts stay inconclusive"),
+                 cost="150 steps per run (d64, 2 layers, L = 128, up to 32× L); its default selection, 50 runs, "
+                      "takes about 12 min with 2 workers on 2 CPU cores; 2 seeds and half the training: a quick "
+                      "look, most verdicts stay inconclusive"),
     # the GPU sizes: 5 seeds (a paired interval over 5 seeds is (t₄/√5)/(t₂/√3) = 0.50 of one over 3), each variant
     # at its own learning rate from a 3-point grid (1 seed; --no_tune_lr: the size's lr for every variant)
     "small": Size(base="small", seq_len=512, seeds=5, lr=1e-3,
