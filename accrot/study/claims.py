@@ -38,9 +38,11 @@ N1_DATASETS = ("local",)  # besides the claims' data set
 
 def check_claims(res: Results) -> list[Claim]:
     """One :class:`Claim` per claim of the study, in order; every multi-comparison claim corrected (Holm)."""
-    claims = [check(res) for check in CLAIM_CHECKS]
-    extended = _c1_extended(res)  # C1 is read against plain RoPE and, where the ablation made them, its extensions
-    claims = claims[:1] + [extended] + claims[1:] if extended is not None else claims
+    claims: list[Claim] = []
+    if res.corpus in res.datasets():  # a state-tracking study alone (no language corpus) reads S1–S3 only
+        claims = [check(res) for check in CLAIM_CHECKS]
+        extended = _c1_extended(res)  # C1 read against plain RoPE and, where the ablation made them, its extensions
+        claims = claims[:1] + [extended] + claims[1:] if extended is not None else claims
     claims += [c for check in STATE_CHECKS if (c := check(res)) is not None]  # where state tasks ran
     for c in claims:
         c.finalize()

@@ -275,6 +275,10 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
 def _read_on(res: Results) -> str:
     """The claims' data set (``accrot ablation --corpus``): the language-model claims and the theory diagnostics are
     read on it; N1 adds the tasks."""
+    if res.corpus not in res.datasets():
+        return ("Only state-tracking tasks ran: S1–S3 are read on their answer accuracy; the claims on NLL and the "
+                "theory diagnostics need a language corpus (`accrot ablation` without `--datasets`, or with "
+                "`--corpus`).")
     return (f"Read on **{dataset_title(res.corpus)}** (data set `{res.corpus}`): the claims on NLL and the theory "
             "diagnostics (`accrot ablation --corpus` chooses it).")
 
