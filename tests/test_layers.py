@@ -52,3 +52,49 @@ def test_an_upward_import_breaks_a_contract(tmp_path, module, upward):
     res = lint(tree)
     assert res.returncode != 0, res.stdout[-3000:]
     assert "BROKEN" in res.stdout and "is not allowed to import" in res.stdout
+
+
+def import_cycles(package: str) -> list[list[str]]:
+    """Every set of modules of ``package`` that import each other in a circle (strongly connected components of
+    the direct-import graph, imports inside functions included), by Tarjan's algorithm on grimp's graph."""
+    import grimp
+
+    graph = grimp.build_graph(package)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return found
+
+
+@pytest.mark.parametrize("package", ["accrot", "callbacks", "data_modules"])
+def test_no_module_imports_itself_through_others(package):
+    """No import circle, not even through a deferred import inside a function (which import-linter's layers allow
+    within one layer): a reader can take the modules in one order."""
+    assert import_cycles(package) == []

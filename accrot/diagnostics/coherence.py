@@ -15,9 +15,8 @@ from accrot.diagnostics.inputs import (
     path_walk,
     spread_indices,
 )
-from accrot.ops.rotary import rotate_pairs
+from accrot.ops.rotary import rope_frequencies, rotate_pairs
 from accrot.position.accum import char_fn_abs, increment_distribution, mix_seed
-from accrot.position.rope import rope_frequencies
 
 # -- coherence ---------------------------------------------------------------------------------------------------
 PATH_ROW_TOKENS = 2048  # PaTH's per-query walk: rows × length held at most max_queries × this

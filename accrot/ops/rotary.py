@@ -416,3 +416,9 @@ def naive_so2_attention(
         out = (a[..., None, None] * torch.stack(values, 2)).sum(2)  # [B, H, P, 2]
         outs.append(out.transpose(-1, -2).flatten(-2))  # [B, H, D]
     return torch.stack(outs, 2)  # [B, H, T, D]
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    """ω_i = base^(−i/(D/2)) for i = 0..D/2−1, ``[D/2]`` float64 (ω_0 = 1)."""
+    P = head_dim // 2
+    return float(base) ** (-torch.arange(P, dtype=torch.float64) / P)

@@ -68,7 +68,7 @@ from torch import nn
 
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
-from accrot.ops.rotary import accumulate_angles, accumulate_drawn, wrap_angle
+from accrot.ops.rotary import accumulate_angles, accumulate_drawn, rope_frequencies, wrap_angle
 from accrot.position.base import DeviceConstants, RotationPart
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.learned import (  # noqa: F401 - callers still import the learned part from here
@@ -77,7 +77,6 @@ from accrot.position.learned import (  # noqa: F401 - callers still import the l
     SoftplusIncrements,
     causal_depthwise_conv,
 )
-from accrot.position.rope import rope_frequencies
 from accrot.position.scheme import register_rotation
 
 DEFAULT_WINDOW = 96.0  # tokens; the mixing window of random increments when neither window nor sigma is set

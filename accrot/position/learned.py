@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from accrot.ops.rotary import accumulate_angles, accumulate_bounded
+from accrot.ops.rotary import accumulate_angles, accumulate_bounded, rope_frequencies
 from accrot.position.base import DeviceConstants, init_weights
 from accrot.position.config import SchemeConfig
-from accrot.position.rope import rope_frequencies
 
 
 class LearnedIncrements(nn.Module):

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from accrot.ops.rotary import wrap_angle
+from accrot.ops.rotary import rope_frequencies, wrap_angle
 from accrot.position.base import RotationPart
 from accrot.position.config import SchemeConfig
+from accrot.position.rope_scaling import logit_scale, scaled_frequencies
 from accrot.position.scheme import register_rotation
 
-
-def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
-    """ω_i = base^(−i/(D/2)) for i = 0..D/2−1, ``[D/2]`` float64 (ω_0 = 1)."""
-    P = head_dim // 2
-    return float(base) ** (-torch.arange(P, dtype=torch.float64) / P)
+__all__ = ["RoPE", "rope_frequencies"]  # rope_frequencies lives in accrot.ops.rotary; importable from here too
 
 
 @register_rotation("rope")
@@ -46,8 +43,6 @@ class RoPE(RotationPart):
         """(ω' ``[P]`` float64, the scaling factor s) for a forward of length T; (ω, 1) without scaling."""
         if self.scaling is None:
             return self.omega, 1.0
-        from accrot.position.rope_scaling import scaled_frequencies
-
         s = self.scaling.factor_at(T)
         return scaled_frequencies(self.omega, self.scaling.kind, s, self.scaling.train_length, self.cfg.rope_base), s
 
@@ -55,8 +50,6 @@ class RoPE(RotationPart):
         """What multiplies the attention logits at length T (YaRN's temperature; 1 otherwise)."""
         if self.scaling is None:
             return 1.0
-        from accrot.position.rope_scaling import logit_scale
-
         return logit_scale(self.scaling.kind, self.scaling.factor_at(T))
 
     def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 
 from accrot.errors import ConfigError
-from accrot.position.rope import rope_frequencies
+from accrot.ops.rotary import rope_frequencies
 
 Scaling = Literal["pi", "ntk", "yarn"]
 SCALINGS = ("pi", "ntk", "yarn")
@@ -83,9 +83,9 @@ def logit_scale(kind: str, factor: float) -> float:
 def apply_rope_scaling(model: torch.nn.Module, scaling: RopeScaling | None) -> int:
     """Set (or, with None, remove) ``scaling`` on every RoPE part of ``model``; how many. A model without RoPE is
     a one-line ConfigError: the extensions are defined for RoPE only."""
-    from accrot.position.rope import RoPE
-
-    parts = [m for m in model.modules() if isinstance(m, RoPE)]
+    # RoPE's parts take a scaling (set_scaling); found by that, so this module needs nothing of rope.py's, which
+    # imports it
+    parts = [m for m in model.modules() if callable(getattr(m, "set_scaling", None))]
     if scaling is not None and not parts:
         cell = getattr(getattr(model, "scheme_config", None), "label", None)  # a LitLM names its scheme's cell
         what = f"this model is {cell()}" if cell else "this model has no RoPE part"
