@@ -584,7 +584,7 @@ def test_sigint_to_the_parent_alone_stops_its_workers_at_once_and_says_ctrl_c(tm
 
     every5 = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",  # a checkpoint says training is under way
               "init_args": {"save_last": True, "every_n_train_steps": 5, "save_top_k": 0}}
-    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 5000,
+    overrides = {**yaml.safe_load(SMOKE.read_text())["overrides"], "trainer.max_steps": 50000,
                  "trainer.callbacks": [every5]}
     spec = write_spec(tmp_path, "sigint", trials=1, seeds=[0], retries=1, pruner={"type": "none"},
                       overrides=overrides)
@@ -593,8 +593,12 @@ def test_sigint_to_the_parent_alone_stops_its_workers_at_once_and_says_ctrl_c(tm
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "WANDB_MODE": "disabled"})
     deadline = time.time() + 240
+    worker_log = root / "sigint" / "workers" / "worker-0.log"
     while time.time() < deadline and proc.poll() is None:  # training is under way once the step-5 checkpoint is
-        if glob.glob(str(root / "sigint" / "runs" / "trial_0000" / "version_0" / "checkpoints" / "last.ckpt")):
+        # written (or, on a loaded machine where the poll can miss it, once Lightning has printed the model summary)
+        if glob.glob(str(root / "sigint" / "runs" / "trial_*" / "version_*" / "checkpoints" / "*.ckpt")) or (
+                worker_log.is_file() and "Trainable params" in worker_log.read_text(errors="replace")):
+            time.sleep(1.0)
             break
         time.sleep(0.3)
     assert proc.poll() is None, proc.communicate()
