@@ -162,10 +162,12 @@ def evaluate_length(
     mask: torch.Tensor | None = None,
     shard: tuple[int, int] = (0, 1),
     depths: list[float] | None = None,
+    targets: torch.Tensor | None = None,
 ) -> LengthResult:
     """Score ``blocks [N, ℓ+1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``) with ``model: [b, ℓ] → [b, ℓ, V]``.
 
     ``mask [N, ℓ]`` (bool) restricts scoring to some target positions (a synthetic task's answers).
+    ``targets [N, ℓ]`` replaces ``blocks[:, 1:]`` as what is scored (a task whose answers the model does not read).
     ``shard = (rank, world)``: this process scores blocks ``rank::world``; with ``sync`` the metric then
     reduces over the process group, so every rank returns the numbers of the whole set.
     ``depths`` (one per block, passkey retrieval) adds the accuracy per depth.
@@ -173,8 +175,9 @@ def evaluate_length(
     if blocks.dim() != 2 or blocks.shape[1] < 2:
         raise ValueError(f"blocks must be [N, length+1] with length >= 1, got shape {tuple(blocks.shape)}")
     n, length = blocks.shape[0], blocks.shape[1] - 1
-    if mask is not None and mask.shape != (n, length):
-        raise ValueError(f"mask must be [N, length] = {(n, length)}, got {tuple(mask.shape)}")
+    for name, given in (("mask", mask), ("targets", targets)):
+        if given is not None and given.shape != (n, length):
+            raise ValueError(f"{name} must be [N, length] = {(n, length)}, got {tuple(given.shape)}")
     device = torch.device(device) if device is not None else blocks.device
     width = bucket_width_for(length, train_length)
     window = min(train_length, length)
@@ -186,14 +189,14 @@ def evaluate_length(
         index = mine[start : start + per_batch]  # [b]
         chunk = blocks[index].to(device=device, dtype=torch.long)  # [b, ℓ+1]
         logits = model(chunk[:, :-1])  # [b, ℓ, V] in the model's dtype (bf16 under bf16-mixed)
-        targets = chunk[:, 1:]  # [b, ℓ]
-        nll = token_nll(logits, targets)  # [b, ℓ] float32
-        scored = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask[index].to(device)  # [b, ℓ]
+        wanted = chunk[:, 1:] if targets is None else targets[index].to(device=device, dtype=torch.long)  # [b, ℓ]
+        nll = token_nll(logits, wanted)  # [b, ℓ] float32
+        scored = torch.ones_like(wanted, dtype=torch.bool) if mask is None else mask[index].to(device)  # [b, ℓ]
         if not torch.isfinite(nll[scored]).all():
             raise FloatingPointError(
                 f"evaluation at length {length} produced a non-finite NLL (blocks {index.tolist()[:4]}...)"
             )
-        metric.update(nll, logits.argmax(-1) == targets, scored, index)
+        metric.update(nll, logits.argmax(-1) == wanted, scored, index)
     out = metric.compute()
     if not float(out["count"]) > 0:
         raise ValueError(f"evaluation at length {length} scored no token; the mask selects nothing")
@@ -234,6 +237,7 @@ def evaluate_lengths(
     masks: dict[int, torch.Tensor] | None = None,
     shard: tuple[int, int] = (0, 1),
     depths: dict[int, list[float]] | None = None,
+    targets: dict[int, torch.Tensor] | None = None,
 ) -> list[LengthResult]:
     """Evaluate every length in ``blocks_by_length`` (ascending); ``progress`` may wrap the iteration.
 
@@ -250,6 +254,7 @@ def evaluate_lengths(
             shard=shard if blocks_by_length[ln].shape[0] >= shard[1] else (0, 1),
             sync=shard[1] > 1 and blocks_by_length[ln].shape[0] >= shard[1],
             depths=None if depths is None else depths.get(ln),
+            targets=None if targets is None else targets.get(ln),
         )
         for ln in items
     ]
@@ -257,12 +262,14 @@ def evaluate_lengths(
 
 @dataclass
 class EvalSets:
-    """A data module's fixed evaluation material per length: blocks, and for synthetic tasks the scoring masks
-    and (passkey) each block's key depth."""
+    """A data module's fixed evaluation material per length: blocks, and for synthetic tasks the scoring masks,
+    the targets (which differ from ``blocks[:, 1:]`` where the model does not read the answers) and (passkey) each
+    block's key depth."""
 
     blocks: dict[int, torch.Tensor]
     masks: dict[int, torch.Tensor] | None = None
     depths: dict[int, list[float]] | None = None
+    targets: dict[int, torch.Tensor] | None = None
 
 
 def eval_sets(dm, lengths: list[int], budget_tokens: int, min_blocks: int = 1) -> EvalSets:
@@ -273,7 +280,8 @@ def eval_sets(dm, lengths: list[int], budget_tokens: int, min_blocks: int = 1) -
     blocks = {ln: dm.eval_blocks(ln, budget[ln]) for ln in lengths}
     masks = {ln: dm.eval_mask(ln, budget[ln]) for ln in lengths} if hasattr(dm, "eval_mask") else None
     depths = {ln: list(dm.eval_depths(ln, budget[ln])) for ln in lengths} if hasattr(dm, "eval_depths") else None
-    return EvalSets(blocks, masks, depths)
+    targets = {ln: dm.eval_targets(ln, budget[ln]) for ln in lengths} if hasattr(dm, "eval_targets") else None
+    return EvalSets(blocks, masks, depths, targets)
 
 
 @torch.no_grad()

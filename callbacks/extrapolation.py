@@ -102,7 +102,7 @@ class ExtrapolationCallback(Periodic):
             with trainer.strategy.precision_plugin.forward_context():
                 results = evaluate_lengths(
                     pl_module, self._sets.blocks, self.train_length, self.max_batch_tokens, device=pl_module.device,
-                    masks=self._sets.masks, depths=self._sets.depths,
+                    masks=self._sets.masks, depths=self._sets.depths, targets=self._sets.targets,
                     shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
                 )
                 sliding = self._sliding(trainer.datamodule, pl_module)

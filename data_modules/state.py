@@ -1,9 +1,10 @@
-"""State-tracking tasks: flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall.
+"""State-tracking tasks: flip-flop, parity and counting mod n, word problems (S3 … S5, A4, A5), N-back recall.
 
 What an accumulated transformation can carry across lengths. Accumulated SO(2) rotations commute, so they can
 hold an abelian running state (a parity, a count mod n: an angle of 2π/n per 1-bit is an exact clock at any
 length) and nothing more; products of Householder reflections (PaTH) do not commute and can hold a permutation
-(the S5 and A5 word problems, NC¹-complete for A5 by Barrington's theorem); flip-flop and N-back ask for a precise
+(the word problems: S3 is the smallest group that does not commute, A5's is NC¹-complete by Barrington's
+theorem); flip-flop and N-back ask for a precise
 read of one earlier token among a far set that grows with the length.
 
 The four tasks share the machinery of :mod:`data_modules.synthetic` (their base class is its
@@ -11,47 +12,48 @@ The four tasks share the machinery of :mod:`data_modules.synthetic` (their base 
 ``sha256("accrot.synthetic/<task>/<seed>/<split>/<length>/<index>")``, so training item i and evaluation block i
 at length ℓ are the same in every process and for every model (block i does not depend on the budget); batches
 are ``(inputs [B, T], targets [B, T])`` int64 with ``targets = -100`` off the answers; :meth:`eval_blocks` gives
-``[N, ℓ + 1]`` bytes and :meth:`eval_mask` the ``[N, ℓ]`` scored targets (targets = blocks[:, 1:]). Only the
+``[N, ℓ + 1]`` bytes as the model reads them, :meth:`eval_targets` the ``[N, ℓ]`` targets and :meth:`eval_mask`
+the scored ones (the targets are blocks[:, 1:] except at the answers the model does not read, below). Only the
 answers are scored, so the evaluation reports the answers' accuracy (and NLL) per length and per position bucket.
 Tokens are bytes (vocab 256); each task's encoding is below. Nothing is downloaded.
 
-**Query streams** (parity / mod n, word problems, N-back). A sequence of n = ℓ + 1 bytes is a stream of
-*elements* (one byte each) with *queries* (the query byte, then the answer byte) between them. Left to right:
-an element; then, with probability ``query_rate``, a query, provided the task's first query is due (N-back:
-after n_back + 1 elements; the others: after one) and an element still fits between it and the end. The last two
-bytes are always a query, so every sequence ends on an answer and a query always follows an element. The answer
-of a query is a function of all the elements before it (the queries and answers do not count):
+**Query streams** (parity / mod n, word problems, N-back). A sequence of n = ℓ + 1 bytes is the start byte 0xFD
+(the origin the running state starts from: a relative scheme has no other way to find the beginning), then a stream
+of *elements* (one byte each) with *queries* (the query byte, then the answer byte) between them. Left to right:
+an element; then, with probability ``query_rate``, a query, provided the task's first query is due (N-back: after
+n_back + 1 elements; the others: after one) and an element still fits between it and the end. The last two bytes
+are always a query, so every sequence ends on an answer and a query always follows an element. The answer of a
+query is a function of all the elements before it (the queries and answers do not count):
 
 * **parity and counting mod n** (:class:`ModCountDataModule`, task ``modcount``; ``modulus=2`` is parity).
   Elements are uniform bits ``0``/``1``; the query byte is ``?``; the answer is the number of 1-bits so far,
-  mod n, as a letter (``A`` = 0, ``B`` = 1, ...; an answer never shares a byte with an element, so a scheme that
-  accumulates per token can tell them apart). ``0110?C1?A`` for n = 3.
-* **S5 / A5 word problems** (:class:`WordProblemDataModule`, task ``word_problem``). Elements are permutations
-  of {0, …, 4}, uniform over the group (all 120 of S5, or the 60 even ones of A5) or, with
-  ``elements="generators"``, uniform over a generating set (S5: the 10 transpositions, one reflection each, the
-  product a Householder path can carry token by token; A5: the 20 3-cycles), numbered in lexicographic
-  order of their one-line notation (p(0) … p(4); S5: 01234 is 0, 01243 is 1, …, 43210 is 119; A5: the even ones
-  in the same order) and written as one byte, that number (0–119). The query byte is 0xFF. The answer is the
-  running product g_t ∘ … ∘ g_2 ∘ g_1 of the elements so far (g_1 applied first: the state of five objects moved
-  by each permutation in turn), as the byte 128 + its number.
+  mod n, as a letter (``A`` = 0, ``B`` = 1, ...). ``^0110?C1?A`` for n = 3 (``^``: the start byte).
+* **word problems** (:class:`WordProblemDataModule`, task ``word_problem``): S3, S4, S5 (every permutation of 3, 4,
+  5 objects) and A4, A5 (the even ones). Elements are permutations of {0, …, k − 1}, uniform over the group or,
+  with ``elements="generators"``, uniform over a generating set (S_k: the transpositions, one reflection each,
+  the product a Householder path can carry token by token; A_k: the 3-cycles), numbered in lexicographic
+  order of their one-line notation (p(0) … p(k − 1); S5: 01234 is 0, 01243 is 1, …, 43210 is 119; A_k: the even
+  ones in the same order) and written as one byte, that number (0–119). The query byte is 0xFF. The answer is the
+  running product g_t ∘ … ∘ g_2 ∘ g_1 of the elements so far (g_1 applied first: the state of the objects moved
+  by each permutation in turn), as the byte 128 + its number. S3 is the smallest group that does not commute.
 * **N-back recall** (:class:`NBackDataModule`, task ``nback``). Elements are uniform letters ``a``, ``b``, … of an
   alphabet of ``n_symbols``; the query byte is ``?``; the answer is the element n_back steps before the most
-  recent one (n_back = 1: the one before it), in upper case: ``abcd?B`` for n_back = 2. The distance in bytes to
+  recent one (n_back = 1: the one before it), in upper case: ``^abcd?B`` for n_back = 2. The distance in bytes to
   the recalled element is n_back + 1 plus two per query in between: reading it needs a count of elements, not of
   bytes.
 
-The answers reveal the state: a query can be answered from the previous answer and the elements since it. What a
-query depends on is therefore the span of elements since the previous query, geometric with mean 1/query_rate
-elements whatever the length; what grows with the evaluation length is everything before that span (earlier
-elements and answers, the far set) and the number of answers. Longer spans at longer lengths would leave O(1)
-answers per block, too few to score at 64× L on the evaluation budget.
+**The model does not read the answers** (``answers_in_input=False``, the default): the answer byte is a target,
+and what the model reads in its place is the byte 0xFE (``^0?■1?■1?■`` — ■ for 0xFE — with targets B, C, A at the
+queries), so every answer is a function of the whole prefix of elements, as in the word-problem and parity
+literature, where each prefix is labelled and nothing is fed back. With the answers fed back (``true``) a query
+is the previous answer composed with the elements since it, a one-step lookup that any model with local attention
+solves at every length (a test shows a rule that reads only the previous answer is exact there and at chance with
+the answers hidden); that layout is kept for comparison only. What grows with the evaluation length is therefore
+the prefix each answer needs: up to 64× L elements at 64× L.
 
-Defaults are what a tiny model (2 layers, width 64, L = 128) learns in 300 steps, so that a failure beyond L is
-a failure to extrapolate, not to learn: parity and mod n answer every bit (``query_rate=1``: the running count,
-as in the word-problem literature, where every prefix is labelled; at query_rate 0.5 or less RoPE stayed at chance
-even at L, and accumulated learned rotations with rotated values reached 0.75 on parity at 0.25); the word problems
-answer every element, drawn from the generators (at query_rate 0.25 PaTH stayed near chance, with a stream of
-transpositions or one uniform over S5); N-back queries a quarter of the letters (RoPE learns it at L).
+Defaults are what a tiny model can be asked at L = 128 in a few hundred steps: every element is answered
+(``query_rate=1``, the dense labels of the literature: the most training signal per sequence), the word problems
+drawn from their generators; N-back queries a quarter of the letters.
 
 **Flip-flop language modelling** (:class:`FlipFlopDataModule`, task ``flipflop``; Liu et al.'s FFL(p)).
 A sequence is instructions of two bytes, an opcode ``w`` (write), ``i`` (ignore) or ``r`` (read) and an operand
@@ -102,12 +104,13 @@ from data_modules.tokenizer import ByteTokenizer
 
 QUERY = ord("?")  # parity / mod n and N-back
 WORD_QUERY = 0xFF  # word problems: every byte below 0xF8 is an element or an answer
+START = 0xFD  # the first byte of every query stream: the origin the running state starts from
+HIDDEN = 0xFE  # what the model reads in place of an answer it is not shown (no task uses this byte otherwise)
 ANSWER_BASE = 128  # word problems: the answer to group element number k is the byte 128 + k
 MAX_MODULUS = 26  # answers are the letters A..Z
 MAX_SYMBOLS = 26  # N-back elements are the letters a..z
-GROUPS = ("S5", "A5")
+GROUPS = ("S3", "S4", "S5", "A4", "A5")  # the symmetric and alternating groups of 3 to 5 objects
 ELEMENTS = ("all", "generators")
-DEGREE = 5  # permutations of {0, ..., 4}
 FLIP_OPS = {"write": ord("w"), "ignore": ord("i"), "read": ord("r")}
 BIT = (ord("0"), ord("1"))
 NEWLINE = ord("\n")
@@ -123,7 +126,7 @@ def query_layout(u: list[float], n: int, rate: float, first: int) -> tuple[list[
     the first query. A query at q occupies bytes q (query) and q + 1 (answer); the last one sits at n − 2.
     """
     elements, queries = [], []
-    i = 0
+    i = 1  # byte 0 is the start byte
     while i < n - 2:
         elements.append(i)
         i += 1
@@ -148,10 +151,16 @@ class QueryStreamTask:
     query_rate: float
     query_byte: int
     first: int
+    answers_in_input: bool
+
+    @property
+    def hidden_answer(self) -> int | None:
+        """The byte the model reads in place of every answer (None: it reads the answers; module docstring)."""
+        return None if self.answers_in_input else HIDDEN
 
     @property
     def min_length(self) -> int:
-        return self.first + 1  # n = ℓ + 1 bytes: `first` elements, then the final query and its answer
+        return self.first + 2  # n = ℓ + 1 bytes: the start byte, `first` elements, the final query and its answer
 
     def sample(self, g: torch.Generator, length: int, split: str, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(x [ℓ+1] int64 bytes, mask [ℓ] bool)``; the rules do not depend on the split or the index."""
@@ -162,7 +171,7 @@ class QueryStreamTask:
         e = drawn[: len(elements)]  # [m]
         q = torch.tensor(queries)  # [k]
         counts = torch.searchsorted(torch.tensor(elements), q)  # [k] elements before each query
-        x = torch.empty(n, dtype=torch.long)
+        x = torch.full((n,), START, dtype=torch.long)  # byte 0 stays the start byte
         x[elements] = self.element_bytes(e)
         x[q] = self.query_byte
         x[q + 1] = self.answer_bytes(e, counts)
@@ -177,6 +186,7 @@ class ModCountTask(QueryStreamTask):
 
     modulus: int
     query_rate: float
+    answers_in_input: bool = False
 
     name = "modcount"
     query_byte = QUERY
@@ -210,18 +220,43 @@ def _is_even(p: tuple[int, ...]) -> bool:
 def group_table(group: str) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
     """``(elements, table)``: the group's permutations in lexicographic order and ``table[s][g]``, the number of
     g ∘ s (s applied first)."""
-    perms = [p for p in itertools.permutations(range(DEGREE)) if group == "S5" or _is_even(p)]  # lexicographic
+    degree = int(group[1:])
+    perms = [p for p in itertools.permutations(range(degree)) if group[0] == "S" or _is_even(p)]  # lexicographic
     number = {p: k for k, p in enumerate(perms)}
-    table = tuple(tuple(number[tuple(g[s[i]] for i in range(DEGREE))] for g in perms) for s in perms)
+    table = tuple(tuple(number[tuple(g[s[i]] for i in range(degree))] for g in perms) for s in perms)
     return tuple(perms), table
 
 
 @functools.cache
 def generators(group: str) -> tuple[int, ...]:
-    """Numbers of the generating set: S5's transpositions (2 points moved), A5's 3-cycles (3 points moved)."""
-    moved = 2 if group == "S5" else 3
+    """Numbers of the generating set: a symmetric group's transpositions (2 points moved), an alternating group's
+    3-cycles (3 points moved)."""
+    moved = 2 if group[0] == "S" else 3
     perms, _ = group_table(group)
-    return tuple(k for k, p in enumerate(perms) if sum(p[i] != i for i in range(DEGREE)) == moved)
+    return tuple(k for k, p in enumerate(perms) if sum(p[i] != i for i in range(len(p))) == moved)
+
+
+@functools.cache
+def commuting_ceiling(group: str) -> float:
+    """The best answer accuracy of any commuting (abelian) running state on the group's word problem: 1/|G'|.
+
+    A state that composes commutatively can hold the product only up to the commutator subgroup G' (it factors
+    through the abelianisation G/G'), so among the |G'| products with the same image it cannot tell which one is
+    right: S_n' = A_n (the sign is all it holds: 1/3 for S3, 1/60 for S5), A4' = the Klein four-group (1/4), A5 is
+    perfect (1/60: nothing beyond chance).
+    """
+    perms, table = group_table(group)
+    inverse = [row.index(0) for row in table]  # table[s][g] = g ∘ s; the identity is number 0
+    def compose(x: int, y: int) -> int:  # x ∘ y (y applied first)
+        return table[y][x]
+
+    n = len(perms)
+    derived = {compose(compose(a, b), compose(inverse[a], inverse[b])) for a in range(n) for b in range(n)}
+    while True:  # close the commutators under composition
+        grown = derived | {compose(a, b) for a in derived for b in derived}
+        if grown == derived:
+            return 1 / len(derived)
+        derived = grown
 
 
 @dataclass(frozen=True)
@@ -231,6 +266,7 @@ class WordProblemTask(QueryStreamTask):
     group: str
     elements: str
     query_rate: float
+    answers_in_input: bool = False
 
     name = "word_problem"
     query_byte = WORD_QUERY
@@ -238,7 +274,7 @@ class WordProblemTask(QueryStreamTask):
 
     @property
     def order(self) -> int:
-        return math.factorial(DEGREE) // (1 if self.group == "S5" else 2)
+        return math.factorial(int(self.group[1:])) // (1 if self.group[0] == "S" else 2)
 
     def draw(self, g: torch.Generator, n: int) -> torch.Tensor:
         if self.elements == "all":
@@ -251,7 +287,7 @@ class WordProblemTask(QueryStreamTask):
 
     def answer_bytes(self, e: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         perms, table = group_table(self.group)
-        state = perms.index(tuple(range(DEGREE)))  # the identity: number 0
+        state = 0  # the identity: the first in lexicographic order
         running = [state]  # running[j]: the product of the first j elements
         for k in e.tolist():
             state = table[state][k]
@@ -266,6 +302,7 @@ class NBackTask(QueryStreamTask):
     n_back: int
     n_symbols: int
     query_rate: float
+    answers_in_input: bool = False
 
     name = "nback"
     query_byte = QUERY
@@ -329,6 +366,12 @@ def _check_rate(name: str, value: object, closed: bool) -> float:
     return float(value)
 
 
+def _check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise DataError(f"{name}={value!r} is not valid; use true or false")
+    return value
+
+
 class StateTaskDataModule(SyntheticDataModule):
     """What the state-tracking modules share beyond :class:`SyntheticDataModule`: bytes, and a training length
     checked against the task's shortest sequence at construction."""
@@ -388,8 +431,11 @@ class ModCountDataModule(StateTaskDataModule):
     Args:
         seq_len: training length T (at least 2: one bit, a query and its answer).
         modulus: n, 2..26 (the answers are the letters A..Z).
-        query_rate: probability that a query follows a bit, in (0, 1]; the span a query depends on is
-            1/query_rate bits on average (1: every bit is answered; module docstring for the choice).
+        query_rate: probability that a query follows a bit, in (0, 1] (1: every bit is answered; module docstring
+            for the choice).
+        answers_in_input: whether the model reads the answers (false: it reads the byte 0xFE in their place, so
+            every answer needs the whole prefix; true: the leaky layout, where an answer is the previous one and
+            the bits since; module docstring).
         batch_size, seed, num_workers, val_blocks: as in :class:`TokenStreamDataModule`.
     """
 
@@ -398,6 +444,7 @@ class ModCountDataModule(StateTaskDataModule):
         seq_len: int = 128,
         modulus: int = 2,
         query_rate: float = 1.0,
+        answers_in_input: bool = False,
         batch_size: int = 16,
         seed: int = 0,
         num_workers: int = 0,
@@ -406,9 +453,10 @@ class ModCountDataModule(StateTaskDataModule):
         if isinstance(modulus, bool) or not isinstance(modulus, int) or not 2 <= modulus <= MAX_MODULUS:
             raise DataError(f"modulus={modulus!r} is not valid; use an integer in 2..{MAX_MODULUS} "
                             "(2 is parity; the answers are the letters A..Z)")
-        task = ModCountTask(modulus=modulus, query_rate=_check_rate("query_rate", query_rate, closed=True))
+        task = ModCountTask(modulus=modulus, query_rate=_check_rate("query_rate", query_rate, closed=True),
+                            answers_in_input=_check_flag("answers_in_input", answers_in_input))
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
-        self.modulus, self.query_rate = modulus, task.query_rate
+        self.modulus, self.query_rate, self.answers_in_input = modulus, task.query_rate, answers_in_input
         self._init_task(task)
 
 
@@ -423,6 +471,8 @@ class WordProblemDataModule(StateTaskDataModule):
         elements: ``generators`` (uniform over S5's transpositions or A5's 3-cycles; the answers still range over
             the whole group) or ``all`` (uniform over the group).
         query_rate: probability that a query follows a permutation, in (0, 1] (1: every one is answered).
+        answers_in_input: whether the model reads the answers (false: the byte 0xFE in their place; module
+            docstring).
         batch_size, seed, num_workers, val_blocks: as in :class:`TokenStreamDataModule`.
     """
 
@@ -432,6 +482,7 @@ class WordProblemDataModule(StateTaskDataModule):
         group: str = "S5",
         elements: str = "generators",
         query_rate: float = 1.0,
+        answers_in_input: bool = False,
         batch_size: int = 16,
         seed: int = 0,
         num_workers: int = 0,
@@ -442,9 +493,11 @@ class WordProblemDataModule(StateTaskDataModule):
         if elements not in ELEMENTS:
             raise DataError(f"elements={elements!r} is not valid; choose one of {', '.join(ELEMENTS)}")
         task = WordProblemTask(group=group, elements=elements,
-                               query_rate=_check_rate("query_rate", query_rate, closed=True))
+                               query_rate=_check_rate("query_rate", query_rate, closed=True),
+                               answers_in_input=_check_flag("answers_in_input", answers_in_input))
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.group, self.elements, self.query_rate = group, elements, task.query_rate
+        self.answers_in_input = answers_in_input
         self._init_task(task)
 
 
@@ -458,6 +511,8 @@ class NBackDataModule(StateTaskDataModule):
         n_back: how far back the recalled letter is, counted in letters (queries do not count), >= 1.
         n_symbols: alphabet size, 2..26 (the letters a..z; answers in upper case).
         query_rate: probability that a query follows a letter (once n_back + 1 letters are in), in (0, 1].
+        answers_in_input: whether the model reads the answers (false: the byte 0xFE in their place; module
+            docstring).
         batch_size, seed, num_workers, val_blocks: as in :class:`TokenStreamDataModule`.
     """
 
@@ -467,6 +522,7 @@ class NBackDataModule(StateTaskDataModule):
         n_back: int = 4,
         n_symbols: int = 8,
         query_rate: float = 0.25,
+        answers_in_input: bool = False,
         batch_size: int = 16,
         seed: int = 0,
         num_workers: int = 0,
@@ -477,9 +533,11 @@ class NBackDataModule(StateTaskDataModule):
             raise DataError(f"n_symbols={n_symbols!r} is not valid; use an integer in 2..{MAX_SYMBOLS} "
                             "(the letters a..z)")
         task = NBackTask(n_back=n_back, n_symbols=n_symbols,
-                         query_rate=_check_rate("query_rate", query_rate, closed=True))
+                         query_rate=_check_rate("query_rate", query_rate, closed=True),
+                         answers_in_input=_check_flag("answers_in_input", answers_in_input))
         super().__init__(seq_len, batch_size, num_workers, seed, val_blocks)
         self.n_back, self.n_symbols, self.query_rate = n_back, n_symbols, task.query_rate
+        self.answers_in_input = answers_in_input
         self._init_task(task)
 
     def _why_short(self) -> str:

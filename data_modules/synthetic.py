@@ -207,8 +207,24 @@ class PasskeyTask:
         return x, mask
 
 
+def model_view(task, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(what the model reads [ℓ+1], targets [ℓ])`` of a sample ``x [ℓ+1]`` whose scored targets are ``mask [ℓ]``.
+
+    The targets are ``x[1:]``. A task whose answers are not fed back (``task.hidden_answer``, a byte) shows that
+    byte instead of each answer in what the model reads, so a later answer cannot be read off an earlier one
+    (the state-tracking tasks: an answer fed back would turn a running state into a one-step lookup).
+    """
+    targets = x[1:].clone()  # [ℓ]
+    hidden = getattr(task, "hidden_answer", None)
+    if hidden is not None:
+        x = x.clone()
+        x[1:][mask] = hidden
+    return x, targets
+
+
 class SyntheticSamples(Dataset):
-    """Item i = ``(x[:-1], target)`` of the sample seeded by (task, seed, split, length, i); target = -100 off answers."""
+    """Item i = ``(inputs [T], targets [T])`` of the sample seeded by (task, seed, split, length, i): the model's view
+    without its last byte (:func:`model_view`) and the targets, -100 off the answers."""
 
     def __init__(self, task, seed: int, split: str, length: int, size: int) -> None:
         self.task, self.seed, self.split, self.length, self.size = task, seed, split, length, size
@@ -221,7 +237,8 @@ class SyntheticSamples(Dataset):
             raise IndexError(f"sample {i} out of range for {self.size} samples")
         x, mask = self.task.sample(_generator(self.task.name, self.seed, self.split, self.length, i),
                                    self.length, self.split, i)  # [T+1], [T]
-        return x[:-1], torch.where(mask, x[1:], IGNORE_INDEX)  # [T], [T]
+        x, targets = model_view(self.task, x, mask)
+        return x[:-1], torch.where(mask, targets, IGNORE_INDEX)  # [T], [T]
 
 
 class SymbolTokenizer:
@@ -271,7 +288,7 @@ class SyntheticDataModule(TokenStreamDataModule):
         # the base's save_hyperparameters() recorded the whole __init__ chain (the subclass's task arguments too);
         # drop its stream cap, which synthetic data does not have
         self.remove_ignored_hparams(["max_train_tokens"])
-        self._eval_sets: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._eval_sets: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._fingerprint: str | None = None
 
     def load_streams(self) -> TokenStreams:
@@ -293,20 +310,22 @@ class SyntheticDataModule(TokenStreamDataModule):
         return SyntheticSamples(self.task, self.seed, "train", self.seq_len, TRAIN_SAMPLES)
 
     def val_dataset(self) -> TensorDataset:
-        blocks, mask = self._blocks(self.seq_len, self.val_blocks)  # the first evaluation blocks at seq_len
-        targets = torch.where(mask, blocks[:, 1:], IGNORE_INDEX)  # [N, T]
-        return TensorDataset(blocks[:, :-1], targets)
+        blocks, mask, targets = self._blocks(self.seq_len, self.val_blocks)  # the first evaluation blocks at seq_len
+        return TensorDataset(blocks[:, :-1], torch.where(mask, targets, IGNORE_INDEX))  # [N, T] each
 
     # --- evaluation --------------------------------------------------------------------------------
 
-    def _blocks(self, length: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` evaluation samples at ``length``: ``(blocks [n, ℓ+1], mask [n, ℓ])``, cached."""
+    def _blocks(self, length: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first ``n`` evaluation samples at ``length``: ``(blocks [n, ℓ+1] as the model reads them, mask [n, ℓ],
+        targets [n, ℓ])``, cached."""
         if (length, n) not in self._eval_sets:
             samples = [self.task.sample(_generator(self.task.name, self.seed, "eval", length, i), length, "eval", i)
                        for i in range(n)]
-            blocks = torch.stack([x for x, _ in samples])  # [n, ℓ+1]
+            views = [model_view(self.task, x, m) for x, m in samples]
+            blocks = torch.stack([x for x, _ in views])  # [n, ℓ+1]
             mask = torch.stack([m for _, m in samples])  # [n, ℓ]
-            self._eval_sets[(length, n)] = (blocks, mask)
+            targets = torch.stack([t for _, t in views])  # [n, ℓ]
+            self._eval_sets[(length, n)] = (blocks, mask, targets)
         return self._eval_sets[(length, n)]
 
     def eval_set(self, length: int, budget_tokens: int, record: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -318,18 +337,26 @@ class SyntheticDataModule(TokenStreamDataModule):
         self._check_length("evaluation length", length)
         check_int("budget_tokens", budget_tokens, 1)
         n = max(1, budget_tokens // length)
-        blocks, mask = self._blocks(length, n)
+        blocks, mask, _ = self._blocks(length, n)
         if record:
             self.eval_counts[length] = {"requested": n, "blocks": n, "tokens": n * length, "scored": int(mask.sum())}
         return blocks.clone(), mask.clone()
 
     def eval_blocks(self, length: int, budget_tokens: int, record: bool = True) -> torch.Tensor:
-        """The fixed evaluation set at one length: ``[N, length + 1]`` int64, N = max(1, budget_tokens // length)."""
+        """The fixed evaluation set at one length as the model reads it: ``[N, length + 1]`` int64,
+        N = max(1, budget_tokens // length) (inputs ``[:, :-1]``; hidden answers shown as the task's
+        ``hidden_answer`` byte)."""
         return self.eval_set(length, budget_tokens, record)[0]
 
     def eval_mask(self, length: int, budget_tokens: int) -> torch.Tensor:
-        """``[N, length]`` bool: the scored target positions of :meth:`eval_blocks` (targets = blocks[:, 1:])."""
+        """``[N, length]`` bool: the scored target positions of :meth:`eval_blocks`."""
         return self.eval_set(length, budget_tokens)[1]
+
+    def eval_targets(self, length: int, budget_tokens: int) -> torch.Tensor:
+        """``[N, length]`` int64: the targets of :meth:`eval_blocks`; ``blocks[:, 1:]`` unless the task hides its
+        answers from the model's input (:func:`model_view`)."""
+        self.eval_set(length, budget_tokens, record=False)  # checks the arguments
+        return self._blocks(length, max(1, budget_tokens // length))[2].clone()
 
     # --- records -----------------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
         model.eval().to(device)
         with Console(stderr=True).status("evaluating"):
             results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=device,
-                                       masks=sets.masks, depths=sets.depths)
+                                       masks=sets.masks, depths=sets.depths, targets=sets.targets)
         rows = [r.to_dict() for r in results]
         doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
                "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),

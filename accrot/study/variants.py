@@ -107,7 +107,7 @@ DEFAULT_VARIANTS = [v for v in VARIANTS if v not in OPTIONAL]
 DATASET_VARIANTS = {"local": ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-learned", "accum-learned+values", "PaTH",
                               "PaTH-FoX", "accum-learned+values+forget", "accum-learned+values+alibi",
                               "accum-random+alibi"]}
-# a study of state-tracking tasks only (`--datasets flipflop parity s5`): the variants S1–S3 compare — the anchors
+# a study of state-tracking tasks only (`--datasets flipflop parity s3 s5`): the variants S1–S3 compare — the anchors
 # RoPE and NoPE, the SO(2) accumulations (S1, S2), PaTH (S2), and far-mass control with and without rotation (S3)
 STATE_VARIANTS = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "PaTH-FoX",
                   "accum-learned+values+forget"]
@@ -118,11 +118,12 @@ WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under th
 # where only answers within K = 8 tokens are scored and only the distractors grow with the length. The others run
 # when --datasets names them: "prose", narrative text (the King James Bible from Debian's bible-kjv); "text", a
 # folder of your own .txt files (--text_root); and the retrieval tasks, whose only scored tokens are the answers
-# (accuracy per key depth and length: the report's heatmaps); and the state-tracking tasks (bytes, answers only),
-# where what grows with the length is the far set before each answer's span: flip-flop trained at ignore density 0.8
-# and evaluated at the sparse 0.98 ("flipflop") or the dense 0.1 ("flipflop-dense"; the same training), parity and
-# counting mod 3 of a bit stream answered after every bit, the S5 and A5 word problems (a stream of transpositions or
-# 3-cycles, the running product answered after each), and 4-back recall; settings a tiny model learns at L = 128.
+# (accuracy per key depth and length: the report's heatmaps); and the state-tracking tasks (bytes, answers only):
+# flip-flop trained at ignore density 0.8 and evaluated at the sparse 0.98 ("flipflop") or the dense 0.1
+# ("flipflop-dense"; the same training), where what grows with the length is the far set before each read; parity
+# and counting mod 3 of a bit stream answered after every bit, the S3, S5 and A5 word problems (a stream of
+# transpositions or 3-cycles, the running product answered after each), where the model does not read the answers,
+# so each needs the whole prefix, which grows with the length; and 4-back recall.
 DATASETS: dict[str, dict[str, Any]] = {
     "corpus": {},
     "local": {"data": "data_modules.LocalDependencyDataModule"},
@@ -138,6 +139,8 @@ DATASETS: dict[str, dict[str, Any]] = {
                "data.init_args.query_rate": 1.0},
     "modcount": {"data": "data_modules.ModCountDataModule", "data.init_args.modulus": 3,
                  "data.init_args.query_rate": 1.0},
+    "s3": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "S3",
+           "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
     "s5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "S5",
            "data.init_args.elements": "generators", "data.init_args.query_rate": 1.0},
     "a5": {"data": "data_modules.WordProblemDataModule", "data.init_args.group": "A5",
@@ -151,7 +154,7 @@ DEFAULT_DATASETS = ("corpus", "local")
 # the shortest training length a data set's sequences fit in (its data module says so in one line otherwise):
 # three needles and their question take about 200 bytes, so at L = 128 these tasks train at 256
 MIN_SEQ_LEN = {"needle": 256, "multivalue": 256, "vartrack": 256}
-STATE_TASKS = ("flipflop", "flipflop-dense", "parity", "modcount", "s5", "a5", "nback")
+STATE_TASKS = ("flipflop", "flipflop-dense", "parity", "modcount", "s3", "s5", "a5", "nback")
 ANSWER_TASKS = ("local", "passkey", "needle", "multivalue", "vartrack", *STATE_TASKS)  # NLL and accuracy of answers only
 DATASET_TITLES = {
     "corpus": "embedded corpus (Python stdlib bytes)",
@@ -166,6 +169,7 @@ DATASET_TITLES = {
     "flipflop-dense": "flip-flop, dense evaluation (ignore density 0.1; trained at 0.8)",
     "parity": "parity of a bit stream",
     "modcount": "counting mod 3 of a bit stream",
+    "s3": "S3 word problem (running product of transpositions of 3 objects)",
     "s5": "S5 word problem (running product of transpositions)",
     "a5": "A5 word problem (running product of 3-cycles)",
     "nback": "4-back recall",

@@ -25,7 +25,8 @@ from data_modules import (
 )
 
 IGNORE = -100
-Solver = Callable[[list[int]], dict[int, int]]  # bytes x → {target index t: the byte x[t + 1] must be}
+START, HIDDEN = 0xFD, 0xFE  # the documented start byte of a query stream, and what the model reads for an answer
+Solver = Callable[[list[int]], dict[int, int]]  # bytes x → {target index t: the byte target t must be}
 
 
 def one_line(err: pytest.ExceptionInfo) -> str:
@@ -35,9 +36,15 @@ def one_line(err: pytest.ExceptionInfo) -> str:
 
 
 # --- independent solvers: a left-to-right reading of the bytes -------------------------------------------
-# Each takes a sequence x (a full block of ℓ + 1 bytes, or a model's input of ℓ bytes, which lacks the last answer),
-# checks its layout, and returns the answer every query (flip-flop: every read) implies, keyed by the target index
-# that scores it (the query's own index). Where x holds the answer it must equal the solver's.
+# Each takes a sequence x as the model reads it (a full block of ℓ + 1 bytes, or a model's input of ℓ bytes, which
+# lacks the last answer), checks its layout, and returns the answer every query (flip-flop: every read) implies,
+# keyed by the target index that scores it (the query's own index). A query stream starts with the start byte, and
+# the byte after a query (the answer's place) is skipped: it is the hidden byte unless the answers are fed back.
+
+
+def stream_start(x: list[int]) -> int:
+    assert x[0] == START and START not in x[1:], "a query stream starts with its start byte, once"
+    return 1
 
 
 def solve_flipflop(x: list[int], first_write: bool = False) -> dict[int, int]:
@@ -61,7 +68,7 @@ def solve_flipflop(x: list[int], first_write: bool = False) -> dict[int, int]:
 def solve_modcount(n: int) -> Solver:
     def solve(x: list[int]) -> dict[int, int]:
         ones, out, after_element = 0, {}, False
-        i = 0
+        i = stream_start(x)
         while i < len(x):
             if x[i] == ord("?"):
                 assert after_element, "a query does not follow a bit"
@@ -80,19 +87,20 @@ def inversions(p: tuple[int, ...]) -> int:
     return sum(p[i] > p[j] for i in range(len(p)) for j in range(i + 1, len(p)))
 
 
-# the documented numbering: lexicographic order of the one-line notation; A5 = the even ones (inversion count)
-PERMS = {"S5": sorted(itertools.permutations(range(5)))}
-PERMS["A5"] = [p for p in PERMS["S5"] if inversions(p) % 2 == 0]
+# the documented numbering: lexicographic order of the one-line notation; An = the even ones (inversion count)
+PERMS = {f"S{n}": sorted(itertools.permutations(range(n))) for n in (3, 4, 5)}
+PERMS |= {f"A{n}": [p for p in PERMS[f"S{n}"] if inversions(p) % 2 == 0] for n in (4, 5)}
 
 
 def solve_word_problem(group: str, reversed_order: bool = False) -> Solver:
-    """Move five objects by each permutation in turn: the state maps object i to where the moves so far put it
+    """Move the objects by each permutation in turn: the state maps object i to where the moves so far put it
     (g_1 first). ``reversed_order``: a wrong solver that applies the newest permutation first."""
     perms = PERMS[group]
+    degree = len(perms[0])
 
     def solve(x: list[int]) -> dict[int, int]:
-        image, out = list(range(5)), {}  # image[i] = (g_t ∘ … ∘ g_1)(i)
-        i = 0
+        image, out = list(range(degree)), {}  # image[i] = (g_t ∘ … ∘ g_1)(i)
+        i = stream_start(x)
         while i < len(x):
             if x[i] == 0xFF:
                 assert i > 0 and x[i - 1] < len(perms), "a query does not follow a permutation"
@@ -101,7 +109,7 @@ def solve_word_problem(group: str, reversed_order: bool = False) -> Solver:
                 continue
             assert x[i] < len(perms), f"byte {x[i]} at {i} is not an element of {group}"
             g = perms[x[i]]
-            image = [image[g[v]] for v in range(5)] if reversed_order else [g[v] for v in image]
+            image = [image[g[v]] for v in range(degree)] if reversed_order else [g[v] for v in image]
             i += 1
         return out
 
@@ -114,7 +122,7 @@ def solve_nback(n_back: int, in_bytes: bool = False) -> Solver:
 
     def solve(x: list[int]) -> dict[int, int]:
         letters, out = [], {}
-        i = 0
+        i = stream_start(x)
         while i < len(x):
             if x[i] == ord("?"):
                 assert len(letters) > n_back, "a query before n_back + 1 letters"
@@ -142,16 +150,21 @@ class Task:
 TASK_LIST = [
     Task("flipflop", FlipFlopDataModule, {}, solve_flipflop, 3),
     Task("flipflop-dense", FlipFlopDataModule, {"eval_p_ignore": 0.1}, solve_flipflop, 3),
-    Task("parity", ModCountDataModule, {}, solve_modcount(2), 2),
-    Task("parity-spans", ModCountDataModule, {"query_rate": 0.25}, solve_modcount(2), 2),
-    Task("mod5", ModCountDataModule, {"modulus": 5, "query_rate": 0.5}, solve_modcount(5), 2),
-    Task("s5", WordProblemDataModule, {}, solve_word_problem("S5"), 2),
-    Task("a5", WordProblemDataModule, {"group": "A5"}, solve_word_problem("A5"), 2),
-    Task("s5-all", WordProblemDataModule, {"elements": "all", "query_rate": 0.25}, solve_word_problem("S5"), 2),
+    Task("parity", ModCountDataModule, {}, solve_modcount(2), 3),
+    Task("parity-fed", ModCountDataModule, {"answers_in_input": True}, solve_modcount(2), 3),
+    Task("parity-spans", ModCountDataModule, {"query_rate": 0.25}, solve_modcount(2), 3),
+    Task("mod5", ModCountDataModule, {"modulus": 5, "query_rate": 0.5}, solve_modcount(5), 3),
+    Task("s3", WordProblemDataModule, {"group": "S3"}, solve_word_problem("S3"), 3),
+    Task("s5", WordProblemDataModule, {}, solve_word_problem("S5"), 3),
+    Task("a5", WordProblemDataModule, {"group": "A5"}, solve_word_problem("A5"), 3),
+    Task("s4-all-fed", WordProblemDataModule, {"group": "S4", "elements": "all", "answers_in_input": True},
+         solve_word_problem("S4"), 3),
+    Task("a4", WordProblemDataModule, {"group": "A4", "query_rate": 0.5}, solve_word_problem("A4"), 3),
+    Task("s5-all", WordProblemDataModule, {"elements": "all", "query_rate": 0.25}, solve_word_problem("S5"), 3),
     Task("a5-all", WordProblemDataModule, {"group": "A5", "elements": "all", "query_rate": 0.5},
-         solve_word_problem("A5"), 2),
-    Task("nback", NBackDataModule, {}, solve_nback(4), 6),
-    Task("nback1", NBackDataModule, {"n_back": 1, "n_symbols": 2, "query_rate": 1.0}, solve_nback(1), 3),
+         solve_word_problem("A5"), 3),
+    Task("nback", NBackDataModule, {}, solve_nback(4), 7),
+    Task("nback1", NBackDataModule, {"n_back": 1, "n_symbols": 2, "query_rate": 1.0}, solve_nback(1), 4),
 ]
 TASKS = pytest.mark.parametrize("task", TASK_LIST, ids=[t.id for t in TASK_LIST])
 
@@ -160,13 +173,20 @@ def module(task: Task, **kw):
     return task.make(**{"seq_len": 32, "batch_size": 4, "val_blocks": 6, **task.kwargs, **kw})
 
 
-def check_block(task: Task, x: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
-    """The solver's answers are exactly the scored targets, with the bytes the block holds there."""
+def check_block(task: Task, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
+    """The solver's answers, read from what the model reads (``x``, ℓ or ℓ + 1 bytes), are exactly the scored
+    targets, with the bytes ``targets [ℓ]`` holds there; the model reads each answer only if the task feeds it
+    back (else the hidden byte), and every other target given is the next byte of ``x``."""
     answers = task.solve(x.tolist())
     assert sorted(answers) == mask.nonzero().squeeze(1).tolist(), "scored targets are not the queries"
-    targets = x[1:]
+    fed = task.kwargs.get("answers_in_input", False) or task.make is FlipFlopDataModule
     for t, byte in answers.items():
         assert targets[t] == byte, f"target {t} is {int(targets[t])}, the rules say {byte}"
+        if t + 1 < len(x):
+            assert x[t + 1] == (byte if fed else HIDDEN), f"the model reads {int(x[t + 1])} at answer {t + 1}"
+    off = ~mask[: len(x) - 1] & (targets[: len(x) - 1] != IGNORE)  # unscored targets (training items: none)
+    assert (targets[: len(x) - 1][off] == x[1:][off]).all()
+    assert (x != HIDDEN).all() if fed else (x == HIDDEN).sum() == sum(t + 1 < len(x) for t in answers)
     return answers
 
 
@@ -179,11 +199,12 @@ def test_every_answer_is_what_the_rules_imply(task, length):
     dm = module(task)
     length = task.min_length if length == "min" else length
     blocks, mask = dm.eval_blocks(length, 8 * length), dm.eval_mask(length, 8 * length)
-    assert blocks.shape == (8, length + 1) and blocks.dtype == torch.int64
-    assert mask.shape == (8, length) and mask.dtype == torch.bool
+    targets = dm.eval_targets(length, 8 * length)
+    assert blocks.shape == (8, length + 1) and blocks.dtype == targets.dtype == torch.int64
+    assert mask.shape == targets.shape == (8, length) and mask.dtype == torch.bool
     assert blocks.min() >= 0 and blocks.max() < dm.vocab_size == 256
-    for x, m in zip(blocks, mask, strict=True):
-        answers = check_block(task, x, m)
+    for x, t, m in zip(blocks, targets, mask, strict=True):
+        answers = check_block(task, x, t, m)
         assert length - 1 in answers, "the block does not end on an answer"
 
 
@@ -193,17 +214,16 @@ def test_training_items_follow_the_same_rules(task):
     for i in (0, 1, 999_999):
         x, t = dm.train_dataset()[i]
         assert x.shape == t.shape == (32,) and x.dtype == t.dtype == torch.int64
-        full = torch.cat([x, t[-1:]])  # the last target is always an answer: the block's last byte
-        check_block(task, full, t != IGNORE)
+        check_block(task, x, t, t != IGNORE)
     dm.setup("fit")
     inputs, targets = next(iter(dm.train_dataloader()))
     assert inputs.shape == targets.shape == (4, 32)
     for x, t in zip(inputs, targets, strict=True):
-        check_block(task, torch.cat([x, t[-1:]]), t != IGNORE)
+        check_block(task, x, t, t != IGNORE)
     val = list(dm.val_dataloader())
     blocks, mask = dm.eval_blocks(32, 6 * 32), dm.eval_mask(32, 6 * 32)
     assert torch.equal(torch.cat([b[0] for b in val]), blocks[:, :-1])  # validation = the first evaluation blocks
-    assert torch.equal(torch.cat([b[1] for b in val]), torch.where(mask, blocks[:, 1:], IGNORE))
+    assert torch.equal(torch.cat([b[1] for b in val]), torch.where(mask, dm.eval_targets(32, 6 * 32), IGNORE))
 
 
 # --- the documented statistics ---------------------------------------------------------------------------
@@ -260,7 +280,7 @@ def test_a_query_follows_an_element_at_query_rate(task):
     for x in dm.eval_blocks(2000, 10 * 2000).tolist():
         query = 0xFF if task.make is WordProblemDataModule else ord("?")
         elements = 0
-        for i in range(len(x) - 5):
+        for i in range(1, len(x) - 5):  # after the start byte
             if x[i] == query or (i > 0 and x[i - 1] == query):
                 continue
             elements += 1
@@ -270,24 +290,26 @@ def test_a_query_follows_an_element_at_query_rate(task):
     assert within(follows, total, rate), f"{follows} of {total} elements followed by a query, rate {rate}"
 
 
-@pytest.mark.parametrize("group, order, even", [("S5", 120, {0, 1}), ("A5", 60, {0})])
+@pytest.mark.parametrize("group, order, even", [("S5", 120, {0, 1}), ("A5", 60, {0}), ("S3", 6, {0, 1}),
+                                                ("A4", 12, {0})])
 def test_word_problem_elements_cover_the_group(group, order, even):
     dm = WordProblemDataModule(seq_len=128, group=group, elements="all")
     blocks = dm.eval_blocks(2048, 20 * 2048)
     seen = set(blocks[blocks < 128].tolist())  # elements: bytes 0..order-1; answers 128 + k; queries 0xFF
-    answers = set((blocks[:, 1:][dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
+    answers = set((dm.eval_targets(2048, 20 * 2048)[dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
     assert seen == set(range(order)) and answers == set(range(order))
     assert {inversions(PERMS[group][k]) % 2 for k in seen | answers} == even
 
 
-@pytest.mark.parametrize("group, moved, count", [("S5", 2, 10), ("A5", 3, 20)])
+@pytest.mark.parametrize("group, moved, count", [("S5", 2, 10), ("A5", 3, 20), ("S3", 2, 3), ("S4", 2, 6),
+                                                 ("A4", 3, 8)])
 def test_word_problem_generators_are_transpositions_or_3_cycles_and_reach_the_group(group, moved, count):
     dm = WordProblemDataModule(seq_len=128, group=group, elements="generators")
     blocks = dm.eval_blocks(2048, 20 * 2048)
     seen = set(blocks[blocks < 128].tolist())
     assert len(seen) == count
-    assert all(sum(PERMS[group][k][i] != i for i in range(5)) == moved for k in seen)
-    answers = set((blocks[:, 1:][dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
+    assert all(sum(p != i for i, p in enumerate(PERMS[group][k])) == moved for k in seen)
+    answers = set((dm.eval_targets(2048, 20 * 2048)[dm.eval_mask(2048, 20 * 2048)] - 128).tolist())
     assert answers == set(range(len(PERMS[group])))  # they generate the whole group
 
 
@@ -313,7 +335,7 @@ def test_an_oracle_scores_one_at_every_length(task):
     sets = eval_sets(dm, [32, 256], 2048)
     for length in (32, 256):
         blocks, mask = sets.blocks[length], sets.masks[length]
-        result = evaluate_length(oracle(task.solve), blocks, 32, mask=mask)
+        result = evaluate_length(oracle(task.solve), blocks, 32, mask=mask, targets=sets.targets[length])
         assert result.accuracy == 1.0 and result.nll < 1e-6 and result.tokens == int(mask.sum())
         assert set(result.bucket_accuracy) <= {1.0, None} and result.bucket_accuracy[-1] == 1.0  # the last answer
 
@@ -336,8 +358,42 @@ def test_an_oracle_scores_one_at_every_length(task):
 def test_a_solver_that_breaks_a_rule_fails(make, solve, ceiling):
     dm = make()
     blocks, mask = dm.eval_blocks(256, 256 * 64), dm.eval_mask(256, 256 * 64)
-    result = evaluate_length(oracle(solve), blocks, 32, mask=mask)
+    result = evaluate_length(oracle(solve), blocks, 32, mask=mask, targets=dm.eval_targets(256, 256 * 64))
     assert result.accuracy < ceiling
+
+
+def one_step_reader(n: int) -> Solver:
+    """A local rule, no running state: the previous answer as read in the input (0 when the model cannot read it)
+    plus the 1-bits since the previous query, mod n."""
+
+    def solve(x: list[int]) -> dict[int, int]:
+        last, since, out = 0, 0, {}
+        i = stream_start(x)
+        while i < len(x):
+            if x[i] == ord("?"):
+                out[i] = ord("A") + (last + since) % n
+                shown = x[i + 1] if i + 1 < len(x) else HIDDEN
+                last, since = (shown - ord("A") if shown != HIDDEN else 0), 0
+                i += 2
+                continue
+            since += x[i] == ord("1")
+            i += 1
+        return out
+
+    return solve
+
+
+@pytest.mark.parametrize("modulus", [2, 3])
+def test_answers_fed_back_make_the_state_a_one_step_lookup(modulus):
+    """Known truth for the layout: when the model reads the answers, a rule that only composes the previous answer
+    with the bits since it is exact at any length; with the answers hidden the same rule is near chance, so every
+    answer needs the whole prefix."""
+    for fed, (lo, hi) in ((True, (1.0, 1.0)), (False, (0.0, 1 / modulus + 0.1))):
+        dm = ModCountDataModule(seq_len=32, modulus=modulus, answers_in_input=fed)
+        blocks, mask, targets = dm.eval_blocks(2048, 2048 * 8), dm.eval_mask(2048, 2048 * 8), \
+            dm.eval_targets(2048, 2048 * 8)
+        result = evaluate_length(oracle(one_step_reader(modulus)), blocks, 32, mask=mask, targets=targets)
+        assert lo <= result.accuracy <= hi, (fed, result.accuracy)
 
 
 # --- determinism, eval ≠ train, records -------------------------------------------------------------------
@@ -370,7 +426,7 @@ def test_records_name_the_task_and_pickle():
     assert FlipFlopDataModule(seq_len=64).fingerprint != dm.fingerprint  # the evaluated density is part of the data
     words = WordProblemDataModule(seq_len=64, group="A5")
     assert json.loads(json.dumps(words.describe()))["parameters"] == {"group": "A5", "elements": "generators",
-                                                                       "query_rate": 1.0}
+                                                                       "query_rate": 1.0, "answers_in_input": False}
     assert words.fingerprint != WordProblemDataModule(seq_len=64).fingerprint
     for dm in (words, NBackDataModule(seq_len=64), ModCountDataModule(seq_len=64, modulus=3)):
         ds = pickle.loads(pickle.dumps(dm.train_dataset()))  # DataLoader workers under spawn
@@ -407,6 +463,8 @@ def test_too_short_lengths(task):
         (WordProblemDataModule, {"group": "S6"}, "group"),
         (WordProblemDataModule, {"query_rate": -1}, "query_rate"),
         (WordProblemDataModule, {"elements": "swaps"}, "elements"),
+        (WordProblemDataModule, {"group": "S2"}, "group"),
+        (ModCountDataModule, {"answers_in_input": "yes"}, "answers_in_input"),
         (NBackDataModule, {"n_back": 0}, "n_back"),
         (NBackDataModule, {"n_symbols": 1}, "n_symbols"),
         (NBackDataModule, {"n_symbols": 27}, "n_symbols"),
@@ -424,7 +482,7 @@ def test_bad_arguments_raise_one_line(make, kw, name):
 def test_nback_too_far_back_for_the_training_length():
     with pytest.raises(DataError) as err:
         NBackDataModule(seq_len=128, n_back=200)
-    assert one_line(err) == ("seq_len=128 cannot hold a nback sequence with its answer; use seq_len >= 202 "
+    assert one_line(err) == ("seq_len=128 cannot hold a nback sequence with its answer; use seq_len >= 203 "
                              "for n_back=200, or a smaller n_back")
 
 
