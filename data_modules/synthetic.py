@@ -12,8 +12,9 @@ streams: every sequence is generated on demand on the CPU from a ``torch.Generat
 
 Batches are ``(inputs [B, T], targets [B, T])`` int64 with ``targets = -100`` wherever nothing is scored
 (only answers are; the loss uses ``ignore_index=-100``). :meth:`SyntheticDataModule.eval_blocks` gives
-``[N, ℓ + 1]`` tokens and :meth:`SyntheticDataModule.eval_mask` the ``[N, ℓ]`` scored target positions
-(targets = blocks[:, 1:]).
+``[N, ℓ + 1]`` tokens as the model reads them, :meth:`SyntheticDataModule.eval_targets` the ``[N, ℓ]`` targets
+(blocks[:, 1:], except where a task hides its answers from the model: :func:`model_view`) and
+:meth:`SyntheticDataModule.eval_mask` the scored ones.
 
 **Offset copy** (:class:`LocalDependencyDataModule`; the study's lower bound in its purest form).
 Tokens ``0 .. n_content-1`` are content, ``n_content + k - 1`` is the cue C_k (k = 1..K, K = ``max_offset``).
