@@ -25,7 +25,7 @@ from accrot.study.figures import (
     plot_theory,
 )
 from accrot.study.results import Results, Run, collect, horizon, mean_of, times
-from accrot.study.state import plot_state_heatmap
+from accrot.study.state import plot_state_heatmap, reading_note
 from accrot.study.stats import RULES as STATS_RULES
 from accrot.study.stats import Claim, fmt
 from accrot.study.theory import (
@@ -177,6 +177,14 @@ def results_csv(res: Results) -> str:
     return buf.getvalue()
 
 
+def _answer_part(res: Results, dataset: str) -> list[str]:
+    """A task that scores answers only: their accuracy table, and for a state task what an answer needs."""
+    if dataset not in ANSWER_TASKS:
+        return []
+    note = reading_note(dataset) if dataset in STATE_TASKS else ""
+    return ["", "Answer accuracy:", "", _table(res, dataset, "accuracy")] + (["", note] if note else [])
+
+
 def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
     """``REPORT.md`` + ``results.csv`` + ``claims.json`` + PNGs into ``folder``; returns the report's path."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -195,8 +203,7 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         part = [f"## {dataset_title(dataset)}", "",
                 "NLL (nats/token; on a synthetic task: answers only) per evaluation length, mean ± std over seeds.",
                 "", _table(res, dataset, "nll")]
-        if dataset in ANSWER_TASKS:
-            part += ["", "Answer accuracy:", "", _table(res, dataset, "accuracy")]
+        part += _answer_part(res, dataset)
         part += ["", f"![NLL vs length](nll_{dataset}.png)"]
         heat = plot_depth_heatmap(res, dataset, folder / f"depth_{dataset}.png")
         if heat:

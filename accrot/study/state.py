@@ -135,6 +135,24 @@ def s3(res: Results) -> Claim | None:
 STATE_CHECKS = (s1, s2, s3)
 
 
+def reading_note(dataset: str) -> str:
+    """One sentence for a state task's section of the report: what an answer needs, and the accuracy of a guess."""
+    spec = DATASETS.get(dataset, {})
+    args = {k.rsplit(".", 1)[1]: v for k, v in spec.items() if k.startswith("data.init_args.")}
+    hidden = "the model does not read earlier answers, so each needs the whole prefix"
+    if "group" in args:
+        group = args["group"]
+        order = math.factorial(int(group[1:])) // (1 if group[0] == "S" else 2)
+        return (f"Each answer is the running product of every permutation before it ({hidden}); a guess scores "
+                f"1/{order} = {1 / order:.3f}, a commuting state at best 1/|G'| = {commuting_ceiling(group):.3f}.")
+    if "modulus" in args:
+        n = args["modulus"]
+        return f"Each answer is the number of 1-bits so far mod {n} ({hidden}); a guess scores 1/{n}."
+    if dataset.startswith("flipflop"):
+        return "A read prints the latest write (in the stream, as the flip-flop language defines it); a guess scores 0.5."
+    return ""
+
+
 # ---------------------------------------------------------------------------------------------------
 # accuracy per length and position
 # ---------------------------------------------------------------------------------------------------

@@ -306,6 +306,26 @@ def test_depth_heatmap_is_the_mean_over_seeds_per_depth_and_length(tmp_path):
     assert (tmp_path / "depth_passkey.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_state_task_section_says_what_an_answer_needs_and_shows_its_heatmap(tmp_path):
+    """The S3 word problem's section: the accuracy table, the sentence with chance (1/6) and the commuting limit
+    (1/3, computed from the group, not written here as text), and the heatmap of accuracy per length and position."""
+    from accrot.study.state import accuracy_grid
+
+    def run(variant: str, seed: int, acc: float) -> Run:
+        rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 1.0, "accuracy": acc, "bucket_width": 32,
+                    "bucket_nll": [1.0] * int(4 * m), "bucket_accuracy": [acc] * int(4 * m)} for m in (1, 2)}
+        return Run("s3", variant, seed, f"/runs/{variant}/{seed}", rows, 128)
+
+    res = Results([run("PaTH", 0, 0.9), run("PaTH", 1, 0.7), run("accum-learned", 0, 1 / 3)])
+    mults, bins, grid = accuracy_grid(res, "s3", "PaTH")
+    assert mults == [1.0, 2.0] and bins == [(0.0, 1.0), (1.0, 2.0)]
+    assert grid[0] == pytest.approx([0.8, 0.8]) and math.isnan(grid[1][0]) and grid[1][1] == pytest.approx(0.8)
+    report = write_report(res, tmp_path, {"command": "test", "size": "tiny", "seeds": 2}).read_text()
+    assert "a guess scores 1/6 = 0.167, a commuting state at best 1/|G'| = 0.333" in report
+    assert "![accuracy per length and position](state_s3.png)" in report
+    assert (tmp_path / "state_s3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---------------------------------------------------------------------------------------------------
 # a real ablation, interrupted and resumed
 # ---------------------------------------------------------------------------------------------------
