@@ -271,11 +271,14 @@ def test_every_claim_resolves_the_right_way_on_a_synthetic_study(claim_id, which
     assert claim.rule and claim.test  # the report prints the rule and what decides it
 
 
-@pytest.mark.parametrize("so2, expect", [(1 / 3, SUPPORTED), (0.6, NOT_SUPPORTED)], ids=["sign-only", "beyond"])
-def test_s2_reads_each_group_against_its_commuting_limit(so2, expect):
+@pytest.mark.parametrize("path, so2, expect", [(0.95, 1 / 3, SUPPORTED), (0.95, 0.6, NOT_SUPPORTED),
+                                               (1 / 3, 1 / 6, NOT_SUPPORTED)],
+                         ids=["so2-sign-only", "so2-beyond", "path-sign-only"])
+def test_s2_reads_each_group_against_its_commuting_limit(path, so2, expect):
     """On S3 a commuting state can hold the sign, so 1/3 is the limit, not chance (1/6): SO(2) accumulations at 1/3
-    stay within it, at 0.6 they break it (which no commuting state can)."""
-    res = _state("s3", {"PaTH": (0.95, 0.0), "accum-learned": (so2, 0.0), "accum-learned+values": (so2, 0.0)})
+    stay within it, at 0.6 they break it (which no commuting state can); and PaTH at the sign only is no evidence
+    of a non-abelian state, however far it lies above SO(2) cells at chance."""
+    res = _state("s3", {"PaTH": (path, 0.0), "accum-learned": (so2, 0.0), "accum-learned+values": (so2, 0.0)})
     claim = verdict(res, "S2")
     assert claim.verdict == expect, lines(claim)
     assert any("commuting limit" in line for line in lines(claim))
