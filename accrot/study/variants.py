@@ -108,9 +108,13 @@ DATASET_VARIANTS = {"local": ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-le
                               "PaTH-FoX", "accum-learned+values+forget", "accum-learned+values+alibi",
                               "accum-random+alibi"]}
 # a study of state-tracking tasks only (`--datasets flipflop parity s3 s5`): the variants S1–S3 compare — the anchors
-# RoPE and NoPE, the SO(2) accumulations (S1, S2), PaTH (S2), and far-mass control with and without rotation (S3)
-STATE_VARIANTS = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "PaTH-FoX",
-                  "accum-learned+values+forget"]
+# RoPE and NoPE, the SO(2) accumulations (S1, S2), PaTH (S2), and far-mass control with and without rotation (S3);
+# flip-flop, where S3 reads far-mass control, also runs the field's other far-mass designs crossed with a rotation
+# (a bias, scalable softmax, an output gate, NoPE layers interleaved with RoPE ones)
+STATE_BASE = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "PaTH-FoX", "accum-learned+values+forget"]
+STATE_FAR_MASS = ["accum-learned+values+alibi", "accum-learned+values+ssmax", "accum-learned+values+gate",
+                  "RoPE-NoPE-interleaved"]
+STATE_VARIANTS = STATE_BASE + STATE_FAR_MASS
 WINDOWED = ("accum-random", "RoPE+jitter", "accum-random-ladder", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 
@@ -155,6 +159,7 @@ DEFAULT_DATASETS = ("corpus", "local")
 # three needles and their question take about 200 bytes, so at L = 128 these tasks train at 256
 MIN_SEQ_LEN = {"needle": 256, "multivalue": 256, "vartrack": 256}
 STATE_TASKS = ("flipflop", "flipflop-dense", "parity", "modcount", "s3", "s5", "a5", "nback")
+DATASET_VARIANTS.update({t: STATE_BASE + (STATE_FAR_MASS if t.startswith("flipflop") else []) for t in STATE_TASKS})
 ANSWER_TASKS = ("local", "passkey", "needle", "multivalue", "vartrack", *STATE_TASKS)  # NLL and accuracy of answers only
 DATASET_TITLES = {
     "corpus": "embedded corpus (Python stdlib bytes)",

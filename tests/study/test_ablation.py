@@ -283,6 +283,26 @@ def test_optional_data_sets_train_at_a_length_their_sequences_fit_in(tmp_path):
     assert set(DEFAULT_DATASETS) == {"corpus", "local"}  # the optional ones run when --datasets names them
 
 
+def test_a_state_study_runs_what_s1_to_s3_read():
+    """Every state task runs the anchors, the SO(2) accumulations, PaTH and the forget-gated cells; flip-flop, where
+    S3 reads far-mass control, also the field's far-mass designs crossed with a rotation, and each of those counts as
+    far-mass control in S3's rule."""
+    from accrot.study.options import check_args
+    from accrot.study.state import controlled
+    from accrot.study.variants import DATASET_VARIANTS, STATE_BASE, STATE_FAR_MASS
+
+    args = SimpleNamespace(size="study", seeds=None, workers=2, variants=None, datasets=["flipflop", "parity", "s3",
+                           "s5"], corpus="stdlib", text_root=None, max_steps=None, multipliers=None, settings=None,
+                           precision=None, tokens=None)
+    size, seeds, variants, datasets = check_args(args)
+    doc = build_spec("t", size, seeds, variants, datasets, only=DATASET_VARIANTS)
+    runs = {d: sorted(st.variant.split(".", 1)[1] for st in SweepSpec(**doc).strata() if st.variant.startswith(d + "."))
+            for d in datasets}
+    assert runs["flipflop"] == sorted(STATE_BASE + STATE_FAR_MASS)
+    assert runs["parity"] == runs["s3"] == runs["s5"] == sorted(STATE_BASE)
+    assert all(controlled(v) for v in STATE_FAR_MASS)
+
+
 def _accuracy_run(variant: str, seed: int, table: dict[float, dict[str, float]]) -> Run:
     rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 1.0, "accuracy": sum(d.values()) / len(d),
                 "bucket_width": 32, "bucket_nll": [1.0] * 4, "accuracy_by_depth": d} for m, d in table.items()}
