@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from accrot.cli import main
-from accrot.evaluation import eval_sets, evaluate_length
+from accrot.evaluation import eval_sets, evaluate_length, evaluate_lengths
 from data_modules import (
     DataError,
     FlipFlopDataModule,
@@ -332,10 +332,10 @@ def oracle(solve: Solver) -> Callable[[torch.Tensor], torch.Tensor]:
 @TASKS
 def test_an_oracle_scores_one_at_every_length(task):
     dm = module(task)
-    sets = eval_sets(dm, [32, 256], 2048)
-    for length in (32, 256):
-        blocks, mask = sets.blocks[length], sets.masks[length]
-        result = evaluate_length(oracle(task.solve), blocks, 32, mask=mask, targets=sets.targets[length])
+    sets = eval_sets(dm, [32, 256], 2048)  # what the callback and `accrot eval` pass on
+    results = evaluate_lengths(oracle(task.solve), sets.blocks, 32, masks=sets.masks, targets=sets.targets)
+    for length, result in zip((32, 256), results, strict=True):
+        mask = sets.masks[length]
         assert result.accuracy == 1.0 and result.nll < 1e-6 and result.tokens == int(mask.sum())
         assert set(result.bucket_accuracy) <= {1.0, None} and result.bucket_accuracy[-1] == 1.0  # the last answer
 
