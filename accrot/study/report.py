@@ -268,8 +268,14 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
         return [f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "
                 f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {res.trained()}{extensions}"]
     lengths = ", ".join(f"{m:g}×" for m in scope["multipliers"])
-    ran = (f"- ran: {scope['runs']} runs = {len(scope['variants'])} variants ({', '.join(scope['variants'])}) × "
-           f"{len(scope['datasets'])} data sets ({', '.join(scope['datasets'])}) × {scope['seeds']} seeds; "
+    per = scope.get("per_dataset") or {}
+    grid = (f"{len(scope['variants'])} variants ({', '.join(scope['variants'])}) × {len(scope['datasets'])} data sets "
+            f"({', '.join(scope['datasets'])})")
+    if any(n != len(scope["variants"]) for n in per.values()):  # a data set runs only the variants its claims read
+        grid = (f"{len(scope['variants'])} variants ({', '.join(scope['variants'])}) on {len(scope['datasets'])} "
+                f"data sets, each running what its claims read ({', '.join(f'{d}: {n}' for d, n in per.items())} "
+                "variants)")
+    ran = (f"- ran: {scope['runs']} runs = {grid} × {scope['seeds']} seeds; "
            f"{scope['steps']} training steps each (d {scope['d_model']}, {scope['n_layers']} layers, training length "
            f"L = {train_length}); evaluated at {lengths} L; complete runs: {res.trained()}{extensions}")
     ran = [ran, *_budget_lines(scope, res)]

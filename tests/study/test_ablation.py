@@ -301,6 +301,11 @@ def test_a_state_study_runs_what_s1_to_s3_read():
     assert runs["flipflop"] == sorted(STATE_BASE + STATE_FAR_MASS)
     assert runs["parity"] == runs["s3"] == runs["s5"] == sorted(STATE_BASE)
     assert all(controlled(v) for v in STATE_FAR_MASS)
+    from accrot.study.ablation import describe_scope
+
+    scope = describe_scope(doc, "study")  # the report's header counts what each data set ran
+    assert scope["per_dataset"] == {d: len(v) for d, v in runs.items()}
+    assert scope["runs"] == 3 * sum(len(v) for v in runs.values()) == 96
 
 
 def _accuracy_run(variant: str, seed: int, table: dict[float, dict[str, float]]) -> Run:
