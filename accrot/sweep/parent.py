@@ -166,22 +166,47 @@ class Terminated(KeyboardInterrupt):
 
 
 class _stop_signals:
-    """While the workers run, SIGTERM and SIGHUP raise :class:`Terminated` in the parent (Ctrl-C and SIGINT raise
-    KeyboardInterrupt, as Python does): either way the parent stops its workers before it exits."""
+    """While the workers run, Ctrl-C / SIGINT, SIGTERM and SIGHUP stop the parent, which then stops its workers
+    before it exits (Ctrl-C raises KeyboardInterrupt, the others :class:`Terminated`).
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    The exception is raised at a safe point only: while the parent sleeps between its checks (:meth:`sleep`) or when
+    it next calls :meth:`check`. A signal that lands inside a storage call is recorded and raised right after it:
+    raised there, it could leave the database client holding a lock that the stop's own storage calls (failing the
+    workers' trials) would then wait on for ever.
+    """
 
-    def __enter__(self) -> None:
-        self._old = {}
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.pending: int | None = None
+        self._sleeping = False
+        self._old: dict = {}
+
+    def __enter__(self) -> _stop_signals:
         if threading.current_thread() is not threading.main_thread():  # a parent run from a thread (tests): Python
-            return  # takes signals in the main thread only
+            return self  # takes signals in the main thread only
         self._old = {sig: signal.getsignal(sig) for sig in self.SIGNALS}
         for sig in self.SIGNALS:
-            signal.signal(sig, self._raise)
+            signal.signal(sig, self._on_signal)
+        return self
 
-    @staticmethod
-    def _raise(signum, frame) -> None:
-        raise Terminated
+    def _on_signal(self, signum, frame) -> None:
+        self.pending = signum
+        if self._sleeping:
+            self.check()
+
+    def check(self) -> None:
+        """Raise the stop a signal asked for, if one came."""
+        if self.pending is not None:
+            raise KeyboardInterrupt if self.pending == signal.SIGINT else Terminated
+
+    def sleep(self, seconds: float) -> None:
+        self.check()
+        self._sleeping = True
+        try:
+            time.sleep(seconds)
+        finally:
+            self._sleeping = False
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
@@ -221,9 +246,10 @@ class Parent:
                            f"STORAGE='{self.ref.dashboard}'{artifacts}")
         self.display = self.make_display()
         try:
-            with _stop_signals(), self.display:
+            with _stop_signals() as self.signals, self.display:
                 self.watch(live, max_respawns=workers * max(1, self.spec.retries))
                 self.refresh(live)
+                self.signals.check()
         except KeyboardInterrupt as err:
             with _stop_signals():  # a second signal while the workers stop must not cut the parent short
                 self.interrupt(live, signalled=isinstance(err, Terminated))
@@ -284,7 +310,7 @@ class Parent:
         respawns = 0
         next_report = time.monotonic()
         while live:
-            time.sleep(0.5)
+            self.signals.sleep(0.5)  # a stop signal is raised here, never inside a storage call
             for w in list(live):
                 rc = w.proc.poll()
                 if rc is None:

@@ -604,7 +604,12 @@ def test_sigint_to_the_parent_alone_stops_its_workers_at_once_and_says_ctrl_c(tm
     assert proc.poll() is None, proc.communicate()
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=180)
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:  # a parent that hung must not outlive the test (its pipes would fail the next one)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert time.monotonic() - sent < STOP_GRACE, err
     assert proc.returncode == 130, err
     assert "interrupted by Ctrl-C (SIGINT): 1 worker(s) stopped" in err, err
@@ -615,6 +620,31 @@ def test_sigint_to_the_parent_alone_stops_its_workers_at_once_and_says_ctrl_c(tm
     assert [t.state for t in states.values()] == [TrialState.FAIL, TrialState.WAITING]
     assert states[0].user_attrs["fail_reason"].endswith("was stopped by Ctrl-C (SIGINT) during the trial (checkpointed)")
     assert states[1].user_attrs["retry_of"] == 0
+
+
+def test_a_stop_signal_is_raised_at_a_safe_point_never_inside_a_storage_call():
+    """A signal that lands while the parent is busy (a storage call) is only recorded, and raised at its next check
+    or sleep: raised inside the database client it could leave a lock held that stopping the workers then waits on.
+    One that lands while the parent sleeps between its checks stops it at once. The handlers are restored after."""
+    import threading
+
+    from accrot.sweep.parent import Terminated, _stop_signals
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    with _stop_signals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # busy, not sleeping in stop.sleep: the handler runs and only records it
+            sum(range(1000))
+        assert stop.pending == signal.SIGTERM
+        with pytest.raises(Terminated):
+            stop.sleep(30)  # the next safe point raises it before sleeping
+    with _stop_signals() as stop:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            stop.sleep(30)
+        assert time.monotonic() - started < 5
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 def test_a_resumed_parent_lists_only_the_trials_it_finishes(tmp_path):
