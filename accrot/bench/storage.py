@@ -166,8 +166,8 @@ class Load:
                 self.row.timed_out = True
                 break
             if time.monotonic() >= next_sample:
-                # every 0.5 s; every 0.1 s while a worker is to be killed (trivial trials: a fast row is over in 2 s)
-                next_sample = time.monotonic() + (0.1 if not killed_worker and tries else 0.5)
+                # every 0.1 s until a worker is killed (trivial trials: a fast row is over in 2 s), then every 0.5 s
+                next_sample = time.monotonic() + (0.5 if killed_worker else 0.1)
                 conns, done = self.sample()
                 if not killed_worker and done >= self.bench.trials / 3:
                     tries += 1
@@ -214,7 +214,7 @@ class Load:
 
         running = self.running_pids()
         victim = next((p for p in self.procs if p.is_alive() and p.pid in running), None)
-        if victim is None and tries >= 3:  # trivial trials are rarely caught running: then any live worker
+        if victim is None and tries >= 2:  # trivial trials are rarely caught running: then any live worker
             victim = next((p for p in self.procs if p.is_alive()), None)
         if victim is None:
             return False

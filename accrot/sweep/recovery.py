@@ -164,7 +164,11 @@ def account(study, budget: int) -> dict:
     with no finished run, plus trials left unfinished or failed without a reason; 0 when nothing was lost."""
     trials = study.get_trials(deepcopy=False)
     unfinished = [t.number for t in trials if t.state not in FINISHED]
-    silent = [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason")]
+    # a trial Optuna's heartbeat failed carries no fail_reason (the trial is finished before its callback runs): its
+    # retry says why (retry_reason), so a retried failure is accounted for; silent = no reason and no retry
+    retried_from = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
+    silent = [t.number for t in trials if t.state == TrialState.FAIL and not t.user_attrs.get("fail_reason")
+              and t.number not in retried_from]
     done = {(json.dumps(t.params, sort_keys=True), t.user_attrs.get("seed")) for t in trials
             if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
     return {"trials": len(trials), "unfinished": unfinished, "failed_silently": silent,

@@ -814,3 +814,24 @@ def test_grid_sampler_lets_a_seed_copy_finish_while_the_last_grid_point_runs():
             study.tell(copy, 1.0)
             study.tell(running, 2.0)
             assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+
+
+def test_a_failure_the_heartbeat_retried_is_accounted_for_and_a_silent_one_is_not():
+    """Optuna's heartbeat fails a stale trial before its retry callback runs, so the failed trial has no
+    fail_reason; its retry (retry_of, retry_reason) accounts for it. A failure with neither is lost."""
+    from accrot.sweep.recovery import RetryTrial, account
+
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    study = optuna.create_study()
+    for x in (0.1, 0.2):
+        study.add_trial(optuna.trial.create_trial(state=TrialState.FAIL, params={"x": x}, distributions=dist,
+                                                  user_attrs={"seed": 0}))
+    RetryTrial(3, reason="stopped sending heartbeats")(study, study.trials[0])  # what the heartbeat's callback does
+    retry = study.trials[2]
+    assert retry.user_attrs["retry_of"] == 0 and "heartbeats" in retry.user_attrs["retry_reason"]
+    storage = study._storage
+    storage.set_trial_state_values(retry._trial_id, state=TrialState.RUNNING)
+    storage.set_trial_state_values(retry._trial_id, state=TrialState.COMPLETE, values=[1.0])
+    figures = account(study, budget=2)
+    assert figures["failed_silently"] == [1]  # trial 0 was retried; trial 1 failed with no reason and no retry
+    assert figures["complete"] == 1 and figures["lost"] == 2  # x=0.2 never ran to the end, and its silent failure
