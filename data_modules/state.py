@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -274,7 +273,7 @@ class WordProblemTask(QueryStreamTask):
 
     @property
     def order(self) -> int:
-        return math.factorial(int(self.group[1:])) // (1 if self.group[0] == "S" else 2)
+        return len(group_table(self.group)[0])
 
     def draw(self, g: torch.Generator, n: int) -> torch.Tensor:
         if self.elements == "all":

@@ -28,6 +28,7 @@ import copy
 import math
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -298,8 +299,7 @@ def describe_scope(doc: dict[str, Any], size_name: str) -> dict[str, Any]:
     scope = {
         "variants": list(dict.fromkeys(k.split(".", 1)[1] for k in strata)),
         "datasets": list(dict.fromkeys(k.split(".", 1)[0] for k in strata)),
-        "per_dataset": {d: sum(k.split(".", 1)[0] == d for k in strata) for d in dict.fromkeys(
-            k.split(".", 1)[0] for k in strata)},  # variants run on each data set
+        "per_dataset": dict(Counter(k.split(".", 1)[0] for k in strata)),  # variants run on each data set
         "seeds": len(doc["seeds"]), "runs": len(strata) * len(doc["seeds"]) * math.prod(
             len(v) for v in (doc.get("space") or {}).values()),
         "steps": steps, "d_model": common.get("model.d_model", base["model"]["d_model"]),

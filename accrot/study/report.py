@@ -269,12 +269,12 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
                 f"seeds per variant: {meta.get('seeds', '?')}; complete runs: {res.trained()}{extensions}"]
     lengths = ", ".join(f"{m:g}×" for m in scope["multipliers"])
     per = scope.get("per_dataset") or {}
-    grid = (f"{len(scope['variants'])} variants ({', '.join(scope['variants'])}) × {len(scope['datasets'])} data sets "
-            f"({', '.join(scope['datasets'])})")
+    variants = f"{len(scope['variants'])} variants ({', '.join(scope['variants'])})"
     if any(n != len(scope["variants"]) for n in per.values()):  # a data set runs only the variants its claims read
-        grid = (f"{len(scope['variants'])} variants ({', '.join(scope['variants'])}) on {len(scope['datasets'])} "
-                f"data sets, each running what its claims read ({', '.join(f'{d}: {n}' for d, n in per.items())} "
-                "variants)")
+        grid = (f"{variants} on {len(per)} data sets, each running what its claims read "
+                f"({', '.join(f'{d}: {n}' for d, n in per.items())} variants)")
+    else:
+        grid = f"{variants} × {len(scope['datasets'])} data sets ({', '.join(scope['datasets'])})"
     ran = (f"- ran: {scope['runs']} runs = {grid} × {scope['seeds']} seeds; "
            f"{scope['steps']} training steps each (d {scope['d_model']}, {scope['n_layers']} layers, training length "
            f"L = {train_length}); evaluated at {lengths} L; complete runs: {res.trained()}{extensions}")

@@ -28,7 +28,7 @@ from pathlib import Path
 from accrot.study.results import Results, Run, mean_of, times
 from accrot.study.stats import Claim, Comparison, compare_threshold, compare_variants
 from accrot.study.variants import DATASETS
-from data_modules.state import commuting_ceiling
+from data_modules.state import commuting_ceiling, group_table
 
 S2_MARGIN = 0.05  # "at the commuting limit": at most this far above 1/|G'| (data_modules.state.commuting_ceiling)
 S3_EXACT = 0.95  # "reads exactly": 95 % of the reads right at the longest length
@@ -149,7 +149,7 @@ def reading_note(dataset: str) -> str:
     hidden = "the model does not read earlier answers, so each needs the whole prefix"
     if "group" in args:
         group = args["group"]
-        order = math.factorial(int(group[1:])) // (1 if group[0] == "S" else 2)
+        order = len(group_table(group)[0])
         return (f"Each answer is the running product of every permutation before it ({hidden}); a guess scores "
                 f"1/{order} = {1 / order:.3f}, a commuting state at best 1/|G'| = {commuting_ceiling(group):.3f}.")
     if "modulus" in args:

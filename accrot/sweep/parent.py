@@ -170,8 +170,8 @@ class _stop_signals:
     before it exits (Ctrl-C raises KeyboardInterrupt, the others :class:`Terminated`).
 
     The exception is raised at a safe point only: while the parent sleeps between its checks (:meth:`sleep`) or when
-    it next calls :meth:`check`. A signal that lands inside a storage call is recorded and raised right after it:
-    raised there, it could leave the database client holding a lock that the stop's own storage calls (failing the
+    it next calls :meth:`check`. A signal that lands inside a storage call is only recorded, and raised at the next
+    of those: raised inside the call, it could leave the database client holding a lock that the stop's own storage calls (failing the
     workers' trials) would then wait on for ever.
     """
 
