@@ -32,7 +32,7 @@ help: ## show this help (colour on a terminal only; NO_COLOR=1 turns it off)
 	grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
 	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*?## "}; {printf "  %s%-14s%s %s\n", on, $$1, off, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp) accrot/ops/cpu_kernels.py
+$(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp accrot/ops/csrc/*.h) accrot/ops/cpu_kernels.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'

@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         return answered
     try:
         importlib.import_module("accrot.run.launch").check_environment()
-        # before torch's first parallel region and first tensor: the intra-op threads inherit the subnormal mode,
-        # and glibc applies the allocator's thresholds to later allocations only
+        # before torch's first parallel region and first tensor: glibc applies the allocator's thresholds to later
+        # allocations only, and the intra-op threads inherit the float mode (IEEE unless ACCROT_DENORMALS=flush)
         importlib.import_module("accrot.runtime").configure_process()
         if argv and argv[0] in COMMANDS:
             module, _, func = COMMANDS[argv[0]].partition(":")

@@ -1,11 +1,16 @@
-"""The process-wide settings the accrot commands make before any tensor work: float32 subnormals flushed to zero in
-every intra-op thread (:func:`set_denormals`) and glibc's malloc kept from handing a step's memory back to the OS
-(:func:`set_allocator`). :func:`configure_process` makes both; the ``accrot`` command calls it first thing, and so do
-the benchmark's helper interpreters, which are not started through it. Each setting has its switch
-(``ACCROT_DENORMALS``, ``ACCROT_MALLOC``) and is recorded in run.json and the benchmark's report.
+"""The process-wide settings the accrot commands make before any tensor work: glibc's malloc kept from handing a
+step's memory back to the OS (:func:`set_allocator`) and, only when asked (``ACCROT_DENORMALS=flush``), float32
+subnormals flushed to zero in every intra-op thread (:func:`set_denormals`). :func:`configure_process` makes both as
+their switches say; the ``accrot`` command calls it first thing, and so do the benchmark's helper interpreters, which
+are not started through it. Each setting is recorded in run.json and the benchmark's report.
 
 They live here, not in :mod:`accrot.ops`, because they change the whole process (every thread's float mode, the C
-allocator) while the ops are pure tensor functions; an import contract keeps the ops from reaching them.
+allocator) while the ops are pure tensor functions; an import contract keeps the ops from reaching them. The ops
+need neither: the compiled kernels flush subnormals inside their own threads and restore the caller's mode on exit
+(``accrot/ops/csrc/subnormals.h``), and the eager steps never exponentiate to a subnormal
+(:mod:`accrot.ops.underflow`), so a Python caller who never heard of this module gets the command's speed. The
+float mode stays a switch for comparison (``accrot bench schemes`` measures the far-mass ops under both); the
+allocator is process-wide by nature and stays the command's default.
 """
 
 from __future__ import annotations
@@ -28,18 +33,20 @@ def _switch(name: str, choices: tuple[str, ...]) -> str:
 
 
 def denormal_mode() -> str:
-    """``ACCROT_DENORMALS``: ``flush`` (default) or ``keep`` (IEEE subnormals, e.g. to compare)."""
-    return _switch("ACCROT_DENORMALS", ("flush", "keep"))
+    """``ACCROT_DENORMALS``: ``keep`` (default: IEEE subnormals, torch's own mode) or ``flush`` (process-wide, e.g.
+    to compare: the ops do not need it)."""
+    return _switch("ACCROT_DENORMALS", ("keep", "flush"))
 
 
 def set_denormals() -> str:
     """Apply :func:`denormal_mode` to this thread and return what holds: ``"flushed"`` or ``"IEEE"``.
 
-    Why: a far-mass bias (ALiBi, FoX, PaTH-FoX) drives the softmax weights of far keys into float32's subnormal
-    range (below 1.2e-38), and PaTH's transports shrink far keys geometrically (β < 2 contracts); x86 runs each
-    operation on a subnormal some hundred times slower, so a long evaluation spends most of its time on weights
-    that round to nothing. Flushing them to zero (FTZ/DAZ, the default of TensorFlow's and XLA's CPU runtimes)
-    changes no value above 1.2e-38.
+    Why it exists: a far-mass bias (ALiBi, FoX, PaTH-FoX) drives the softmax weights of far keys into float32's
+    subnormal range (below 1.2e-38), and PaTH's transports shrink far keys geometrically (β < 2 contracts); x86
+    runs each operation on a subnormal some hundred times slower. The ops keep that cost out on their own (module
+    docstring), so the default leaves torch's IEEE mode alone; ``flush`` (FTZ/DAZ, the default of TensorFlow's and
+    XLA's CPU runtimes, changing no value above 1.2e-38) is there to compare against, and for code of the caller's
+    own that meets subnormals outside accrot's ops.
 
     The mode is per thread and new threads copy their creator's: called before torch's first parallel region, the
     intra-op pool inherits it. Called later, it reaches only the calling thread.
@@ -94,7 +101,8 @@ def allocator() -> str:
 
 
 def configure_process() -> dict[str, str]:
-    """Both settings, :func:`set_denormals` then :func:`set_allocator`, as the switches ask; returns what holds
+    """Both settings, :func:`set_denormals` (IEEE unless ``ACCROT_DENORMALS=flush``) then :func:`set_allocator`, as
+    the switches ask; returns what holds
     (``{"denormals": ..., "allocator": ...}``).
 
     Idempotent: a second call reads the same switches and applies the same settings again, so an entry point may

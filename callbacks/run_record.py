@@ -76,7 +76,7 @@ class RunRecord(L.Callback):
             "versions": versions(),
             # the compiled CPU rotation kernels and the eager formulas agree to rounding, not bit for bit
             "rotation_kernels": cpu_kernels.describe(trainer.strategy.root_device),
-            "denormals": runtime.denormals(),  # flushed to zero (the accrot command's default) or IEEE
+            "denormals": runtime.denormals(),  # IEEE (the default) or flushed to zero (ACCROT_DENORMALS=flush)
             "allocator": runtime.allocator(),  # glibc malloc tuned (the accrot command's default) or default
             "seed": _seed(),
             "hparams": dict(pl_module.hparams),

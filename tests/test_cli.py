@@ -81,7 +81,7 @@ def test_run_directory_records_what_produced_it(trained_run):
     record = json.loads((trained_run / "run.json").read_text())
     assert len(record["data"]["fingerprint"]) == 64
     assert record["revision"] and record["versions"]["torch"].startswith("2.13")
-    assert record["denormals"] == "flushed"  # the accrot command's default (runtime.set_denormals)
+    assert record["denormals"] == "IEEE"  # the command leaves torch's float mode alone (the ops flush inside)
     assert record["allocator"] == "tuned"  # the accrot command's default on glibc (runtime.set_allocator)
     assert record["hparams"]["scheme"]["rotation"] == "rope"
     assert "model" in (trained_run / "config.yaml").read_text()

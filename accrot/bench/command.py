@@ -101,6 +101,7 @@ from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, 
 from accrot.bench.path import run_path
 from accrot.bench.pipeline import pipeline_table, run_pipeline
 from accrot.bench.schemes import ops_table, run_schemes, schemes_table
+from accrot.bench.subnormals import subnormals_table
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import check_device
@@ -257,6 +258,8 @@ def main(argv: list[str]) -> int:
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
         console.print(schemes_table(report["schemes"]))
         console.print(ops_table(report["schemes"]))
+        if report["schemes"]["subnormals"] is not None:
+            console.print(subnormals_table(report["schemes"]["subnormals"]))
     if command in ("path", "all"):
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
                                   memory_lengths=args.memory_lengths, peer=args.peer, peer_lengths=args.peer_lengths,

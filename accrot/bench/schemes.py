@@ -36,6 +36,7 @@ from accrot.bench.grid import (
 )
 from accrot.bench.memory import eval_plan, measure_eval
 from accrot.bench.ops import OP_EVAL_LENGTH, OP_SHAPE, op_cells, time_op_training
+from accrot.bench.subnormals import run_subnormals
 from accrot.ops import cpu_kernels
 
 # -- the grid -----------------------------------------------------------------------------------------------
@@ -208,6 +209,9 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
     # the op is ~20x cheaper than a small step and its ratios are read to 0.05: twice the rounds, for ~15 s more
     op_repeats = 2 * repeats
     op_train = time_op_training(cells, op_shape, op_repeats, dev, seed, log)
+    # the far-mass ops with IEEE subnormals beside a flushing process: fresh interpreters, CPU only (GPUs compute on
+    # subnormals at full speed); half the op's rounds, as each side measures only its ~7 cells
+    subnormals = run_subnormals(cells, op_shape, max(1, repeats), seed, log) if dev.type == "cpu" else None
     op_eval_cells = op_cells(cells)
     op_eval = measure_eval({op_eval_length: op_eval_cells}, eval_repeats, dev, seed, log, target="op",
                            shape=op_shape)[op_eval_length]
@@ -249,7 +253,7 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
                      "eval_skipped": {str(ln): [c.name for c in cells if c not in plan[ln]] for ln in plan},
                      "memory_method": "cuda max_memory_allocated" if dev.type == "cuda"
                      else "forked child: ru_maxrss after − /proc/self/statm RSS before"},
-        "notes": notes, "rows": rows, "wall_s": time.perf_counter() - started,
+        "notes": notes, "rows": rows, "subnormals": subnormals, "wall_s": time.perf_counter() - started,
     }
 
 

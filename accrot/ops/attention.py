@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from accrot.ops import cpu_kernels
+from accrot.ops.underflow import exp_
 
 # ATen's fused CPU flash attention returning (out, logsumexp), and its backward (private ops, present since
 # torch 2.3; the masked path below is the fallback when they are missing)
@@ -178,8 +179,8 @@ def eager_key_bias_forward(q, k, v, c, blk):
                 merged_o, merged_l = o, l
             else:  # softmax over the union of two key sets, from each set's normalised output and LSE
                 both = torch.logaddexp(merged_l, l)  # [B, H, blk]
-                merged_o = merged_o.mul_((merged_l - both).exp_().unsqueeze(-1))
-                merged_o.add_(o.mul_((l - both).exp_().unsqueeze(-1)))
+                merged_o = merged_o.mul_(exp_(merged_l - both).unsqueeze(-1))
+                merged_o.add_(o.mul_(exp_(l - both).unsqueeze(-1)))
                 merged_l = both
         out[:, :, t0:t1], lse[:, :, t0:t1] = merged_o, merged_l
     return out, lse

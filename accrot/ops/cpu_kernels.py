@@ -34,6 +34,8 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("rotary_cpu.cpp", "path_cpu.cpp",
                                                                    "attention_cpu.cpp"))
+# the headers the sources include: part of the build's hash, not compiled on their own
+HEADERS = (Path(__file__).with_name("csrc") / "subnormals.h",)
 # -fopenmp: at::parallel_for is inline OpenMP code (without it, one thread); -ffp-contract=off: no fused
 # multiply-adds, so every machine computes the same bits (the baseline ISA has none, but a distro's default may)
 CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=off")
@@ -56,7 +58,7 @@ def mode() -> str:
 
 
 def build_directory() -> Path:
-    digest = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES) + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES + HEADERS) + " ".join(CFLAGS).encode()).hexdigest()[:12]
     root = os.environ.get("ACCROT_KERNEL_DIR") or str(Path(sys.prefix) / "accrot-kernels")
     return Path(root) / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 

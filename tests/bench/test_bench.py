@@ -340,3 +340,35 @@ def test_storage_bench_kills_a_worker_and_the_proxy_and_loses_nothing(tmp_path):
     direct, proxied = doc["rows"][2], doc["rows"][3]
     assert direct["connections_peak"] >= direct["workers"] > 0  # at least one connection per direct worker
     assert proxied["connections_peak"] < direct["connections_peak"]
+
+
+def test_subnormal_table_runs_each_side_in_its_own_float_mode():
+    """Both sides of the subnormal table measure the same cells, each in a fresh interpreter whose recorded float
+    mode is the one asked for (IEEE: the library's case; flushed process-wide), NoPE at exactly 1."""
+    from rich.console import Console
+
+    from accrot.bench.subnormals import run_subnormals, subnormal_cells, subnormals_table
+
+    cells, _ = grid()
+    doc = run_subnormals(cells, {"B": 1, "H": 2, "T": 32, "D": 8}, repeats=1, seed=0, log=lambda _: None)
+    chosen = [c.name for c in subnormal_cells(cells)]
+    assert doc["cells"] == chosen and chosen[0] == "none/none"
+    assert {"none/alibi", "none/forget", "path/none", "path/forget", "accum:learned/forget+v"} <= set(chosen)
+    assert doc["sides"]["keep"]["denormals"] == "IEEE" and doc["sides"]["flush"]["denormals"] == "flushed"
+    assert [r["variant"] for r in doc["rows"]] == chosen
+    for row in doc["rows"]:
+        assert row["keep"] > 0 and row["flush"] > 0 and row["keep_over_flush"] == row["keep"] / row["flush"]
+    assert doc["rows"][0]["keep"] == doc["rows"][0]["flush"] == 1.0
+    console = Console(width=200, record=True)
+    console.print(subnormals_table(doc))
+    assert "IEEE ÷ flushed" in console.export_text()
+
+
+def test_a_failing_subnormal_side_raises_with_its_reason():
+    """A side whose cell cannot be built (an SO(2) rotation at an odd head dim) is an error with its last line,
+    never a table cell."""
+    from accrot.bench.subnormals import run_subnormals
+
+    cells = [Cell("none"), Cell("accum", "forget", True, "learned")]
+    with pytest.raises(RuntimeError, match=r"the subnormal bench's keep side failed \(exit 1\): .*even"):
+        run_subnormals(cells, {"B": 1, "H": 2, "T": 32, "D": 7}, 1, 0, log=lambda _: None)

@@ -13,8 +13,11 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "subnormals.h"
+
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -29,6 +32,7 @@ Tensor key_bias(const Tensor& c, int64_t t0, int64_t t1, at::ScalarType dtype) {
 // the same double)
 std::tuple<Tensor, Tensor> key_bias_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& c,
                                             int64_t blk, double scale) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && c.dim() == 3, "key_bias_forward: q, k, v [B, H, T, D], c [B|1, H, T]");
   TORCH_CHECK(blk >= 1, "key_bias_forward: blk must be positive");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2);
@@ -61,6 +65,7 @@ std::tuple<Tensor, Tensor> key_bias_forward(const Tensor& q, const Tensor& k, co
 std::tuple<Tensor, Tensor, Tensor> key_bias_backward(const Tensor& ga, const Tensor& qa, const Tensor& ka,
                                                      const Tensor& va, const Tensor& oa, const Tensor& lse,
                                                      const Tensor& c, int64_t blk, double scale) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   TORCH_CHECK(qa.dim() == 4 && ka.sizes() == qa.sizes() && va.sizes() == qa.sizes() && c.dim() == 3,
               "key_bias_backward: augmented q, k, v [B, H, T, D + 1], c [B|1, H, T]");
   TORCH_CHECK(blk >= 1, "key_bias_backward: blk must be positive");
@@ -90,9 +95,19 @@ std::tuple<Tensor, Tensor, Tensor> key_bias_backward(const Tensor& ga, const Ten
   return {dqa, dka, dva};
 }
 
+// Whether subnormals are flushed (1) or IEEE (0) in each thread of the calling thread's OpenMP team, thread 0
+// first: what the guard of subnormals.h must leave as it found it (tests/ops/test_subnormals.py).
+std::vector<int64_t> flush_modes() {
+  std::vector<int64_t> modes(omp_in_parallel() ? 1 : omp_get_max_threads(), -1);
+#pragma omp parallel num_threads(static_cast<int>(modes.size()))
+  modes[omp_get_thread_num()] = (accrot::float_mode() & accrot::kFlushBits) == accrot::kFlushBits && accrot::kFlushBits;
+  return modes;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(accrot_cpu, m) {
+  m.def("flush_modes() -> int[]", &flush_modes);  // no tensor argument, no dispatch key: a catch-all
   m.def("key_bias_forward(Tensor q, Tensor k, Tensor v, Tensor c, int blk, float scale) -> (Tensor, Tensor)");
   m.def("key_bias_backward(Tensor ga, Tensor qa, Tensor ka, Tensor va, Tensor oa, Tensor lse, Tensor c, int blk, "
         "float scale) "

@@ -16,6 +16,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "subnormals.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -214,6 +216,7 @@ struct KeyWalk {
 std::tuple<Tensor, Tensor, std::vector<Tensor>> path_walk_forward(
     const Tensor& queries, const Tensor& values, const Tensor& k_end, const Tensor& Pt,
     const std::optional<Tensor>& G, const std::optional<Tensor>& R, int64_t keep, int64_t Dv) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   TORCH_CHECK(queries.dim() == 4 && values.dim() == 3 && k_end.dim() == 4 && Pt.dim() == 4,
               "path_walk_forward: queries [N, BH, c, W], values [BH, N*c, W], k_end [N, BH, c, D], Pt [N, BH, D, D]");
   TORCH_CHECK(G.has_value() == R.has_value(), "path_walk_forward: G and R come together");
@@ -285,6 +288,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> path_walk_backward(
     const Tensor& queries, const Tensor& values, const Tensor& k_end, const Tensor& Pt,
     const std::optional<Tensor>& G, const std::optional<Tensor>& R, const Tensor& grad, const Tensor& out,
     const Tensor& lse, at::TensorList kept, at::IntArrayRef kept_at, int64_t seg, int64_t Dv) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   TORCH_CHECK(kept.size() == kept_at.size(), "path_walk_backward: one position per kept buffer");
   TORCH_CHECK(seg >= 1, "path_walk_backward: seg must be positive");
   KeyWalk walk(queries, values, k_end, Pt, G, R);
@@ -425,6 +429,7 @@ void core_forward_impl(const Tensor& qb, const Tensor& kb, const Tensor& wb, con
 // (else empty tensors)
 std::vector<Tensor> path_core_forward(const Tensor& qb, const Tensor& kb, const Tensor& wb, const Tensor& bb,
                                       bool save) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   TORCH_CHECK(qb.dim() == 4 && kb.sizes() == qb.sizes() && wb.sizes() == qb.sizes() && bb.dim() == 3 &&
                   bb.sizes() == qb.sizes().slice(0, 3),
               "path_core_forward: q, k, w [N, BH, c, D] and b [N, BH, c]");
@@ -530,6 +535,7 @@ std::vector<Tensor> path_core_backward(const Tensor& ds, const Tensor& dq_start,
                                        const Tensor& dPt, const Tensor& qb, const Tensor& kb, const Tensor& wb,
                                        const Tensor& bb, const Tensor& Ti, const Tensor& U, const Tensor& Y,
                                        const Tensor& QW) {
+  accrot::FlushSubnormals flush;  // subnormals.h: this call's threads, restored on exit
   const int64_t c = qb.size(2), D = qb.size(3);
   TORCH_CHECK(Ti.numel() > 0 && Ti.size(-1) == c && U.sizes() == qb.sizes() && dPt.size(-1) == D,
               "path_core_backward: the forward's saved tensors (save=True) and its output gradients");

@@ -16,6 +16,7 @@ from accrot.ops.attention import (  # ATen's fused CPU flash attention (out, log
     widened,
 )
 from accrot.ops.path.common import LN2, LOG2E
+from accrot.ops.underflow import exp2_, exp_
 
 
 def _walk_kernels():
@@ -30,7 +31,7 @@ def _diag_softmax(s_diag: torch.Tensor, vb: torch.Tensor) -> tuple[torch.Tensor,
     diagonal), ``vb [N, BH, c, Dv]`` -> normalised output ``[N, BH, c, Dv]`` and natural-unit log-sum-exp
     ``[N, BH, c]``."""
     m = s_diag.amax(-1)  # [N, BH, c] finite: the diagonal entry is always there
-    p = s_diag.sub(m[..., None]).exp2_()  # [N, BH, c, c] (in place on fresh tensors: each new one costs a pass)
+    p = exp2_(s_diag.sub(m[..., None]))  # [N, BH, c, c] (in place on a fresh tensor: each new one costs a pass)
     l = p.sum(-1)  # [N, BH, c]
     return (p @ vb).div_(l[..., None]), m * LN2 + l.log()
 
@@ -161,7 +162,7 @@ def _merge(out, lse, o, l, a) -> None:
     if a is not None:
         l = l + a[1:] * LN2
     both = torch.logaddexp(lse[1:], l)  # [N−1, BH, c]
-    out[1:].mul_((lse[1:] - both).exp_()[..., None]).add_(o.mul_((l - both).exp_()[..., None]))  # o: the walk's own
+    out[1:].mul_(exp_(lse[1:] - both)[..., None]).add_(o.mul_(exp_(l - both)[..., None]))  # o: the walk's own
     lse[1:] = both
 
 
@@ -213,7 +214,7 @@ class _PathWalk(torch.autograd.Function):
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)  # [N, BH, c] rowsum(dO ∘ O)
         # diagonal blocks: P = exp(ℓ − lse), dℓ = P ∘ (dO vᵀ − Δ); the logits are in log2 units, so ds = ln 2 · dℓ
-        p = s_diag.sub((lse * LOG2E)[..., None]).exp2_()  # [N, BH, c, c]
+        p = exp2_(s_diag.sub((lse * LOG2E)[..., None]))  # [N, BH, c, c]
         ds_diag = (dout @ vb.mT).sub_(delta[..., None]).mul_(p).mul_(LN2)  # [N, BH, c, c]
         dvb = p.mT @ dout  # [N, BH, c, Dv]
         del p
