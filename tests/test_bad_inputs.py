@@ -763,6 +763,26 @@ CATALOGUE: list[Row] = [
         lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
                    f"--out={f.existing_ablation()}"],
         ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
+    # -- checked before anything is created: what a run, a sweep or an ablation would refuse at its start (the
+    # evaluation blocks its data cannot fill, an argument of the wrong type, a run of no step) is refused by building
+    # it once first (accrot.run.probe with its set-up; the spec sections' typed fields), before a study or run exists
+    Row("zero-steps", "--trainer.max_steps=0", lambda f: f.fit("--trainer.max_steps=0"),
+        "trainer.max_steps=0 is not valid: the run would train no step; give a positive trainer.max_steps"),
+    Row("diagnose-far-window-beyond-the-lengths", "accrot diagnose --ckpt RUN.ckpt --far_window 100000",
+        lambda f: ["diagnose", "--ckpt", str(f.plain_run()), "--far_window=100000", f"--out={f.sweeps}/d"],
+        "--far_window=100000 is not valid; no key of the longest length diagnosed (4096 tokens) is that far back"),
+    Row("sweep-pruner-argument-type", "spec with pruner: {type: median, n_startup_trials: two}",
+        lambda f: ["sweep", str(f.spec("pruner-type", pruner={"type": "median", "n_startup_trials": "two"})),
+                   f"--root={f.sweeps}"],
+        "pruner: n_startup_trials='two' is not valid; expected an integer or null"),
+    Row("sweep-evaluation-too-long", "spec with overrides: {extrapolation.multipliers: [1, 2, 100000]}",
+        lambda f: ["sweep", str(f.spec("eval-long", overrides={"extrapolation.multipliers": [1, 2, 100000]})),
+                   f"--root={f.sweeps}"],
+        ("overrides are not valid: evaluation length 12800000 needs 12800001 tokens per block",)),
+    _ablation("ablation-evaluation-too-long", "--size tiny --multipliers 1 10000 --variants NoPE --datasets corpus "
+              "--workers 0", "evaluation length 1280000 needs 1280001 tokens per block"),
+    _ablation("ablation-study-name-with-a-slash", "--study my/study --variants NoPE --datasets corpus --workers 0",
+              "--study='my/study' is not valid; a study name is letters, digits and _ . + - (no '/')"),
 ]
 
 

@@ -82,6 +82,10 @@ def main(argv: list[str]) -> int:
     dm = load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
+    if args.far_window is not None and args.far_window >= lengths[-1] - 1:
+        raise UsageError(f"--far_window={args.far_window} is not valid; no key of the longest length diagnosed "
+                         f"({lengths[-1]} tokens) is that far back: use --far_window < {lengths[-1] - 1}, or longer "
+                         "--multipliers")
     blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
     with output_folder(Path(args.out) if args.out else run_dir / "diagnostics") as out:
         lit.eval().to(device)

@@ -183,6 +183,9 @@ class AccrotCLI(LightningCLI):
             scheme.seed = run_seed if isinstance(run_seed, int) and not isinstance(run_seed, bool) else 0
         if cfg.get("name") is not None:  # --name=../../x would write outside --root
             check_run_name(cfg.get("root", "runs"), cfg["name"])
+        if self.subcommand == "fit":
+            check_training_length(cfg.get("trainer") or {})
+        check_devices(cfg.get("trainer") or {})
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
@@ -399,6 +402,24 @@ class AccrotCLI(LightningCLI):
                 cb.prepare(self.datamodule)
         if self.launch_argv is not None:  # Lightning's DDP launcher re-runs sys.argv once per extra device
             sys.argv = list(self.launch_argv)
+
+
+def check_training_length(trainer_cfg) -> None:
+    """A fit that would train no step (``trainer.max_steps=0`` or ``max_epochs=0``) is refused before its run directory
+    exists: Lightning would record a run "finished at step 0" with nothing in it."""
+    for key in ("max_steps", "max_epochs"):
+        if trainer_cfg.get(key) == 0:
+            raise UsageError(f"trainer.{key}=0 is not valid: the run would train no step; give a positive "
+                             f"trainer.{key} (or -1 / null for no limit)")
+
+
+def check_devices(trainer_cfg) -> None:
+    """``trainer.devices`` of no device at all (0, "0", []): one line naming the option, not Lightning's
+    ``Trainer(devices='0')`` text."""
+    devices = trainer_cfg.get("devices")
+    if devices in (0, "0", []) and not isinstance(devices, bool):
+        raise UsageError(f"trainer.devices={devices!r} is not valid; give a number of devices >= 1, a list of device "
+                         "indices ([0, 1]) or auto")
 
 
 def start_warnings(model, trainer, data) -> list[str]:
