@@ -783,6 +783,40 @@ CATALOGUE: list[Row] = [
               "--workers 0", "evaluation length 1280000 needs 1280001 tokens per block"),
     _ablation("ablation-study-name-with-a-slash", "--study my/study --variants NoPE --datasets corpus --workers 0",
               "--study='my/study' is not valid; a study name is letters, digits and _ . + - (no '/')"),
+    # -- every option takes effect or is refused: an option the command would drop (a place beside --resume, the
+    # first of two equal YAML keys, a misspelt or bad environment switch, a search space with nothing to search) is
+    # compared with what the command applies (accrot.run.args.RESUME_PLACES, accrot.io.load_yaml for every config
+    # and spec, accrot.run.launch.SWITCHES, the spec's budget check)
+    Row("resume-with-a-name", "accrot fit --resume RUN_DIR --name other",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), "--name", "other"],
+        ("in place, so --name cannot take effect; drop --name, or start a new run there from its weights",)),
+    Row("resume-with-a-root", "accrot fit --resume RUN_DIR --root OTHER",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), f"--root={f.runs}"],
+        ("in place, so --root cannot take effect; drop --root",)),
+    Row("config-duplicate-key", "a config file with model: twice",
+        lambda f: ["fit", "--config", str(f.config_file("twice.yaml", "model:\n  n_layers: 2\nmodel:\n  n_layers: 4\n")),
+                   f"--root={f.runs}"],
+        "twice.yaml' is not valid YAML: key 'model' is given twice (lines 1 and 3); keep one"),
+    Row("config-duplicate-nested-key", "a config file with model: {n_layers: 2, n_layers: 4}",
+        lambda f: ["fit", "--config", str(f.config_file("twice-nested.yaml", "model:\n  n_layers: 2\n  n_layers: 4\n")),
+                   f"--root={f.runs}"],
+        "key 'n_layers' is given twice (lines 2 and 3)"),
+    Row("sweep-spec-duplicate-key", "spec with trials: given twice",
+        lambda f: ["sweep", str(f.config_file("twice-spec.yaml", f.spec("twice-spec").read_text() + "trials: 2\n")),
+                   f"--root={f.sweeps}"],
+        "not valid YAML (key 'trials' is given twice"),
+    Row("bad-gpu-kernel-switch", "ACCROT_GPU_KERNELS=bogus accrot fit ...", lambda f: f.fit(),
+        "ACCROT_GPU_KERNELS='bogus' is not valid; choose one of auto, on, off",
+        simulate=lambda: environment("ACCROT_GPU_KERNELS", "bogus")),
+    Row("misspelt-switch", "ACCROT_GPU_KERNEL=off accrot fit ... (the switch is ACCROT_GPU_KERNELS)", lambda f: f.fit(),
+        "ACCROT_GPU_KERNEL='off' is not a switch accrot reads; did you mean ACCROT_GPU_KERNELS?",
+        simulate=lambda: environment("ACCROT_GPU_KERNEL", "off")),
+    Row("sweep-empty-space", "spec with space: {} (trials: 4)",
+        lambda f: ["sweep", str(f.spec("empty-space", space={})), f"--root={f.sweeps}"],
+        "space is empty, so each of trials=4 would run the same config; give the space its search keys, or set trials: 1"),
+    Row("sweep-null-space", "spec with space: null (trials: 4)",
+        lambda f: ["sweep", str(f.spec("null-space", space=None)), f"--root={f.sweeps}"],
+        "space is empty, so each of trials=4 would run the same config"),
 ]
 
 

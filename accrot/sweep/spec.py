@@ -20,6 +20,7 @@ import optuna
 import yaml
 
 from accrot.errors import UsageError, check_choice, one_line
+from accrot.io import load_yaml
 from accrot.metrics import metric_key, parse_metric
 from accrot.run.args import config_path
 
@@ -600,7 +601,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and check a spec file; every problem is a one-line :class:`UsageError` naming the key."""
     path = find_spec(str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise UsageError(f"{path}: not valid YAML ({one_line(str(err))})") from None
     spec = _strict(SweepSpec, data, str(path))
