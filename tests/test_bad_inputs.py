@@ -817,6 +817,20 @@ CATALOGUE: list[Row] = [
     Row("sweep-null-space", "spec with space: null (trials: 4)",
         lambda f: ["sweep", str(f.spec("null-space", space=None)), f"--root={f.sweeps}"],
         "space is empty, so each of trials=4 would run the same config"),
+    # -- a result says what ran and overwrites nothing: eval and diagnose refuse an --out that is a run's own folder
+    # (accrot.run.checkpoints.output_folder, which both write through) and data the model cannot read
+    Row("eval-out-is-the-run-directory", "accrot eval --ckpt RUN --out RUN",
+        lambda f: ["eval", "--ckpt", str(f.plain_run()), "--out", str(f.plain_run())],
+        ("is a run directory (it holds run.json): what the training wrote there would be overwritten; pass another "
+         "--out",)),
+    Row("diagnose-out-is-the-run-directory", "accrot diagnose --ckpt RUN --out RUN",
+        lambda f: ["diagnose", "--ckpt", str(f.plain_run()), "--out", str(f.plain_run())],
+        "is a run directory (it holds run.json)"),
+    Row("eval-data-of-another-vocabulary", "accrot eval --ckpt RUN --config OTHER_DATA.yaml (LocalDependencyDataModule, "
+        "a task's own symbols)",
+        lambda f: ["eval", "--ckpt", str(f.plain_run()), "--config",
+                   str(f.other_data_config("local-task.yaml", "data:\n  class_path: data_modules.LocalDependencyDataModule\n"))],
+        ("describes another model than checkpoint", "data vocabulary 72 tokens (the model reads 256)")),
 ]
 
 

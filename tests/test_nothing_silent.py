@@ -133,3 +133,75 @@ def test_a_probe_with_its_set_up_refuses_what_the_run_would_refuse_at_its_start(
     probe(args)  # parsing and building alone cannot see it ...
     with pytest.raises(DataError, match="evaluation length 128000 needs"):
         probe(args, setup=True)  # ... the run's own set-up does
+
+
+# -- results say what ran, and overwrite nothing --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A run directory as ``accrot fit`` leaves it (tiny's NoPE model, its config on a small corpus, the training's own
+    result files), made without training."""
+    import torch
+
+    from accrot.lit import LitLM
+
+    root = tmp_path_factory.mktemp("nothing-silent")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"m{i:02d}.py").write_text("".join(f"v_{i}_{j} = {j} * {i}\n" for j in range(300)))
+    run = root / "runs" / "none-none" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    text = (REPO / "accrot/configs/tiny.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("    seq_len: 128", f"    seq_len: 128\n    root: {corpus}\n"
+                                                                        "    val_fraction: 0.3"))
+    model = LitLM(d_model=64, n_layers=2, n_heads=4)
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 3},
+               run / "checkpoints" / "last.ckpt")
+    for name in ("run.json", "extrapolation.json", "extrapolation.png", "metrics.csv", "diagnostics.json"):
+        (run / name).write_text(f"the training's own {name}\n")
+    return run
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.parent == folder}
+
+
+@pytest.mark.parametrize("command", ["eval", "diagnose"])
+def test_a_command_written_into_a_run_directory_leaves_the_training_files_untouched(command, run_dir, capsys):
+    from accrot.cli import main
+
+    before = _digests(run_dir)
+    rc = main([command, "--ckpt", str(run_dir), "--out", str(run_dir), "--multipliers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"accrot: error: --out {str(run_dir)!r} is a run directory"), err
+    assert _digests(run_dir) == before
+
+
+@pytest.mark.parametrize("command, written", [("eval", "eval/extrapolation.json"),
+                                              ("diagnose", "diagnostics/diagnostics.json")])
+def test_a_result_file_records_the_command_revision_and_checkpoint(command, written, run_dir, capsys):
+    import json
+
+    from accrot.cli import main
+    from accrot.io import git_revision
+
+    before = _digests(run_dir)
+    argv = ["--ckpt", str(run_dir), "--multipliers", "1", "2"]
+    argv += ["--budget_tokens", "512"] if command == "eval" else ["--blocks", "2"]
+    assert main([command, *argv]) == 0, capsys.readouterr().err
+    doc = json.loads((run_dir / written).read_text())
+    assert doc["command"] == ["accrot", command, *argv]
+    assert doc["revision"] == git_revision() and doc["revision"] != "unknown"
+    assert doc["checkpoint"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert _digests(run_dir) == before  # beside the run, under its own folder
+
+
+@pytest.mark.filterwarnings("ignore:.*AMP with fp16 is not supported on CPU")
+def test_a_precision_the_trainer_falls_back_from_is_recorded_as_what_runs():
+    """Lightning trains ``16-mixed`` on a CPU in ``bf16-mixed``: the resolved config (what config.yaml saves) says so."""
+    from accrot.run.probe import probe
+
+    flat = probe(["fit", "--config", "tiny", "--trainer.accelerator=cpu", "--trainer.precision=16-mixed"])
+    assert flat["trainer.precision"] == "bf16-mixed"
+    assert probe(["fit", "--config", "tiny", "--trainer.precision=32"])["trainer.precision"] == 32  # an alias: as asked

@@ -219,10 +219,31 @@ class AccrotCLI(LightningCLI):
         trainer_cfg["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         check_path_kernel(getattr(self, "model", None), trainer.strategy.root_device)
+        self._record_what_runs(trainer)
         if rank_zero_only.rank == 0:  # one line each, held until training starts (accrot.logs)
             for line in start_warnings(getattr(self, "model", None), trainer, cfg.get("data")):
                 _log.warning(line)
         return trainer
+
+    def _record_what_runs(self, trainer: L.Trainer) -> None:
+        """A setting the trainer resolved to something else than was asked (Lightning's fallback: ``16-mixed`` on a
+        CPU trains ``bf16-mixed``) is one warning line, and the saved ``config.yaml`` records what runs (``run.json``
+        records it under ``ran``)."""
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+
+        trainer_cfg = self.config[self.subcommand]["trainer"]
+        asked = trainer_cfg.get("precision")
+        ran = str(trainer.precision)
+        if asked is None or str(_convert_precision_to_unified_args(asked)) == ran:
+            return
+        if rank_zero_only.rank == 0:
+            _log.warning(f"accrot: warning: trainer.precision={asked!r} is not available on "
+                         f"{trainer.strategy.root_device.type}: the run trains in {ran!r}, which its config.yaml and "
+                         "run.json record")
+        trainer_cfg["precision"] = ran
+        for cb in trainer.callbacks:  # the config it saves was copied when the trainer was built
+            if isinstance(cb, SaveConfigCallback):
+                cb.config["trainer"]["precision"] = ran
 
     def _init_from(self, cfg) -> dict | None:
         """``--init_from CKPT``: the checkpoint's weights, loaded into the model now; the optimiser, its schedule and
