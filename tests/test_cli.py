@@ -169,15 +169,19 @@ def test_shipped_configs_exist():
     assert Path(CONFIG_DIR / "tiny.yaml").read_text().count("seq_len: 128") == 1
 
 
-# validating in a new run directory: Lightning notes that the checkpoint callback's folder changed
-@pytest.mark.filterwarnings("ignore:The dirpath has changed:UserWarning")
-def test_validate_subcommand_on_checkpoint(trained_run, tmp_path):
-    rc = main(["validate", "--config", str(trained_run / "config.yaml"), f"--root={tmp_path}",
-               f"--ckpt_path={trained_run / 'checkpoints/last.ckpt'}", "--trainer.limit_val_batches=1",
-               "--trainer.enable_progress_bar=false", "--wandb=disabled"])
-    assert rc == 0
-    (metrics,) = list(tmp_path.glob("*/version_*/metrics.csv"))
-    assert "val/loss" in metrics.read_text().splitlines()[0]
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_lightnings_other_subcommands_are_refused_naming_eval(command, tmp_path, capsys):
+    """accrot offers fit alone of LightningCLI's subcommands: the others are one line naming accrot eval, and leave
+    no run directory (the data modules have no test split; a validation pass alone records no result)."""
+    rc = main([command, "--config", "tiny", f"--root={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"accrot: error: accrot {command} is not a command; score a checkpoint with accrot "
+                               f"eval --ckpt RUN_DIR ({'the validation' if command == 'validate' else 'the held-out'} "
+                               "split at many lengths, written into RUN_DIR/eval)"]
+    assert not any(tmp_path.iterdir())
+    from accrot.run.lightning import AccrotCLI
+
+    assert set(AccrotCLI.subcommands()) == {"fit"}
 
 
 @pytest.mark.slow

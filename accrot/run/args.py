@@ -19,6 +19,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 def config_path(name: str) -> Path:
     """A shipped config by name (``tiny``) or a path to a YAML file."""
     p = Path(name)
+    if p.is_dir():
+        inside = p / "config.yaml"
+        hint = f"its run's config is --config {inside}" if inside.is_file() else "pass a YAML file"
+        raise UsageError(f"--config {name!r} is a folder, not a config file; {hint} (or a shipped config: "
+                         f"{', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.yaml')))})")
     if p.exists() or p.suffix in (".yaml", ".yml", ".json"):
         return p  # a path: a missing file is reported by the parser with its name
     shipped = CONFIG_DIR / f"{name}.yaml"

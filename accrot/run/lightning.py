@@ -1,6 +1,6 @@
 """The Lightning run: accrot's LightningCLI (the run layout ``<root>/<name>/version_N/``, resumable loggers,
 checkpoints checked against the config, run records, pre-emption) and :func:`run_lightning`, which runs one
-``accrot fit|validate|test`` in-process.
+``accrot fit`` in-process.
 
 A resumed run ends with exactly the metrics of an uninterrupted one (:mod:`accrot.resume`); a run that fails before
 its first checkpoint leaves no directory behind (:mod:`accrot.run.rundir`).
@@ -82,6 +82,12 @@ class AccrotCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", AccrotSaveConfig)
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` alone: a checkpoint is scored by ``accrot eval`` (the data modules have no test split, and a
+        validation pass alone would leave a run directory with no result)."""
+        return {"fit": LightningCLI.subcommands()["fit"]}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--name", type=str | None, default=None,
                             help="run name, a folder inside --root (default: the scheme's cell, "
@@ -93,8 +99,8 @@ class AccrotCLI(LightningCLI):
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
         parser.add_argument("--init_from", type=str | None, default=None,
-                            help="fit only: CKPT whose weights start a new run (a fresh optimiser, schedule and step "
-                                 "count; run.json records it as init_from)")
+                            help="fit only: CKPT (or a run directory: its checkpoints/last.ckpt) whose weights start a "
+                                 "new run (a fresh optimiser, schedule and step count; run.json records it as init_from)")
         parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
         # the vocabulary is the data's (bytes: 256; a synthetic task or HF tokenizer: its own size)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -252,10 +258,11 @@ class AccrotCLI(LightningCLI):
         if path is None:
             return None
         if self.subcommand != "fit":
-            raise UsageError("--init_from is an option of accrot fit (validate and test take --ckpt_path)")
+            raise UsageError("--init_from is an option of accrot fit")
         if cfg.get("ckpt_path") is not None:
             raise UsageError("--init_from starts a new run from a checkpoint's weights, --ckpt_path continues one from "
                              "its whole training state; give one of them")
+        path = checkpoint_file(path, "--init_from")
         try:
             checkpoint = read_checkpoint(path)
         except ValueError as err:
@@ -300,6 +307,7 @@ class AccrotCLI(LightningCLI):
             cfg["ckpt_path"] = ckpt = str(last_checkpoint(found))
         if ckpt is None or ckpt in ("best", "last", "hpc", "registry") or "://" in str(ckpt):
             return None  # Lightning's own lookups and remote paths
+        cfg["ckpt_path"] = ckpt = checkpoint_file(ckpt, "--ckpt_path")
         try:
             checkpoint = read_checkpoint(ckpt)
         except ValueError as err:
@@ -425,6 +433,19 @@ class AccrotCLI(LightningCLI):
             sys.argv = list(self.launch_argv)
 
 
+def checkpoint_file(path: str, option: str) -> str:
+    """A run directory stands for its newest checkpoint, ``checkpoints/last.ckpt`` (as ``accrot eval --ckpt`` takes
+    it); a one-line UsageError for a directory without one."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return str(path)
+    found = last_checkpoint(folder)
+    if not found.is_file():
+        raise UsageError(f"{option} {str(path)!r} is a directory without checkpoints/last.ckpt; pass a run directory "
+                         "that holds one, or the path of a .ckpt file")
+    return str(found)
+
+
 def check_training_length(trainer_cfg) -> None:
     """A fit that would train no step (``trainer.max_steps=0`` or ``max_epochs=0``) is refused before its run directory
     exists: Lightning would record a run "finished at step 0" with nothing in it."""
@@ -494,7 +515,7 @@ def wandb_mode(requested: str) -> str:
 
 
 def run_lightning(args: list[str], console_log: bool = False):
-    """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``).
+    """Run ``accrot fit`` in-process; returns the CLI object (its ``trainer`` and ``run_dir``).
     ``console_log``: a user's own command (``accrot fit`` in a shell): the run directory is printed first and last,
     and Lightning's lines go to its ``console.log`` (a demo or sweep trial keeps its caller's output)."""
     phases.start_run().enter("setup")  # where this run's wall time goes (run.json's "timing")
