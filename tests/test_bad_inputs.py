@@ -4,7 +4,7 @@ each run through ``accrot.cli.main`` as a user would type it. Each must end with
 (no run directory, no study storage).
 
 Reading it as a catalogue: ``CATALOGUE`` (below the fixtures) is grouped by a comment per section (the command line
-and configs, data, the output folder, checkpoints, sweeps and storages, SLURM launches, the ablation). In each
+and configs, data, the output folder, checkpoints, sweeps and storages, SLURM launches, the ablation; then one section per rule that nothing passes silently: checked before anything is created, every option takes effect or is refused, a result overwrites nothing, every command at one standard). In each
 ``Row``, ``id`` names the case; ``input`` is what the user types: a flag alone (``--model.d_modle=3``) is added to
 the section's command (``accrot fit --config tiny``; ``accrot sweep`` among the storages), words describe the file
 or condition it is posed in, and a name in capitals (``ROPE_RUN.ckpt``, ``EMPTY_DIR``) stands for the case's file or
