@@ -78,6 +78,7 @@ sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smok
 
 dashboard: $(STAMP) ## optuna-dashboard for a study on 127.0.0.1:PORT (STUDY=smoke [STORAGE=url] [ARTIFACTS=dir] [PORT=8080])
 	@if [[ '$(STORAGE)' == grpc://* ]]; then echo "make dashboard: STORAGE='$(STORAGE)' is a storage proxy, which optuna-dashboard cannot read through; pass the proxy's database (STORAGE=postgresql://...)" >&2; exit 2; fi
+	@if [ -z '$(STORAGE)' ] && [ ! -f 'runs/sweeps/$(STUDY)/study.db' ]; then s=$$(ls runs/sweeps 2>/dev/null | xargs); echo "make dashboard: no study '$(STUDY)' here (no runs/sweeps/$(STUDY)/study.db; studies here: $${s:-none}); run make sweep SWEEP=$(STUDY) first, or pass STORAGE=url" >&2; exit 2; fi
 	$(BIN)/optuna-dashboard '$(or $(patsubst journal://%,%,$(STORAGE)),sqlite:///runs/sweeps/$(STUDY)/study.db)' --artifact-dir '$(ARTIFACTS)' --host 127.0.0.1 --port $(PORT)
 
 # SLURM: make slurm-train NODES=2 TASKS=4 [PARTITION=p] [TIME=04:00:00] [ACCOUNT=a] [MASTER_ADDR=ip] [DRY_RUN=1] ARGS='--config small'

@@ -1,6 +1,7 @@
 """The ``accrot`` command: a table of subcommands, each imported only when it is called.
 
-``accrot fit|validate|test`` are LightningCLI subcommands (:mod:`accrot.run`); ``--help``, ``--version`` and an
+``accrot fit`` is a LightningCLI subcommand (:mod:`accrot.run`; LightningCLI's validate, test and predict are not
+offered: ``accrot eval`` scores a checkpoint); ``--help``, ``--version`` and an
 unknown command are answered without importing torch. Every bad input ends with one line ``accrot: error: ...``
 and exit status 2 (:mod:`accrot.errors`); a run that diverges ends with one line and exit status 1, its run
 directory kept.
@@ -34,9 +35,11 @@ COMMANDS = {
     "storage-proxy": "accrot.sweep.proxy:main",
 }
 
-LIGHTNING_COMMANDS = {"fit": "train a model (a LightningCLI subcommand: --config, dotted overrides, --resume RUN_DIR)",
-                      "validate": "validate a checkpoint on the validation split (LightningCLI)",
-                      "test": "test a checkpoint (LightningCLI)"}
+LIGHTNING_COMMANDS = {"fit": "train a model (a LightningCLI subcommand: --config, dotted overrides, --resume RUN_DIR)"}
+# LightningCLI's other subcommands, which accrot does not offer: a data module has no test split, and a checkpoint's
+# scores on the validation split are accrot eval's (at every length, written beside the run)
+NOT_COMMANDS = {"validate": "the validation split at many lengths", "test": "the held-out split at many lengths",
+                "predict": "the NLL per length"}
 COMMAND_HELP = {"eval": "evaluate a checkpoint at many lengths (JSON + PNG)",
                 "diagnose": "the theory diagnostics of a checkpoint (coherence, windows, far mass, ...)",
                 "demo": "train the tiny model under several schemes and compare their extrapolation",
@@ -75,6 +78,10 @@ def _front_door(argv: list[str]) -> int | None:
         return 0
     if argv[0] in COMMANDS or argv[0] in LIGHTNING_COMMANDS:
         return None
+    if argv[0] in NOT_COMMANDS:
+        print(f"accrot: error: accrot {argv[0]} is not a command; score a checkpoint with accrot eval --ckpt "
+              f"RUN_DIR ({NOT_COMMANDS[argv[0]]}, written into RUN_DIR/eval)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if argv[0].startswith("-"):
         # LightningCLI's options before a subcommand (--config ...): let it parse them
         return None

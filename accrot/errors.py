@@ -77,6 +77,10 @@ _OPTIONAL_LIST = re.compile(r'Parser key "(?P<key>[\w.]+)":; Does not validate a
                             r"Subtypes: \[list\[\w+\], <class 'NoneType'>\].*?Given value: (?P<value>[^;]*)$")
 
 
+_PLAIN_UNION = re.compile(r'Parser key "(?P<key>[\w.]+)":; Does not validate against any of the Union subtypes; '
+                          r"Subtypes: \[(?P<types>(?:<class '\w+'>(?:, )?)+)\]; Errors:;.*?Given value: (?P<value>[^;]*)$")
+
+
 def one_line(message: str) -> str:
     """Collapse a (possibly nested, multi-line) parser message into one readable line."""
     message = str(message)
@@ -103,6 +107,12 @@ def one_line(message: str) -> str:
     if listed:  # an Optional[list[...]] key given something that is not a list
         return (f"{listed.group('key')}={listed.group('value').strip()!r} is not valid; give a list in brackets "
                 "([a, b, ...]) or null")
+    plain = _PLAIN_UNION.search(text)
+    if plain:  # a union of plain types (bool | int, Optional[int]) given a value of none of them
+        kinds = re.findall(r"<class '(\w+)'>", plain.group("types"))
+        named = " or ".join(k for k in kinds if k != "NoneType")
+        return (f"{plain.group('key')}={plain.group('value').strip()!r} is not valid; expected {named}"
+                f"{' (or null)' if 'NoneType' in kinds else ''}")
     union = _UNION.match(text)
     if union:  # a class's own error, wrapped by jsonargparse's Union matching: keep that error alone
         text = union.group("errors")

@@ -48,3 +48,27 @@ def git_revision(path: str | Path | None = None) -> str:
         return sha.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def load_yaml(text: str):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (at any depth): PyYAML would keep the last one
+    without a word (a second ``model:`` section replacing the first). Raises a ``yaml.YAMLError`` naming the key and
+    both lines, as for any other YAML mistake."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
+                try:
+                    first = seen.setdefault(key, mark)
+                except TypeError:  # an unhashable key: PyYAML's own error names it
+                    break
+                if first is not mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice (lines {first.line + 1} and {mark.line + 1}); "
+                        "keep one", mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader

@@ -86,6 +86,7 @@ class RunRecord(L.Callback):
             "scheme_layers": [scheme.cfg.label() for scheme in schemes],
             "parameters": sum(p.numel() for p in pl_module.parameters()),
             "launch": _launch(trainer),
+            "ran": _ran(trainer, dm),
             "started_from": previous.get("started_from", None if self.resumed else self.start),
             "init_from": previous.get("init_from", None if self.resumed else self.init),
             "resumes": int(previous.get("resumes", 0)) + int(self.resumed),
@@ -168,6 +169,15 @@ class RunRecord(L.Callback):
             elif type(logger).__name__ == "WandbLogger" and trainer.is_global_zero:
                 section["wandb_id"] = logger.version
         checkpoint[RECORD_KEY] = section
+
+
+def _ran(trainer: L.Trainer, dm) -> dict[str, Any]:
+    """What the trainer resolved, which may differ from what the config asked (a precision Lightning falls back
+    from): the precision, the device, the GPU kernels' switch and the data's vocabulary."""
+    from accrot.ops import gpu_kernels
+
+    return {"precision": str(trainer.precision), "device": str(trainer.strategy.root_device),
+            "gpu_kernels": gpu_kernels.mode(), "vocab_size": getattr(dm, "vocab_size", None)}
 
 
 def _launch(trainer: L.Trainer) -> dict[str, Any]:

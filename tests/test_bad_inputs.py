@@ -4,7 +4,7 @@ each run through ``accrot.cli.main`` as a user would type it. Each must end with
 (no run directory, no study storage).
 
 Reading it as a catalogue: ``CATALOGUE`` (below the fixtures) is grouped by a comment per section (the command line
-and configs, data, the output folder, checkpoints, sweeps and storages, SLURM launches, the ablation). In each
+and configs, data, the output folder, checkpoints, sweeps and storages, SLURM launches, the ablation; then one section per rule that nothing passes silently: checked before anything is created, every option takes effect or is refused, a result overwrites nothing, every command at one standard). In each
 ``Row``, ``id`` names the case; ``input`` is what the user types: a flag alone (``--model.d_modle=3``) is added to
 the section's command (``accrot fit --config tiny``; ``accrot sweep`` among the storages), words describe the file
 or condition it is posed in, and a name in capitals (``ROPE_RUN.ckpt``, ``EMPTY_DIR``) stands for the case's file or
@@ -763,6 +763,108 @@ CATALOGUE: list[Row] = [
         lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
                    f"--out={f.existing_ablation()}"],
         ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
+    # -- checked before anything is created: what a run, a sweep or an ablation would refuse at its start (the
+    # evaluation blocks its data cannot fill, an argument of the wrong type, a run of no step) is refused by building
+    # it once first (accrot.run.probe with its set-up; the spec sections' typed fields), before a study or run exists
+    Row("zero-steps", "--trainer.max_steps=0", lambda f: f.fit("--trainer.max_steps=0"),
+        "trainer.max_steps=0 is not valid: the run would train no step; give a positive trainer.max_steps"),
+    Row("diagnose-far-window-beyond-the-lengths", "accrot diagnose --ckpt RUN.ckpt --far_window 100000",
+        lambda f: ["diagnose", "--ckpt", str(f.plain_run()), "--far_window=100000", f"--out={f.sweeps}/d"],
+        "--far_window=100000 is not valid; no key of the longest length diagnosed (4096 tokens) is that far back"),
+    Row("sweep-pruner-argument-type", "spec with pruner: {type: median, n_startup_trials: two}",
+        lambda f: ["sweep", str(f.spec("pruner-type", pruner={"type": "median", "n_startup_trials": "two"})),
+                   f"--root={f.sweeps}"],
+        "pruner: n_startup_trials='two' is not valid; expected an integer or null"),
+    Row("sweep-evaluation-too-long", "spec with overrides: {extrapolation.multipliers: [1, 2, 100000]}",
+        lambda f: ["sweep", str(f.spec("eval-long", overrides={"extrapolation.multipliers": [1, 2, 100000]})),
+                   f"--root={f.sweeps}"],
+        ("overrides are not valid: evaluation length 12800000 needs 12800001 tokens per block",)),
+    _ablation("ablation-evaluation-too-long", "--size tiny --multipliers 1 10000 --variants NoPE --datasets corpus "
+              "--workers 0", "evaluation length 1280000 needs 1280001 tokens per block"),
+    _ablation("ablation-study-name-with-a-slash", "--study my/study --variants NoPE --datasets corpus --workers 0",
+              "--study='my/study' is not valid; a study name is letters, digits and _ . + - (no '/')"),
+    # -- every option takes effect or is refused: an option the command would drop (a place beside --resume, the
+    # first of two equal YAML keys, a misspelt or bad environment switch, a search space with nothing to search) is
+    # compared with what the command applies (accrot.run.args.RESUME_PLACES, accrot.io.load_yaml for every config
+    # and spec, accrot.run.launch.SWITCHES, the spec's budget check)
+    Row("resume-with-a-name", "accrot fit --resume RUN_DIR --name other",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), "--name", "other"],
+        ("in place, so --name cannot take effect; drop --name, or start a new run there from its weights",)),
+    Row("resume-with-a-root", "accrot fit --resume RUN_DIR --root OTHER",
+        lambda f: ["fit", "--resume", str(f.run_without_checkpoint()), f"--root={f.runs}"],
+        ("in place, so --root cannot take effect; drop --root",)),
+    Row("config-duplicate-key", "a config file with model: twice",
+        lambda f: ["fit", "--config", str(f.config_file("twice.yaml", "model:\n  n_layers: 2\nmodel:\n  n_layers: 4\n")),
+                   f"--root={f.runs}"],
+        "twice.yaml' is not valid YAML: key 'model' is given twice (lines 1 and 3); keep one"),
+    Row("config-duplicate-nested-key", "a config file with model: {n_layers: 2, n_layers: 4}",
+        lambda f: ["fit", "--config", str(f.config_file("twice-nested.yaml", "model:\n  n_layers: 2\n  n_layers: 4\n")),
+                   f"--root={f.runs}"],
+        "key 'n_layers' is given twice (lines 2 and 3)"),
+    Row("sweep-spec-duplicate-key", "spec with trials: given twice",
+        lambda f: ["sweep", str(f.config_file("twice-spec.yaml", f.spec("twice-spec").read_text() + "trials: 2\n")),
+                   f"--root={f.sweeps}"],
+        "not valid YAML (key 'trials' is given twice"),
+    Row("bad-gpu-kernel-switch", "ACCROT_GPU_KERNELS=bogus accrot fit ...", lambda f: f.fit(),
+        "ACCROT_GPU_KERNELS='bogus' is not valid; choose one of auto, on, off",
+        simulate=lambda: environment("ACCROT_GPU_KERNELS", "bogus")),
+    Row("misspelt-switch", "ACCROT_GPU_KERNEL=off accrot fit ... (the switch is ACCROT_GPU_KERNELS)", lambda f: f.fit(),
+        "ACCROT_GPU_KERNEL='off' is not a switch accrot reads; did you mean ACCROT_GPU_KERNELS?",
+        simulate=lambda: environment("ACCROT_GPU_KERNEL", "off")),
+    Row("sweep-empty-space", "spec with space: {} (trials: 4)",
+        lambda f: ["sweep", str(f.spec("empty-space", space={})), f"--root={f.sweeps}"],
+        "space is empty, so each of trials=4 would run the same config; give the space its search keys, or set trials: 1"),
+    Row("sweep-null-space", "spec with space: null (trials: 4)",
+        lambda f: ["sweep", str(f.spec("null-space", space=None)), f"--root={f.sweeps}"],
+        "space is empty, so each of trials=4 would run the same config"),
+    # -- a result says what ran and overwrites nothing: eval and diagnose refuse an --out that is a run's own folder
+    # (accrot.run.checkpoints.output_folder, which both write through) and data the model cannot read
+    Row("eval-out-is-the-run-directory", "accrot eval --ckpt RUN --out RUN",
+        lambda f: ["eval", "--ckpt", str(f.plain_run()), "--out", str(f.plain_run())],
+        ("is a run directory (it holds run.json): what the training wrote there would be overwritten; pass another "
+         "--out",)),
+    Row("diagnose-out-is-the-run-directory", "accrot diagnose --ckpt RUN --out RUN",
+        lambda f: ["diagnose", "--ckpt", str(f.plain_run()), "--out", str(f.plain_run())],
+        "is a run directory (it holds run.json)"),
+    Row("eval-data-of-another-vocabulary", "accrot eval --ckpt RUN --config OTHER_DATA.yaml (LocalDependencyDataModule, "
+        "a task's own symbols)",
+        lambda f: ["eval", "--ckpt", str(f.plain_run()), "--config",
+                   str(f.other_data_config("local-task.yaml", "data:\n  class_path: data_modules.LocalDependencyDataModule\n"))],
+        ("describes another model than checkpoint", "data vocabulary 72 tokens (the model reads 256)")),
+    # -- every command at the same standard, its message naming the option at fault and the remedy: LightningCLI's
+    # subcommands other than fit are not offered; a run directory stands for its last checkpoint wherever a
+    # checkpoint is taken (accrot.run.lightning.checkpoint_file); a union of plain types is one line (accrot.errors)
+    Row("validate-is-not-a-command", "accrot validate --config tiny",
+        lambda f: ["validate", "--config", "tiny", f"--root={f.runs}"],
+        "accrot validate is not a command; score a checkpoint with accrot eval --ckpt RUN_DIR"),
+    Row("test-is-not-a-command", "accrot test --config RUN/config.yaml --ckpt_path RUN.ckpt",
+        lambda f: ["test", "--config", str(f.plain_run() / "config.yaml"), f"--root={f.runs}",
+                   f"--ckpt_path={f.plain_run() / 'checkpoints' / 'last.ckpt'}"],
+        "accrot test is not a command; score a checkpoint with accrot eval --ckpt RUN_DIR"),
+    Row("report-no-trials", "accrot report --study NAME (a study created, none of its trials run)",
+        lambda f: ["report", "--study=taken", f"--storage={f.existing_study()}", f"--out={f.sweeps}/report"],
+        "study 'taken' in storage 'sqlite:///"),
+    Row("init-from-a-run-directory", "accrot fit ... --model.scheme.rotation=rope --init_from RUN_DIR (a NoPE run)",
+        lambda f: f.fit("--model.scheme.rotation=rope", f"--init_from={f.plain_run()}"),
+        "checkpoints/last.ckpt' is of another scheme (none/none) than the config (rope/none)"),
+    Row("ckpt-path-a-run-directory", "accrot fit --config RUN_DIR/config.yaml --ckpt_path RUN_DIR (at its step limit)",
+        lambda f: ["fit", "--config", str(f.plain_run() / "config.yaml"), f"--root={f.runs}", "--wandb=disabled",
+                   f"--ckpt_path={f.plain_run()}"],
+        "checkpoints/last.ckpt' is at step 1 and trainer.max_steps=1: nothing left to train"),
+    Row("init-from-a-folder-without-a-checkpoint", "accrot fit ... --init_from RUN_WITHOUT_CHECKPOINT",
+        lambda f: f.fit(f"--init_from={f.run_without_checkpoint()}"),
+        "is a directory without checkpoints/last.ckpt; pass a run directory that holds one, or the path of a .ckpt"),
+    Row("name-too-long", "--name=300_CHARACTERS", lambda f: f.fit("--name=" + "x" * 300),
+        "is not valid; a folder name is at most 255 bytes (this one is 300); give a shorter --name"),
+    Row("name-too-long-leaves-no-root", "--root=NEW_FOLDER --name=300_CHARACTERS",
+        lambda f: [*f.fit("--name=" + "x" * 300), f"--root={f.runs}/new-root"], "give a shorter --name"),
+    Row("seed-not-an-integer", "--seed_everything=abc", lambda f: f.fit("--seed_everything=abc"),
+        "seed_everything='abc' is not valid; expected bool or int"),
+    _ablation("ablation-seeds-not-an-integer", "--seeds 1.5", "seeds='1.5' is not valid; expected int (or null)"),
+    Row("config-is-a-folder", "--config RUN_DIR", lambda f: ["fit", "--config", str(f.plain_run()), f"--root={f.runs}"],
+        ("is a folder, not a config file; its run's config is --config ", "config.yaml")),
+    Row("devices-zero", "--trainer.devices=0", lambda f: f.fit("--trainer.devices=0"),
+        "trainer.devices='0' is not valid; give a number of devices >= 1, a list of device indices ([0, 1]) or auto"),
 ]
 
 

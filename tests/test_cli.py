@@ -169,15 +169,19 @@ def test_shipped_configs_exist():
     assert Path(CONFIG_DIR / "tiny.yaml").read_text().count("seq_len: 128") == 1
 
 
-# validating in a new run directory: Lightning notes that the checkpoint callback's folder changed
-@pytest.mark.filterwarnings("ignore:The dirpath has changed:UserWarning")
-def test_validate_subcommand_on_checkpoint(trained_run, tmp_path):
-    rc = main(["validate", "--config", str(trained_run / "config.yaml"), f"--root={tmp_path}",
-               f"--ckpt_path={trained_run / 'checkpoints/last.ckpt'}", "--trainer.limit_val_batches=1",
-               "--trainer.enable_progress_bar=false", "--wandb=disabled"])
-    assert rc == 0
-    (metrics,) = list(tmp_path.glob("*/version_*/metrics.csv"))
-    assert "val/loss" in metrics.read_text().splitlines()[0]
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_lightnings_other_subcommands_are_refused_naming_eval(command, tmp_path, capsys):
+    """accrot offers fit alone of LightningCLI's subcommands: the others are one line naming accrot eval, and leave
+    no run directory (the data modules have no test split; a validation pass alone records no result)."""
+    rc = main([command, "--config", "tiny", f"--root={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"accrot: error: accrot {command} is not a command; score a checkpoint with accrot "
+                               f"eval --ckpt RUN_DIR ({'the validation' if command == 'validate' else 'the held-out'} "
+                               "split at many lengths, written into RUN_DIR/eval)"]
+    assert not any(tmp_path.iterdir())
+    from accrot.run.lightning import AccrotCLI
+
+    assert set(AccrotCLI.subcommands()) == {"fit"}
 
 
 @pytest.mark.slow
@@ -453,22 +457,35 @@ def test_resume_at_the_step_limit_trains_nothing_and_changes_nothing(trained_run
     assert all(p.read_bytes() == data for p, data in files.items())
 
 
-def test_eval_takes_a_run_directory_words_and_other_data(trained_run, tmp_path):
+def test_eval_takes_a_run_directory_words_and_other_data(trained_run, tmp_path, capsys):
     """`accrot eval --ckpt RUN_DIR --multipliers 1 2` (shell words, as diagnose and ablation take them) evaluates the
-    run's last checkpoint; `--config` naming another data module (the local-dependency task, same training length)
-    evaluates the same model on that data."""
+    run's last checkpoint; `--config` naming other data the model can read (other files, as bytes, at the same training
+    length) evaluates the same model on that data; a data module of another vocabulary (the local-dependency task's own
+    symbols) is refused, one line, rather than scored."""
     assert main(["eval", "--ckpt", str(trained_run), "--multipliers", "1", "2", "--budget_tokens=1024",
                  f"--out={tmp_path / 'words'}"]) == 0
     doc = json.loads((tmp_path / "words" / "extrapolation.json").read_text())
     assert doc["checkpoint"] == str(trained_run / "checkpoints" / "last.ckpt")
     assert [r["multiplier"] for r in doc["final"]["lengths"]] == [1.0, 2.0]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"m{i:02d}.py").write_text("".join(f"w_{i}_{j} = {j} + {i}\n" for j in range(300)))
     other = yaml.safe_load((trained_run / "config.yaml").read_text())
+    other["data"] = {"class_path": "data_modules.StdlibDataModule",
+                     "init_args": {"seq_len": 128, "root": str(corpus), "val_fraction": 0.3}}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    assert main(["eval", "--ckpt", str(trained_run), "--config", str(tmp_path / "other.yaml"), "--multipliers=[1]",
+                 "--budget_tokens=1024", f"--out={tmp_path / 'other'}"]) == 0
+    scored = json.loads((tmp_path / "other" / "extrapolation.json").read_text())
+    assert scored["data"] != doc["data"] and scored["final"]["lengths"][0]["nll"] > 0
     other["data"] = {"class_path": "data_modules.LocalDependencyDataModule", "init_args": {"seq_len": 128}}
     (tmp_path / "local.yaml").write_text(yaml.safe_dump(other))
+    capsys.readouterr()
     assert main(["eval", "--ckpt", str(trained_run), "--config", str(tmp_path / "local.yaml"), "--multipliers=[1]",
-                 "--budget_tokens=1024", f"--out={tmp_path / 'local'}"]) == 0
-    local = json.loads((tmp_path / "local" / "extrapolation.json").read_text())
-    assert local["data"]["task"] == "local_dependency" and local["final"]["lengths"][0]["accuracy"] is not None
+                 "--budget_tokens=1024", f"--out={tmp_path / 'local'}"]) == 2
+    assert "data vocabulary 72 tokens (the model reads 256)" in capsys.readouterr().err
+    assert not (tmp_path / "local").exists()
 
 
 @pytest.mark.parametrize("command", ["eval", "diagnose"])

@@ -40,11 +40,12 @@ SHAPES = [
     Shape("optional-list", ("--model.scheme.rotation=rope", "--model.scheme.layer_pattern=cell"),
           "Subtypes: [list[str], <class 'NoneType'>]",
           "model.scheme.layer_pattern='cell' is not valid; give a list in brackets ([a, b, ...]) or null"),
-    # what no rule names: the nested lines collapsed into one, jsonargparse's "Given value type" dropped
-    Shape("collapsed", ("--model.scheme.sigma=abc",), "Subtypes: [<class 'float'>, <class 'NoneType'>]",
-          "Parser key \"model.scheme.sigma\":; Does not validate against any of the Union subtypes; Subtypes: "
-          "[<class 'float'>, <class 'NoneType'>]; Errors:; Expected a <class 'float'>; Expected a <class 'NoneType'>; "
-          "Given value: abc"),
+    # a union of plain types given a value of none of them: Optional[float] ...
+    Shape("optional-plain", ("--model.scheme.sigma=abc",), "Subtypes: [<class 'float'>, <class 'NoneType'>]",
+          "model.scheme.sigma='abc' is not valid; expected float (or null)"),
+    # ... and LightningCLI's seed_everything, bool | int
+    Shape("plain-union", ("--seed_everything=abc",), "Subtypes: [<class 'bool'>, <class 'int'>]",
+          "seed_everything='abc' is not valid; expected bool or int"),
 ]
 
 
@@ -89,3 +90,20 @@ def test_a_command_parser_message_names_its_option():
     raw = str(err.value)
     assert raw.startswith('Parser key "budget_tokens":\n'), raw
     assert one_line(raw) == "budget_tokens='many' is not valid; expected int"
+
+
+def test_a_command_parser_union_message_names_its_option():
+    """``accrot ablation --seeds 1.5``: an ``int | None`` option of a command's own parser."""
+    from accrot.study.ablation import main
+
+    with pytest.raises(ArgumentError) as err:
+        main(["--seeds", "1.5"])
+    raw = str(err.value)
+    assert "Does not validate against any of the Union subtypes" in raw, raw
+    assert one_line(raw) == "seeds='1.5' is not valid; expected int (or null)"
+
+
+def test_what_no_rule_names_is_collapsed_into_one_line():
+    """A nested message no rule rewrites keeps its informative lines, joined into one."""
+    raw = 'Parser key "a":\n  - Problem one\n  - Given value type: x\n  - Problem two'
+    assert one_line(raw) == 'Parser key "a":; Problem one; Problem two'

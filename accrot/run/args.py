@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from accrot.errors import UsageError
+from accrot.io import load_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -18,6 +19,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 def config_path(name: str) -> Path:
     """A shipped config by name (``tiny``) or a path to a YAML file."""
     p = Path(name)
+    if p.is_dir():
+        inside = p / "config.yaml"
+        hint = f"its run's config is --config {inside}" if inside.is_file() else "pass a YAML file"
+        raise UsageError(f"--config {name!r} is a folder, not a config file; {hint} (or a shipped config: "
+                         f"{', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.yaml')))})")
     if p.exists() or p.suffix in (".yaml", ".yml", ".json"):
         return p  # a path: a missing file is reported by the parser with its name
     shipped = CONFIG_DIR / f"{name}.yaml"
@@ -59,7 +65,7 @@ def check_config_file(path: Path) -> Path:
     except OSError as err:
         raise UsageError(f"{where} cannot be read ({err.strerror})") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -77,6 +83,9 @@ def check_config_file(path: Path) -> Path:
             raise UsageError(f"{where}: {section}: {str(value)[:40]!r} is not valid; {section} holds its options "
                              f"as a mapping ({section}: {{key: value, ...}})")
     return path
+
+
+RESUME_PLACES = ("--name", "--root")  # where a new run goes: a resumed run stays where it is
 
 
 def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
@@ -101,6 +110,12 @@ def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
     if clash:
         raise UsageError(f"--resume takes the run's own config.yaml and last checkpoint; drop {clash[0].split('=')[0]} "
                          "(overrides such as --trainer.max_steps=N are fine)")
+    placed = next((a.split("=")[0] for a in rest if a in RESUME_PLACES or a.startswith(tuple(f"{o}=" for o in
+                                                                                           RESUME_PLACES))), None)
+    if placed:  # the run continues in its own folder: a place given beside --resume would be dropped
+        raise UsageError(f"--resume continues {value!r} in place, so {placed} cannot take effect; drop {placed}, or "
+                         f"start a new run there from its weights: accrot fit --config RUN_DIR/config.yaml "
+                         f"--init_from RUN_DIR {placed}=...")
     run = Path(value)
     if not run.is_dir():
         raise UsageError(f"--resume {value!r} is not a directory; pass a run directory such as runs/rope-none/version_0")

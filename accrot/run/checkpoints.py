@@ -93,6 +93,10 @@ def output_folder(out: Path) -> Iterator[Path]:
     """``--out`` made and proven writable now, before any computing; if the body fails, a folder this command made
     is removed (nothing half-written) and a write that failed mid-way names its file and ``--out``. One-line
     UsageErrors naming ``--out``."""
+    if (Path(out) / "run.json").is_file():  # a run's own folder: its training wrote extrapolation.json and figures
+        raise UsageError(f"--out {str(out)!r} is a run directory (it holds run.json): what the training wrote there "
+                         "would be overwritten; pass another --out, or leave it out (the default is a folder of its "
+                         "own inside the run)")
     dirs = RunDirs()
     dirs.make(out, option="--out", what="the output folder")
     try:
@@ -103,6 +107,14 @@ def output_folder(out: Path) -> Iterator[Path]:
             raise UsageError(f"cannot write {str(err.filename)!r} ({err.strerror}); pass a writable --out with free "
                              "space") from None
         raise
+
+
+def provenance(command: str, argv: list[str], ckpt: Path) -> dict:
+    """What a result file of ``accrot eval`` / ``diagnose`` records of what produced it, as a run's own run.json
+    does: the command as typed, the code's revision and the checkpoint it read."""
+    from accrot.io import git_revision
+
+    return {"command": ["accrot", command, *argv], "revision": git_revision(), "checkpoint": str(ckpt)}
 
 
 def load_checkpoint(path: str | Path):
@@ -134,8 +146,9 @@ def check_eval_config(ckpt: Path, state: dict, config: Path, dm) -> None:
     differ = settings_differences(state, {**saved, **wanted, "scheme": scheme}, dict(dm.hparams),
                                   data_keys=frozenset({"seq_len"}))
     vocab = getattr(dm, "vocab_size", None)
-    if vocab is not None and saved.get("vocab_size") is not None and int(vocab) > int(saved["vocab_size"]):
-        differ.append(f"data vocabulary {vocab} tokens (the model has {saved['vocab_size']})")
+    if vocab is not None and saved.get("vocab_size") is not None and int(vocab) != int(saved["vocab_size"]):
+        # another vocabulary is another tokenisation (bytes vs a task's symbols): the model cannot read it
+        differ.append(f"data vocabulary {vocab} tokens (the model reads {saved['vocab_size']})")
     if differ:
         raise UsageError(f"--config {str(config)!r} describes another model than checkpoint {str(ckpt)!r}: "
                          f"{', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; evaluate with the run's own "

@@ -20,7 +20,7 @@ from accrot.diagnostics.bundle import finite_or_none
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.run.args import check_device, numbers
-from accrot.run.checkpoints import load_data_module, open_checkpoint, output_folder
+from accrot.run.checkpoints import load_data_module, open_checkpoint, output_folder, provenance
 
 HELP = ("The theory diagnostics of a checkpoint of an accrot run, on its run's own evaluation blocks: coherence and "
         "mixing windows of the accumulated rotations, attention mass beyond --far_window, value far norms, per layer "
@@ -82,6 +82,10 @@ def main(argv: list[str]) -> int:
     dm = load_data_module(config)
     train_length = int(dm.seq_len)
     lengths = sorted({max(2, round(m * train_length)) for m in multipliers})
+    if args.far_window is not None and args.far_window >= lengths[-1] - 1:
+        raise UsageError(f"--far_window={args.far_window} is not valid; no key of the longest length diagnosed "
+                         f"({lengths[-1]} tokens) is that far back: use --far_window < {lengths[-1] - 1}, or longer "
+                         "--multipliers")
     blocks = {n: dm.eval_blocks(n, args.blocks * n, record=False)[:, :n] for n in lengths}  # DataError before any work
     with output_folder(Path(args.out) if args.out else run_dir / "diagnostics") as out:
         lit.eval().to(device)
@@ -89,7 +93,7 @@ def main(argv: list[str]) -> int:
         with Console(stderr=True).status("diagnosing"):
             result = diagnose(lit.model, blocks, train_length, eps=args.eps, far_window=args.far_window,
                               n_queries=args.queries)
-        result.update(checkpoint=str(ckpt), seconds=round(time.perf_counter() - t0, 3),
+        result.update(**provenance("diagnose", argv, ckpt), seconds=round(time.perf_counter() - t0, 3),
                       blocks={str(n): int(b.shape[0]) for n, b in blocks.items()},
                       data=finite_or_none(dm.describe()))
         plot_diagnostics(result, out)

@@ -15,7 +15,13 @@ from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, pl
 from accrot.io import atomic_write_text
 from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
 from accrot.run.args import check_device, numbers
-from accrot.run.checkpoints import check_eval_config, load_data_module, open_checkpoint, output_folder
+from accrot.run.checkpoints import (
+    check_eval_config,
+    load_data_module,
+    open_checkpoint,
+    output_folder,
+    provenance,
+)
 
 HELP = ("Evaluate a checkpoint of an accrot run at many multiples of its training length, on the fixed evaluation "
         "blocks of its data: writes extrapolation.json and extrapolation.png into --out (default RUN/eval, or "
@@ -66,7 +72,7 @@ def main(argv: list[str]) -> int:
                                        masks=sets.masks, depths=sets.depths, targets=sets.targets)
         rows = [r.to_dict() for r in results]
         doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
-               "checkpoint": str(ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
+               **provenance("eval", argv, ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
                "final": {"step": state.get("global_step"), "lengths": rows}}
         if scaling is not None:
             doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}

@@ -9,7 +9,7 @@ from typing import Any
 
 from accrot import runtime
 from accrot.errors import UsageError
-from accrot.ops import cpu_kernels
+from accrot.ops import cpu_kernels, gpu_kernels
 
 
 def device_count(devices: Any) -> int | None:
@@ -45,12 +45,30 @@ def check_launch(trainer_cfg) -> None:
             f"or set --trainer.devices and --trainer.num_nodes to the job's layout")
 
 
-def check_environment() -> None:
-    """Environment switches (``ACCROT_CPU_KERNELS``, ``ACCROT_DENORMALS``, ``ACCROT_MALLOC``) fail before any
-    work, like a bad option."""
-    try:
-        cpu_kernels.mode()
-        runtime.denormal_mode()
-        runtime.allocator_mode()
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+# every environment switch that takes one of a few choices, and the function that reads (and checks) it: all are
+# checked before any work, like a bad option; a switch the code gains gets its row here (a test reads the code's
+# ACCROT_ names and finds each here or in FREE_FORM)
+SWITCHES = {"ACCROT_CPU_KERNELS": cpu_kernels.mode, "ACCROT_GPU_KERNELS": gpu_kernels.mode,
+            "ACCROT_DENORMALS": runtime.denormal_mode, "ACCROT_MALLOC": runtime.allocator_mode}
+# the names that take a path, a URL or what a sweep hands its workers: read as given
+FREE_FORM = ("ACCROT_KERNEL_DIR", "ACCROT_PEER_DIR", "ACCROT_SWEEP_STORAGE", "ACCROT_SWEEP_DEADLINE",
+             "ACCROT_WORKER_SPAWNED_AT")
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """Every environment switch (:data:`SWITCHES`) fails before any work, like a bad option; so does a name that
+    is a misspelling of one (a switch name missing its last letter would otherwise change nothing, silently)."""
+    import difflib
+
+    environ = os.environ if environ is None else environ
+    for read in SWITCHES.values():
+        try:
+            read()
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    known = [*SWITCHES, *FREE_FORM]
+    for name in sorted(n for n in environ if n.startswith("ACCROT_") and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+        if close:
+            raise UsageError(f"{name}={environ[name]!r} is not a switch accrot reads; did you mean {close[0]}? "
+                             f"(switches: {', '.join(SWITCHES)})")

@@ -1,6 +1,6 @@
 """The Lightning run: accrot's LightningCLI (the run layout ``<root>/<name>/version_N/``, resumable loggers,
 checkpoints checked against the config, run records, pre-emption) and :func:`run_lightning`, which runs one
-``accrot fit|validate|test`` in-process.
+``accrot fit`` in-process.
 
 A resumed run ends with exactly the metrics of an uninterrupted one (:mod:`accrot.resume`); a run that fails before
 its first checkpoint leaves no directory behind (:mod:`accrot.run.rundir`).
@@ -82,6 +82,12 @@ class AccrotCLI(LightningCLI):
         kwargs.setdefault("save_config_callback", AccrotSaveConfig)
         super().__init__(*args, **kwargs)
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` alone: a checkpoint is scored by ``accrot eval`` (the data modules have no test split, and a
+        validation pass alone would leave a run directory with no result)."""
+        return {"fit": LightningCLI.subcommands()["fit"]}
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--name", type=str | None, default=None,
                             help="run name, a folder inside --root (default: the scheme's cell, "
@@ -93,8 +99,8 @@ class AccrotCLI(LightningCLI):
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
         parser.add_argument("--init_from", type=str | None, default=None,
-                            help="fit only: CKPT whose weights start a new run (a fresh optimiser, schedule and step "
-                                 "count; run.json records it as init_from)")
+                            help="fit only: CKPT (or a run directory: its checkpoints/last.ckpt) whose weights start a "
+                                 "new run (a fresh optimiser, schedule and step count; run.json records it as init_from)")
         parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
         # the vocabulary is the data's (bytes: 256; a synthetic task or HF tokenizer: its own size)
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -183,6 +189,9 @@ class AccrotCLI(LightningCLI):
             scheme.seed = run_seed if isinstance(run_seed, int) and not isinstance(run_seed, bool) else 0
         if cfg.get("name") is not None:  # --name=../../x would write outside --root
             check_run_name(cfg.get("root", "runs"), cfg["name"])
+        if self.subcommand == "fit":
+            check_training_length(cfg.get("trainer") or {})
+        check_devices(cfg.get("trainer") or {})
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
@@ -216,10 +225,31 @@ class AccrotCLI(LightningCLI):
         trainer_cfg["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         check_path_kernel(getattr(self, "model", None), trainer.strategy.root_device)
+        self._record_what_runs(trainer)
         if rank_zero_only.rank == 0:  # one line each, held until training starts (accrot.logs)
             for line in start_warnings(getattr(self, "model", None), trainer, cfg.get("data")):
                 _log.warning(line)
         return trainer
+
+    def _record_what_runs(self, trainer: L.Trainer) -> None:
+        """A setting the trainer resolved to something else than was asked (Lightning's fallback: ``16-mixed`` on a
+        CPU trains ``bf16-mixed``) is one warning line, and the saved ``config.yaml`` records what runs (``run.json``
+        records it under ``ran``)."""
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+
+        trainer_cfg = self.config[self.subcommand]["trainer"]
+        asked = trainer_cfg.get("precision")
+        ran = str(trainer.precision)
+        if asked is None or str(_convert_precision_to_unified_args(asked)) == ran:
+            return
+        if rank_zero_only.rank == 0:
+            _log.warning(f"accrot: warning: trainer.precision={asked!r} is not available on "
+                         f"{trainer.strategy.root_device.type}: the run trains in {ran!r}, which its config.yaml and "
+                         "run.json record")
+        trainer_cfg["precision"] = ran
+        for cb in trainer.callbacks:  # the config it saves was copied when the trainer was built
+            if isinstance(cb, SaveConfigCallback):
+                cb.config["trainer"]["precision"] = ran
 
     def _init_from(self, cfg) -> dict | None:
         """``--init_from CKPT``: the checkpoint's weights, loaded into the model now; the optimiser, its schedule and
@@ -228,10 +258,11 @@ class AccrotCLI(LightningCLI):
         if path is None:
             return None
         if self.subcommand != "fit":
-            raise UsageError("--init_from is an option of accrot fit (validate and test take --ckpt_path)")
+            raise UsageError("--init_from is an option of accrot fit")
         if cfg.get("ckpt_path") is not None:
             raise UsageError("--init_from starts a new run from a checkpoint's weights, --ckpt_path continues one from "
                              "its whole training state; give one of them")
+        path = checkpoint_file(path, "--init_from")
         try:
             checkpoint = read_checkpoint(path)
         except ValueError as err:
@@ -276,6 +307,7 @@ class AccrotCLI(LightningCLI):
             cfg["ckpt_path"] = ckpt = str(last_checkpoint(found))
         if ckpt is None or ckpt in ("best", "last", "hpc", "registry") or "://" in str(ckpt):
             return None  # Lightning's own lookups and remote paths
+        cfg["ckpt_path"] = ckpt = checkpoint_file(ckpt, "--ckpt_path")
         try:
             checkpoint = read_checkpoint(ckpt)
         except ValueError as err:
@@ -401,6 +433,37 @@ class AccrotCLI(LightningCLI):
             sys.argv = list(self.launch_argv)
 
 
+def checkpoint_file(path: str, option: str) -> str:
+    """A run directory stands for its newest checkpoint, ``checkpoints/last.ckpt`` (as ``accrot eval --ckpt`` takes
+    it); a one-line UsageError for a directory without one."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return str(path)
+    found = last_checkpoint(folder)
+    if not found.is_file():
+        raise UsageError(f"{option} {str(path)!r} is a directory without checkpoints/last.ckpt; pass a run directory "
+                         "that holds one, or the path of a .ckpt file")
+    return str(found)
+
+
+def check_training_length(trainer_cfg) -> None:
+    """A fit that would train no step (``trainer.max_steps=0`` or ``max_epochs=0``) is refused before its run directory
+    exists: Lightning would record a run "finished at step 0" with nothing in it."""
+    for key in ("max_steps", "max_epochs"):
+        if trainer_cfg.get(key) == 0:
+            raise UsageError(f"trainer.{key}=0 is not valid: the run would train no step; give a positive "
+                             f"trainer.{key} (or -1 / null for no limit)")
+
+
+def check_devices(trainer_cfg) -> None:
+    """``trainer.devices`` of no device at all (0, "0", []): one line naming the option, not Lightning's
+    ``Trainer(devices='0')`` text."""
+    devices = trainer_cfg.get("devices")
+    if devices in (0, "0", []) and not isinstance(devices, bool):
+        raise UsageError(f"trainer.devices={devices!r} is not valid; give a number of devices >= 1, a list of device "
+                         "indices ([0, 1]) or auto")
+
+
 def start_warnings(model, trainer, data) -> list[str]:
     """One line for each setting that will not do what it says: more CPU processes than cores (each rank also
     trains its own batch), and scheme options the chosen scheme never reads."""
@@ -452,7 +515,7 @@ def wandb_mode(requested: str) -> str:
 
 
 def run_lightning(args: list[str], console_log: bool = False):
-    """Run one LightningCLI subcommand in-process; returns the CLI object (its ``trainer`` and ``run_dir``).
+    """Run ``accrot fit`` in-process; returns the CLI object (its ``trainer`` and ``run_dir``).
     ``console_log``: a user's own command (``accrot fit`` in a shell): the run directory is printed first and last,
     and Lightning's lines go to its ``console.log`` (a demo or sweep trial keeps its caller's output)."""
     phases.start_run().enter("setup")  # where this run's wall time goes (run.json's "timing")

@@ -29,13 +29,25 @@ class ProbeCLI(AccrotCLI):
             ProbeCLI._built = {k: v for k, v in vars(self).items() if k not in before}  # parser & co
         vars(self).update(ProbeCLI._built)
 
+    def __init__(self, *args: Any, setup: bool = False, **kwargs: Any) -> None:
+        self.setup = setup
+        super().__init__(*args, **kwargs)
+
     def _run_subcommand(self, subcommand: str) -> None:
-        pass
+        """With ``setup``: what a run checks at its start, before its first step (the evaluation and diagnostics
+        blocks cut from the data: a length the stream cannot fill fails here)."""
+        if self.setup:
+            from callbacks.cadence import Periodic
+
+            for cb in self.trainer.callbacks:
+                if isinstance(cb, Periodic):
+                    cb.prepare(self.datamodule)
 
 
-def probe(args: list[str]) -> dict[str, Any]:
+def probe(args: list[str], setup: bool = False) -> dict[str, Any]:
     """Parse ``accrot fit`` ``args`` and build everything (model, data module, trainer, callbacks) without
-    training, exactly as a run would; returns the resolved config flattened to dotted keys.
+    training, exactly as a run would; returns the resolved config flattened to dotted keys. ``setup``: also what the
+    run checks before its first step (its evaluation blocks cut from the data).
 
     Bad input raises what ``accrot fit`` raises (UsageError, ConfigError, DataError, ArgumentError)."""
     args = [a for a in args if not a.startswith(("--root=", "--wandb="))]
@@ -49,7 +61,7 @@ def probe(args: list[str]) -> dict[str, Any]:
         try:
             cli = ProbeCLI(LitLM, TokenStreamDataModule, subclass_mode_data=True,
                            args=resolve_config_args([*args, f"--root={tmp}", "--wandb=disabled"]),
-                           parser_kwargs={"exit_on_error": False}, auto_configure_optimizers=False)
+                           parser_kwargs={"exit_on_error": False}, auto_configure_optimizers=False, setup=setup)
             resolved = cli.config[cli.subcommand].clone().as_dict()
         finally:
             sys.argv = argv0

@@ -14,6 +14,7 @@ from accrot.errors import UsageError
 
 # accum's increment options that make another kind of cell (the ablation's drift control, the frequency ladder, ...):
 # the name carries them when they differ from the default, so two different cells never share a folder
+NAME_MAX = 255  # bytes in one folder name on Linux's and macOS's filesystems
 _NAMED_INCREMENT_OPTIONS = {"increment_mean": "zero", "increment_spread": "constant", "increment_family": "gaussian"}
 
 
@@ -59,6 +60,10 @@ def check_run_name(root: str, name: str) -> None:
     if not str(name).strip() or target == base or base not in target.parents:
         raise UsageError(f"--name={name!r} is not valid; a run name is a folder inside --root ({str(root)!r}), "
                          "without '..' or an absolute path (e.g. --name=rope-long)")
+    longest = max(Path(name).parts, key=lambda part: len(os.fsencode(part)))
+    if len(os.fsencode(longest)) > NAME_MAX:  # the filesystem's limit on one folder name
+        raise UsageError(f"--name={str(name)[:40]!r}... is not valid; a folder name is at most {NAME_MAX} bytes (this "
+                         f"one is {len(os.fsencode(longest))}); give a shorter --name")
 
 
 class RunDirs:

@@ -27,7 +27,7 @@ from accrot.study.variants import (
     VARIANTS,
     Size,
 )
-from accrot.sweep.spec import RESERVED_KEYS
+from accrot.sweep.spec import NAME, RESERVED_KEYS
 
 
 def recipe(size: Size) -> dict[str, Any]:
@@ -54,6 +54,10 @@ def check_args(args) -> tuple[Size, int, list[str], list[str]]:
     seeds = size.seeds if args.seeds is None else args.seeds
     if seeds < 1:
         raise UsageError(f"--seeds={seeds} is not valid; at least 1 (2 or more to tell a difference from noise)")
+    study = getattr(args, "study", None)  # it names the study and its folder under --out
+    if study is not None and not NAME.match(study):
+        raise UsageError(f"--study={study!r} is not valid; a study name is letters, digits and _ . + - "
+                         "(no '/'), e.g. --study ablation-long")
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
     datasets = datasets_of(args)

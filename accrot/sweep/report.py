@@ -186,9 +186,12 @@ def study_report(study: str, storage_url: str | None = None, root: str | Path = 
     if not names:
         there = ", ".join(sorted({n.split("/")[0] for n in optuna.get_all_study_names(storage)})) or "none"
         raise UsageError(f"no study {study!r} in storage {redact(ref.url)!r}; studies there: {there}")
+    rows = study_trials(storage, names)
+    if not rows:  # a report of nothing would read "Objectives: ." and an empty table
+        raise UsageError(f"study {study!r} in storage {redact(ref.url)!r} has no trials yet; run its workers first "
+                         f"(accrot sweep SPEC --worker --storage URL), then accrot report")
     out = Path(out) if out else Path("results") / study
     out.mkdir(parents=True, exist_ok=True)
-    rows = study_trials(storage, names)
     written = {"csv": out / "trials.csv", "markdown": out / "report.md"}
     atomic_write_text(written["csv"], _csv_text(rows))
     best = _best_configs(rows)

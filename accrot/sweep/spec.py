@@ -20,6 +20,7 @@ import optuna
 import yaml
 
 from accrot.errors import UsageError, check_choice, one_line
+from accrot.io import load_yaml
 from accrot.metrics import metric_key, parse_metric
 from accrot.run.args import config_path
 
@@ -53,12 +54,42 @@ def _strict(cls, data: Any, where: str):
             close = difflib.get_close_matches(str(key), valid, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UsageError(f"{where}: unknown key {key!r}; {hint}valid keys: {', '.join(valid)}")
+    for key, value in data.items():
+        problem = _type_problem(_field_types(cls).get(key), value)
+        if problem:
+            raise UsageError(f"{where}: {key}={value!r} is not valid; {problem}")
     try:
         return cls(**data)
     except UsageError as err:
         raise UsageError(f"{where}: {err}") from None
     except (TypeError, ValueError) as err:
         raise UsageError(f"{where}: {one_line(str(err))}") from None
+
+
+_SIMPLE = {int: "an integer", bool: "true or false", str: "a string", type(None): "null"}
+
+
+def _field_types(cls) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def _type_problem(hint: Any, value: Any) -> str | None:
+    """What is wrong with ``value`` for a field annotated ``hint``, judged on the plain types alone (int, bool, str,
+    None and unions of them): every field of every spec section is typed-checked the same way, so a field added
+    later is too. Fields that take numbers (YAML 1.1 reads ``1e-4`` as a string), choices or mappings are checked
+    by their section."""
+    import types
+    import typing
+
+    members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    if hint is None or not all(m in _SIMPLE for m in members):
+        return None
+    if any(isinstance(value, m) and not (m is int and isinstance(value, bool)) for m in members):
+        return None
+    return "expected " + " or ".join(_SIMPLE[m] for m in members)
 
 
 def _number(value: Any, name: str) -> float | None:
@@ -444,6 +475,9 @@ class SweepSpec:
                 raise ValueError(f"trials={self.trials} exceeds the grid's {size} points")
         if not isinstance(self.trials, int) or isinstance(self.trials, bool) or self.trials <= 0:
             raise ValueError(f"trials={self.trials!r} is not valid; the number of configurations per study (> 0)")
+        if not self.space and self.trials > 1:  # nothing to sample: the trials would all be one config
+            raise ValueError(f"space is empty, so each of trials={self.trials} would run the same config; give the "
+                             "space its search keys, or set trials: 1 (seeds: repeats each config)")
         self.timeout = _number(self.timeout, "timeout")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"timeout={self.timeout!r} is not valid; seconds (> 0) or null")
@@ -567,7 +601,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     """Read and check a spec file; every problem is a one-line :class:`UsageError` naming the key."""
     path = find_spec(str(path))
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise UsageError(f"{path}: not valid YAML ({one_line(str(err))})") from None
     spec = _strict(SweepSpec, data, str(path))

@@ -76,7 +76,7 @@ def check_stratum(spec: SweepSpec, stratum: Stratum, n_samples: int = 1, seed: i
     where = f"{spec.path}" + (f" (variant {stratum.variant})" if stratum.variant else "")
     base_args = ["fit", "--config", str(spec.base_path()), *override_args(spec.overrides),
                  *override_args(stratum.overrides)]
-    flat = _probe_or_explain(base_args, f"{where}: overrides are not valid")
+    flat = _probe_or_explain(base_args, f"{where}: overrides are not valid", setup=True)
     context = _check_keys(spec, flat, where)
     _check_one_device(flat, where)
     multipliers = _check_objectives(spec, flat, where)
@@ -86,10 +86,21 @@ def check_stratum(spec: SweepSpec, stratum: Stratum, n_samples: int = 1, seed: i
                        train_length=int(train_length) if train_length is not None else None)
 
 
-def _probe_or_explain(args: list[str], what: str) -> dict[str, Any]:
+_SET_UP: set[str] = set()  # the data and evaluation settings whose set-up a probe has checked (in this process)
+
+
+def _probe_or_explain(args: list[str], what: str, setup: bool = False) -> dict[str, Any]:
+    """``setup``: the stratum's set-up (evaluation blocks cut from its data) checked as well, once per distinct
+    data and evaluation settings: the strata of an ablation share a few."""
     from accrot.run.probe import probe  # imports Lightning: not at `accrot sweep --help`
 
     try:
+        if setup:
+            key = json.dumps([a for a in args if a.startswith(("--data", "--extrapolation", "--trainer.callbacks",
+                                                               "--config"))])
+            flat = probe(args, setup=key not in _SET_UP)
+            _SET_UP.add(key)
+            return flat
         return probe(args)
     except Exception as err:  # noqa: BLE001 - a bad value of the spec is the spec's bad input
         message = bad_input_message(err)

@@ -204,7 +204,9 @@ def test_the_claims_and_diagnostics_follow_the_corpus_into_the_spec_and_the_repo
     from accrot.cli import main
 
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": f"document {i} " * 50}) + "\n" for i in range(60)))
+    # enough validation text for the study's longest evaluation (64 x 128 tokens): the ablation cuts every data
+    # set's evaluation blocks before it creates the study
+    docs.write_text("".join(json.dumps({"text": f"document {i} " * 500}) + "\n" for i in range(200)))
     out = tmp_path / "out"
     argv = ["ablation", "--corpus", f"hf:{docs}", "--variants", "NoPE", "--datasets", "local", "--workers=0",
             "--study=c", f"--out={out}", "--wandb=disabled", "--quiet"]

@@ -1,0 +1,207 @@
+"""Nothing passes silently, one test per class of mistake, each written against the mechanism that catches the
+class (so a new instance is caught too, not only the catalogue's rows in tests/test_bad_inputs.py):
+
+* every option takes effect or is refused: every environment switch the code reads is checked up front; every YAML
+  reader of a config or spec refuses a key given twice; every plain-typed field of every spec section refuses a
+  value of another type;
+* checked before anything is created: a sweep's strata are built with their set-up (the evaluation blocks cut from
+  the data) before the study exists;
+* results say what ran and overwrite nothing: ``accrot eval`` and ``accrot diagnose`` written into a run directory
+  leave the training's files untouched, and their JSON names the command, revision and checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- every option takes effect or is refused ------------------------------------------------------------------------
+def _names_the_code_reads() -> set[str]:
+    names: set[str] = set()
+    for folder in ("accrot", "callbacks", "data_modules"):
+        for path in (REPO / folder).rglob("*.py"):
+            names |= set(re.findall(r"\bACCROT_[A-Z][A-Z_]*[A-Z]\b", path.read_text()))
+    return names
+
+
+def test_every_environment_name_the_code_reads_is_a_checked_switch_or_free_form():
+    from accrot.run.launch import FREE_FORM, SWITCHES
+
+    unlisted = sorted(_names_the_code_reads() - set(SWITCHES) - set(FREE_FORM))
+    assert not unlisted, f"environment names read by the code but neither checked nor free-form: {unlisted}"
+    assert set(SWITCHES).isdisjoint(FREE_FORM)
+
+
+@pytest.mark.parametrize("name", ["ACCROT_CPU_KERNELS", "ACCROT_GPU_KERNELS", "ACCROT_DENORMALS", "ACCROT_MALLOC"])
+def test_every_switch_refuses_a_bad_value_before_any_work(name, monkeypatch):
+    from accrot.errors import UsageError
+    from accrot.run.launch import SWITCHES, check_environment
+
+    assert name in SWITCHES
+    monkeypatch.setenv(name, "bogus-value")
+    with pytest.raises(UsageError, match=f"{name}='bogus-value' is not valid; choose one of"):
+        check_environment()
+
+
+def test_a_misspelt_switch_is_refused_and_an_unrelated_name_is_not(monkeypatch):
+    from accrot.errors import UsageError
+    from accrot.run.launch import check_environment
+
+    with pytest.raises(UsageError, match="did you mean ACCROT_MALLOC"):
+        check_environment({"ACCROT_MALLOCC": "tuned"})
+    check_environment({"ACCROT_TEST_SIGNAL": "1", "ACCROT_SWEEP_STORAGE": "sqlite:///x.db"})
+
+
+@pytest.mark.parametrize("text, key", [("a: 1\nb: 2\na: 3\n", "a"), ("a:\n  b: 1\n  c: {d: 1, d: 2}\n", "d"),
+                                       ("- {x: 1}\n- {y: 1, y: 1}\n", "y")])
+def test_a_key_given_twice_at_any_depth_is_refused(text, key):
+    import yaml
+
+    from accrot.io import load_yaml
+
+    with pytest.raises(yaml.YAMLError, match=f"key '{key}' is given twice"):
+        load_yaml(text)
+    assert load_yaml("a: 1\nb: {a: 2}\n") == {"a": 1, "b": {"a": 2}}  # the same key in two mappings is fine
+
+
+def test_every_config_and_spec_reader_refuses_a_key_given_twice(tmp_path):
+    from accrot.errors import UsageError
+    from accrot.run.args import check_config_file
+    from accrot.sweep.spec import SPEC_DIR, load_spec
+
+    config = tmp_path / "c.yaml"
+    config.write_text((REPO / "accrot/configs/tiny.yaml").read_text() + "model:\n  n_layers: 4\n")
+    with pytest.raises(UsageError, match="key 'model' is given twice"):
+        check_config_file(config)
+    spec = tmp_path / "s.yaml"
+    spec.write_text((SPEC_DIR / "smoke.yaml").read_text() + "trials: 2\n")
+    with pytest.raises(UsageError, match="key 'trials' is given twice"):
+        load_spec(spec)
+
+
+def _spec_sections():
+    from accrot.sweep import spec
+
+    return [c for c in vars(spec).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+            and c.__module__ == spec.__name__ and c.__name__ != "Stratum"]
+
+
+def _plain_fields(cls) -> list[str]:
+    """The init fields of a section whose annotation is int, bool, str, None or a union of them."""
+    from accrot.sweep.spec import _field_types, _type_problem
+
+    hints = _field_types(cls)
+    return [f.name for f in dataclasses.fields(cls) if f.init and _type_problem(hints[f.name], object()) is not None]
+
+
+def test_the_type_check_covers_the_plain_fields_of_every_section():
+    fields = {c.__name__: _plain_fields(c) for c in _spec_sections()}
+    assert {"SweepSpec", "PrunerSpec", "SamplerSpec", "HeartbeatSpec", "ParamSpec"} <= set(fields)
+    assert "n_startup_trials" in fields["PrunerSpec"] and "trials" in fields["SweepSpec"]
+    assert "log" in fields["ParamSpec"] and "interval" in fields["HeartbeatSpec"]
+
+
+@pytest.mark.parametrize("section", [c.__name__ for c in _spec_sections()])
+def test_every_plain_field_of_every_spec_section_refuses_a_value_of_another_type(section):
+    from accrot.errors import UsageError
+    from accrot.sweep.spec import _strict
+
+    cls = next(c for c in _spec_sections() if c.__name__ == section)
+    for name in _plain_fields(cls):
+        with pytest.raises(UsageError, match=rf"^where: {name}=\['x'\] is not valid; expected "):
+            _strict(cls, {name: ["x"]}, "where")
+
+
+# -- checked before anything is created -----------------------------------------------------------------------------
+def test_a_probe_with_its_set_up_refuses_what_the_run_would_refuse_at_its_start(tmp_path):
+    from accrot.errors import DataError
+    from accrot.run.probe import probe
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"m{i}.py").write_text("x = 1\n" * 200)
+    args = ["fit", "--config", "tiny", f"--data.init_args.root={corpus}", "--data.init_args.val_fraction=0.3",
+            "--extrapolation.multipliers=[1, 1000]"]
+    probe(args)  # parsing and building alone cannot see it ...
+    with pytest.raises(DataError, match="evaluation length 128000 needs"):
+        probe(args, setup=True)  # ... the run's own set-up does
+
+
+# -- results say what ran, and overwrite nothing --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A run directory as ``accrot fit`` leaves it (tiny's NoPE model, its config on a small corpus, the training's own
+    result files), made without training."""
+    import torch
+
+    from accrot.lit import LitLM
+
+    root = tmp_path_factory.mktemp("nothing-silent")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(20):
+        (corpus / f"m{i:02d}.py").write_text("".join(f"v_{i}_{j} = {j} * {i}\n" for j in range(300)))
+    run = root / "runs" / "none-none" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    text = (REPO / "accrot/configs/tiny.yaml").read_text()
+    (run / "config.yaml").write_text(text.replace("    seq_len: 128", f"    seq_len: 128\n    root: {corpus}\n"
+                                                                        "    val_fraction: 0.3"))
+    model = LitLM(d_model=64, n_layers=2, n_heads=4)
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 3},
+               run / "checkpoints" / "last.ckpt")
+    for name in ("run.json", "extrapolation.json", "extrapolation.png", "metrics.csv", "diagnostics.json"):
+        (run / name).write_text(f"the training's own {name}\n")
+    return run
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.parent == folder}
+
+
+@pytest.mark.parametrize("command", ["eval", "diagnose"])
+def test_a_command_written_into_a_run_directory_leaves_the_training_files_untouched(command, run_dir, capsys):
+    from accrot.cli import main
+
+    before = _digests(run_dir)
+    rc = main([command, "--ckpt", str(run_dir), "--out", str(run_dir), "--multipliers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"accrot: error: --out {str(run_dir)!r} is a run directory"), err
+    assert _digests(run_dir) == before
+
+
+@pytest.mark.parametrize("command, written", [("eval", "eval/extrapolation.json"),
+                                              ("diagnose", "diagnostics/diagnostics.json")])
+def test_a_result_file_records_the_command_revision_and_checkpoint(command, written, run_dir, capsys):
+    import json
+
+    from accrot.cli import main
+    from accrot.io import git_revision
+
+    before = _digests(run_dir)
+    argv = ["--ckpt", str(run_dir), "--multipliers", "1", "2"]
+    argv += ["--budget_tokens", "512"] if command == "eval" else ["--blocks", "2"]
+    assert main([command, *argv]) == 0, capsys.readouterr().err
+    doc = json.loads((run_dir / written).read_text())
+    assert doc["command"] == ["accrot", command, *argv]
+    assert doc["revision"] == git_revision() and doc["revision"] != "unknown"
+    assert doc["checkpoint"] == str(run_dir / "checkpoints" / "last.ckpt")
+    assert _digests(run_dir) == before  # beside the run, under its own folder
+
+
+@pytest.mark.filterwarnings("ignore:.*AMP with fp16 is not supported on CPU")
+def test_a_precision_the_trainer_falls_back_from_is_recorded_as_what_runs():
+    """Lightning trains ``16-mixed`` on a CPU in ``bf16-mixed``: the resolved config (what config.yaml saves) says so."""
+    from accrot.run.probe import probe
+
+    flat = probe(["fit", "--config", "tiny", "--trainer.accelerator=cpu", "--trainer.precision=16-mixed"])
+    assert flat["trainer.precision"] == "bf16-mixed"
+    assert probe(["fit", "--config", "tiny", "--trainer.precision=32"])["trainer.precision"] == 32  # an alias: as asked
