@@ -205,3 +205,44 @@ def test_a_precision_the_trainer_falls_back_from_is_recorded_as_what_runs():
     flat = probe(["fit", "--config", "tiny", "--trainer.accelerator=cpu", "--trainer.precision=16-mixed"])
     assert flat["trainer.precision"] == "bf16-mixed"
     assert probe(["fit", "--config", "tiny", "--trainer.precision=32"])["trainer.precision"] == 32  # an alias: as asked
+
+
+# -- a storage the command cannot write: one line naming what to do -----------------------------------------
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A tmpfs mounted read-only (root ignores file modes, so a chmod proves nothing): yields (folder, writable
+    twin) after copying into it what the writable twin holds."""
+    import shutil
+    import subprocess
+
+    folder, staging = tmp_path / "ro", tmp_path / "staging"
+    folder.mkdir(), staging.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield folder, staging, lambda: (shutil.copytree(staging, folder, dirs_exist_ok=True),
+                                        subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True))
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_report_on_a_read_only_storage_says_so_in_one_line(read_only_folder, tmp_path):
+    import subprocess
+    import sys
+
+    import optuna
+
+    folder, staging, seal = read_only_folder
+    study = optuna.create_study(study_name="x", storage=f"sqlite:///{staging}/study.db")
+    study.optimize(lambda t: t.suggest_float("a", 0, 1), n_trials=2)
+    seal()
+    done = subprocess.run([sys.executable, "-m", "accrot.cli", "report", "--study", "x", "--storage",
+                           f"sqlite:///{folder}/study.db", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"accrot: error: storage 'sqlite:///{folder}/study.db' is read-only (Optuna writes to a storage when it "
+        "opens one, even to read it); copy the database to a writable folder and pass that as --storage"]
+    assert not (tmp_path / "out").exists()

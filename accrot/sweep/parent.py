@@ -24,6 +24,7 @@ from accrot.errors import UsageError
 from accrot.metrics import metric_key
 from accrot.phases import WORKER_SPAWNED_AT
 from accrot.sweep.recovery import (
+    EVERY_TRIAL_FAILED,
     FINISHED,
     RetryTrial,
     budget_state,
@@ -316,7 +317,7 @@ class Parent:
                 if rc is None:
                     continue
                 live.remove(w)
-                if rc == 0:
+                if rc in (0, EVERY_TRIAL_FAILED):  # finished; failed trials are in the summary, with their reasons
                     continue
                 self.reap(w, rc)
                 if self.work_left() and respawns < max_respawns:

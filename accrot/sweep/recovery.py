@@ -174,3 +174,8 @@ def account(study, budget: int) -> dict:
     return {"trials": len(trials), "unfinished": unfinished, "failed_silently": silent,
             "complete": len(done), "lost": budget - len(done) + len(unfinished) + len(silent),
             "retried": [t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs]}
+
+
+# a worker's exit status when every trial it ran failed (at set-up, or diverged): not a crash (the parent neither
+# re-queues nor respawns for it), but not a success a scheduler should report either
+EVERY_TRIAL_FAILED = 3

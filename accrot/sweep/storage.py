@@ -236,6 +236,9 @@ def unreachable(ref: StorageRef, err: BaseException) -> UsageError:
                               "workers would overshoot the budget); serve the database with `accrot storage-proxy`")
         reason = (f"no storage proxy answered at {ref.host}:{ref.port} ({one_line(err.details() or '')[:160]}); "
                   "start one there with `accrot storage-proxy --storage postgresql://...`")
+    if "readonly database" in reason or "read-only" in reason.lower():  # SQLite on a read-only file or filesystem
+        return UsageError(f"storage {redact(ref.url)!r} is read-only (Optuna writes to a storage when it opens one, "
+                          "even to read it); copy the database to a writable folder and pass that as --storage")
     return UsageError(f"storage {redact(ref.url)!r} is unreachable: {reason}")
 
 

@@ -23,6 +23,7 @@ from accrot import phases
 from accrot.errors import UsageError, bad_input_message, one_line
 from accrot.metrics import metric_value, metrics_of
 from accrot.sweep.recovery import (
+    EVERY_TRIAL_FAILED,
     AttrHeartbeat,
     RetryTrial,
     budget_state,
@@ -124,7 +125,11 @@ class Worker:
         print(f"worker {self.me}: {spec.name} on {redact(ref.url)}", flush=True)
 
     def loop(self, deadline: float | None) -> int:
+        """Run trials until the budget is spent (or ``deadline``); 0, or :data:`EVERY_TRIAL_FAILED` when every trial
+        this worker ran failed (a scheduler's job, or the parent, then shows the worker did no work), or 128 + 15
+        when a signal stopped it."""
         ran = 0
+        self.failures: list[str] = []
         while deadline is None or time.time() < deadline:
             try:
                 self.lock.acquire()
@@ -158,6 +163,13 @@ class Worker:
                     self.lock.release()
         if self.ranks is not None:
             self.ranks.stop()
+        return self._end(ran)
+
+    def _end(self, ran: int) -> int:
+        """The worker's last line and exit status (:meth:`loop`)."""
+        if ran and len(self.failures) >= ran:
+            print(f"worker {self.me}: every trial it ran failed ({ran}); first: {self.failures[0]}", flush=True)
+            return EVERY_TRIAL_FAILED
         print(f"worker {self.me}: done after {ran} trial(s)", flush=True)
         return 0
 
@@ -165,13 +177,19 @@ class Worker:
         """One trial of ``entry``'s study; False when this worker was stopped by a signal (its trial re-queued)."""
         try:
             entry.study.optimize(self.objective_for(entry), n_trials=1, catch=(Exception,),
-                                 gc_after_trial=self.gc_after_trial)
+                                 gc_after_trial=self.gc_after_trial, callbacks=[self._outcome])
         except SystemExit as err:
             if type(err).__name__ != "SIGTERMException" or self.ranks is not None:
                 raise
             print(f"worker {self.me}: stopped by {_signal_name(err)}; its trial is failed and queued again", flush=True)
             return False
         return True
+
+    def _outcome(self, study, trial) -> None:
+        """Optuna's callback after each trial: a failed one's reason, wherever it failed (sampling included)."""
+        if trial.state == TrialState.FAIL:
+            self.failures.append(trial.user_attrs.get("fail_reason") or f"trial {trial.number} failed before its run "
+                                 "started (its traceback is above)")
 
     def objective_for(self, entry: _Study):
         return functools.partial(self.objective, entry)

@@ -284,6 +284,26 @@ def test_a_worker_stays_to_run_the_retry_of_an_unclaimed_trial(tmp_path):
     assert trials[1].user_attrs["retry_of"] == 0 and trials[1].params["model.lr"] == 3e-3
 
 
+def test_a_worker_whose_every_trial_failed_says_so_and_exits_non_zero(tmp_path, capsys):
+    """A trial that fails before it trains (here a queued learning rate its log-scale space refuses, past the
+    sweep's up-front checks): the worker's last line says so and its exit status is not success, so a scheduler's
+    job shows it; a worker whose trial ran is 0 (the test above)."""
+    from accrot.sweep.recovery import EVERY_TRIAL_FAILED
+
+    spec = write_spec(tmp_path, "refused", trials=1, seeds=[0], pruner={"type": "none"})
+    root = tmp_path / "root"
+    assert sweep(spec, root, "--workers=0") == 0
+    url = f"sqlite:///{root}/refused/study.db"
+    load(url, "refused").enqueue_trial({"model.lr": -1.0, "model.scheme.rotation": "none"},
+                                       user_attrs={"seed": 0, "config": 0})
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--worker", f"--root={root}", f"--storage={url}"]) == EVERY_TRIAL_FAILED
+    out = capsys.readouterr().out
+    trials = load(url, "refused").get_trials()  # the trial and its retries
+    assert trials and all(t.state == TrialState.FAIL for t in trials)
+    assert f"every trial it ran failed ({len(trials)}); first: trial 0 failed before its run started" in out
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")
 def test_the_heartbeat_skips_a_beat_the_storage_refuses_and_records_the_next(tmp_path):
     """Optuna's heartbeat thread dies at its first error, so one database restart would silence a running
