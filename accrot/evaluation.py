@@ -284,6 +284,84 @@ def eval_sets(dm, lengths: list[int], budget_tokens: int, min_blocks: int = 1) -
     return EvalSets(blocks, masks, depths, targets)
 
 
+# -- the same targets at every length: the rise with length, paired per anchor -----------------------------------
+SAME_TARGET_ANCHORS = 24  # windows per length (each one forward of m·L tokens); their differences are the replicates
+
+
+def same_target_k(train_length: int) -> int:
+    """Targets scored per window: the last quarter of a training length (at least 1). Few enough that every
+    scored target has ≥ ¾ L of the window before it even at 1×, so the 1× reference is no cold start."""
+    return max(1, train_length // 4)
+
+
+def same_target_anchors(stream_tokens: int, longest: int, n: int) -> list[int]:
+    """``n`` anchors spread evenly over the positions a window of ``longest`` tokens can end at: anchor a is the
+    position of the last scored target, so every window [a − ℓ, a] (ℓ inputs, ℓ targets) lies in the stream."""
+    first, last = longest, stream_tokens - 1  # the window of the longest length needs `longest` tokens before a
+    if last < first:
+        raise ValueError(f"the same-target windows need {longest + 1} tokens; the stream has {stream_tokens}")
+    if n <= 1 or last == first:
+        return [last]
+    return sorted({first + (i * (last - first)) // (n - 1) for i in range(n)})
+
+
+@torch.no_grad()
+def evaluate_same_targets(
+    model: Callable[[torch.Tensor], torch.Tensor],
+    stream: torch.Tensor,
+    lengths: Sequence[int],
+    train_length: int,
+    k: int | None = None,
+    anchors: int = SAME_TARGET_ANCHORS,
+    max_batch_tokens: int = 16384,
+    device: torch.device | str | None = None,
+) -> dict:
+    """The rise with length on the same targets: for every anchor a (spread over ``stream``) and length ℓ, the
+    window ``stream[a − ℓ : a + 1]`` is one forward pass of ℓ tokens, and its last ``k`` targets (the tokens up
+    to a) are scored. Every length scores exactly the same tokens, each with ℓ tokens of context, so
+    ΔNLL(ℓ) = NLL(targets | ℓ) − NLL(targets | L) is paired per anchor and its interval carries the text's noise
+    (per-length blocks score different text, and their 1× averages cold-start positions).
+
+    The reference is the training length L itself (scored even when ``lengths`` lacks it). A model whose
+    receptive field is finite (a sliding window, a bias steep enough) has a rise of 0 at every length.
+    Returns ``{"k", "anchors", "reference_length", "lengths": [{"length", "multiplier", "nll", "rise",
+    "rise_ci", "anchor_nll"}]}``: ``rise_ci`` is a 95 % Student-t interval over anchors of the paired differences.
+    """
+    from scipy import stats
+
+    k = same_target_k(train_length) if k is None else k
+    wanted = sorted({*map(int, lengths), int(train_length)})
+    if k < 1 or k > wanted[0]:
+        raise ValueError(f"same-target k={k} must lie in [1, {wanted[0]}] (the shortest length)")
+    device = torch.device(device) if device is not None else stream.device
+    ends = same_target_anchors(stream.numel(), wanted[-1], anchors)
+    per_length: dict[int, torch.Tensor] = {}
+    for ln in wanted:
+        nll = torch.empty(len(ends), dtype=torch.float64)  # [n] mean NLL of each anchor's k targets
+        per_batch = max(1, max_batch_tokens // ln)
+        for i in range(0, len(ends), per_batch):
+            batch = ends[i : i + per_batch]
+            chunk = torch.stack([stream[a - ln : a + 1] for a in batch]).to(device=device, dtype=torch.long)
+            scored = token_nll(model(chunk[:, :-1])[:, -k:], chunk[:, -k:])  # [b, k] the tokens up to a
+            if not torch.isfinite(scored).all():
+                raise FloatingPointError(f"same-target evaluation at length {ln} produced a non-finite NLL")
+            nll[i : i + len(batch)] = scored.double().mean(1).cpu()
+        per_length[ln] = nll
+    ref = per_length[int(train_length)]
+    rows = []
+    for ln in wanted:
+        diff = per_length[ln] - ref  # [n] paired per anchor
+        mean = float(diff.mean())
+        if len(ends) > 1 and float(diff.std()) > 0:
+            half = float(stats.t.ppf(0.975, len(ends) - 1)) * float(diff.std()) / math.sqrt(len(ends))
+        else:
+            half = 0.0
+        rows.append({"length": ln, "multiplier": ln / train_length, "nll": float(per_length[ln].mean()),
+                     "rise": mean, "rise_ci": [mean - half, mean + half],
+                     "anchor_nll": per_length[ln].tolist()})
+    return {"k": k, "anchors": len(ends), "reference_length": int(train_length), "lengths": rows}
+
+
 @torch.no_grad()
 def evaluate_sliding(
     model: Callable[[torch.Tensor], torch.Tensor],

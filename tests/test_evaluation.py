@@ -220,3 +220,81 @@ def test_bucket_curve_equals_a_float64_computation_from_bf16_logits(autocast):
     assert torch.linalg.vector_norm(got - ref) <= 1e-6 * torch.linalg.vector_norm(ref) + 1e-9
     assert abs(res.nll - nll.mean().item()) <= 1e-6 * nll.mean().item()
     assert abs(res.last_window_nll - nll[:, -64:].mean().item()) <= 1e-6 * nll.mean().item()
+
+
+# -- the same targets at every length ------------------------------------------------------------------------
+
+
+class _Window(torch.nn.Module):
+    """A model whose receptive field is its last ``w`` tokens (a causal convolution over embeddings), float64:
+    the known truth of the same-target rise, which must be 0 at every length."""
+
+    def __init__(self, w: int = 5, vocab: int = 16, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = w
+        self.emb = torch.randn(vocab, 8, generator=g, dtype=torch.float64)
+        self.kernel = torch.randn(vocab, 8, w, generator=g, dtype=torch.float64)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb[tokens].transpose(1, 2)  # [b, 8, ℓ]
+        return F.conv1d(F.pad(x, (self.w - 1, 0)), self.kernel).transpose(1, 2)  # [b, ℓ, V] from tokens t−w+1..t
+
+
+def _markov_stream(n: int, vocab: int = 16, seed: int = 0) -> torch.Tensor:
+    """Tokens with local structure that varies along the stream, so per-length blocks of different text differ."""
+    g = torch.Generator().manual_seed(seed)
+    out = torch.empty(n, dtype=torch.long)
+    out[0] = 0
+    steps = torch.randint(1, 4, (n,), generator=g)
+    drift = (torch.arange(n) // 997) % vocab  # a slow change of regime
+    for i in range(1, n):
+        out[i] = (out[i - 1] + steps[i] + (drift[i] if i % 7 == 0 else 0)) % vocab
+    return out
+
+
+def test_a_finite_receptive_field_has_no_same_target_rise_where_per_length_blocks_do():
+    from accrot.evaluation import evaluate_same_targets
+
+    stream, L = _markov_stream(20000), 32
+    model = _Window()
+    lengths = [L * m for m in (1, 2, 4, 8, 16)]
+    same = evaluate_same_targets(model, stream, lengths, L, anchors=12)
+    assert same["k"] == 8 and same["anchors"] == 12 and same["reference_length"] == L
+    for row in same["lengths"]:
+        assert abs(row["rise"]) <= 1e-12 and all(abs(x - row["rise"]) <= 1e-12 for x in row["rise_ci"])
+    # the same model on per-length blocks (different text per length): its NLL moves with the length
+    blocks = {ln: torch.stack([stream[i * (ln + 1) : (i + 1) * (ln + 1)] for i in range(4096 // ln)]) for ln in lengths}
+    per_length = [r.nll for r in evaluate_lengths(model, blocks, L)]
+    assert max(per_length) - min(per_length) > 1e-3
+
+
+def test_the_same_target_rise_is_paired_per_anchor_and_its_interval_covers_it(model):
+    """A real model: every length scores the same tokens (the anchors' last k), the rise at L is exactly 0, and
+    each rise is the mean of the anchors' paired differences, inside its Student-t interval."""
+    from accrot.evaluation import evaluate_same_targets, same_target_anchors
+
+    stream = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(1))
+    same = evaluate_same_targets(model, stream, [16, 32, 64], 16, k=4, anchors=6)
+    ends = same_target_anchors(3000, 64, 6)
+    assert len(ends) == 6 and ends[0] == 64 and ends[-1] == 2999
+    rows = {r["length"]: r for r in same["lengths"]}
+    assert rows[16]["rise"] == 0.0 and rows[16]["rise_ci"] == [0.0, 0.0]
+    with torch.no_grad():  # the 64-token window of the last anchor, scored by hand
+        window = stream[2999 - 64 : 3000][None]
+        nll = F.cross_entropy(model(window[:, :-1])[0, -4:].float(), window[0, -4:])
+    assert rows[64]["anchor_nll"][-1] == pytest.approx(float(nll), rel=1e-5)
+    for ln in (32, 64):
+        diff = torch.tensor(rows[ln]["anchor_nll"], dtype=torch.float64) - torch.tensor(rows[16]["anchor_nll"], dtype=torch.float64)
+        assert rows[ln]["rise"] == pytest.approx(float(diff.mean()), abs=1e-12)
+        lo, hi = rows[ln]["rise_ci"]
+        assert lo < rows[ln]["rise"] < hi
+
+
+def test_same_target_windows_need_the_longest_length_in_the_stream(model):
+    from accrot.evaluation import evaluate_same_targets
+
+    with pytest.raises(ValueError, match="the same-target windows need 101 tokens; the stream has 50"):
+        evaluate_same_targets(model, torch.zeros(50, dtype=torch.long), [100], 16)
+    with pytest.raises(ValueError, match=r"same-target k=40 must lie in \[1, 16\]"):
+        evaluate_same_targets(model, torch.zeros(500, dtype=torch.long), [16, 32], 16, k=40)
