@@ -1,6 +1,7 @@
 """The ablation's figures: NLL against length with the seeds' band, per-position NLL, the extrapolation horizon,
 retrieval depth × length heatmaps, and the theory figures (far mass measured against the lower bound's prediction,
-coherence against distance). Every variant keeps one colour in every figure."""
+coherence against distance). Every variant keeps one look (accrot/study/looks.py) in every figure; the curves come
+one panel per family of variants, the baselines faint in each, every legend outside the data."""
 
 from __future__ import annotations
 
