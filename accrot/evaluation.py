@@ -333,7 +333,7 @@ def plot_curves(
     styles: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Two panels: NLL vs evaluation length (log₂ axis, training length marked) and per-position NLL, one legend
-    beside them (outside the data).
+    beside them (outside the data); a single curve's label goes in the title instead.
 
     ``curves`` maps a label (a scheme, or a training step) to its list of per-length result dicts
     (the ``lengths`` entries of ``extrapolation.json``); ``styles`` maps a label to its ``plot`` keywords (colour,
@@ -361,7 +361,10 @@ def plot_curves(
     ax_pos.set_ylabel("NLL (nats/token)")
     longest = max(r["length"] for rows in curves.values() for r in rows)
     ax_pos.set_title(f"per-position NLL at the longest length (ℓ = {longest})")
-    fig.legend(*ax_len.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    if len(curves) > 1:
+        fig.legend(*ax_len.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    else:  # one curve (`accrot eval`): its label in the title, no legend to look up
+        title = "\n".join(t for t in (title, *curves) if t)
     if title:
         fig.suptitle(title)
     atomic_savefig(fig, path)
