@@ -36,7 +36,7 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "baseline": Family("baselines (no accumulated transform)",
-                       ("#8f8f8f", "#000000", "#85603c", "#4d4d4d", "#c4ad93", "#c8c8c8", "#3d2b1f")),
+                       ("#8f8f8f", "#000000", "#85603c", "#4d4d4d", "#c4ad93", "#aaaaaa", "#3d2b1f")),
     "so2": Family("rotation-only SO(2) accumulation",
                   ("#2166ac", "#6baed6", "#6a3d9a", "#08306b", "#17becf", "#a08fd0", "#3f8fd0", "#3f007d")),
     "path": Family("PaTH (Householder accumulation)", ("#33a02c", "#00441b", "#8fd175")),
