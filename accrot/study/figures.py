@@ -74,6 +74,14 @@ def _family_panels(plt, variants: Sequence[str], draw: Callable[[Any, str, bool]
     return fig, axes[:len(groups)]
 
 
+def _multiples_axis(ax) -> None:
+    """A log₂ x axis of multiples of L, its ticks read as 1×, 2×, 4×, …"""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
+
+
 def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
     """NLL (or ``field_``) against length, mean ± std over seeds: one panel per family of variants."""
     plt = pyplot()
@@ -86,7 +94,7 @@ def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Pat
                                "evaluation length / training length L (dotted: L)",
                                "NLL (nats/token)" if field_ == "nll" else field_)
     for ax in axes:
-        ax.set_xscale("log", base=2)
+        _multiples_axis(ax)
         ax.axvline(1, color="grey", ls=":", lw=1)
     atomic_savefig(fig, path)
     plt.close(fig)
@@ -316,8 +324,8 @@ def _plot_far_mass(plt, res: Results, path: Path) -> Path | None:
                                "(solid, ± std over seeds) and predicted from L alone (dashed)", "length / L",
                                "attention mass on far keys (beyond the window; last queries)")
     for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.02)
+        _multiples_axis(ax)
+        ax.set_ylim(-0.02, 1.02)  # a head with no far mass draws on 0, clear of the frame
         ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     atomic_savefig(fig, path)
     plt.close(fig)
