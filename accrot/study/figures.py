@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from accrot.evaluation import smoothed_positions
 from accrot.io import atomic_savefig, pyplot
 from accrot.metrics import mean_std
 from accrot.study.claims import HORIZON_TOLERANCE
@@ -105,27 +106,6 @@ def dataset_title(dataset: str) -> str:
     from accrot.study.variants import DATASET_TITLES
 
     return DATASET_TITLES.get(dataset, dataset)
-
-
-def smoothed_positions(buckets: Sequence[float | None], width: int, n_bins: int = 24) -> tuple[list[float], list[float]]:
-    """Per-position NLL buckets (each ``width`` tokens, already pooled over blocks) merged into ``n_bins``
-    log-spaced position bins: ``(bin centres, mean NLL)``. At 64× L the raw curve has 256 noisy buckets;
-    log bins keep the near positions resolved and average the far ones."""
-    n = len(buckets)
-    if n == 0:
-        return [], []
-    edges = sorted({0, *(int(round(x)) for x in _logspace(1, n, n_bins))} | {n})
-    xs, ys = [], []
-    for lo, hi in zip(edges, edges[1:]):
-        vals = [b for b in buckets[lo:hi] if b is not None]
-        if vals:
-            xs.append(0.5 * (lo + hi) * width)
-            ys.append(sum(vals) / len(vals))  # equal token counts per bucket: a plain mean pools them
-    return xs, ys
-
-
-def _logspace(lo: float, hi: float, n: int) -> list[float]:
-    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)] if n > 1 and hi > lo else [lo]
 
 
 def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
