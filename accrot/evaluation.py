@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -402,27 +403,52 @@ def evaluate_sliding(
 
 
 # -- presenting results: the table and figure of one run or several side by side ----------------------------------
+def smoothed_positions(buckets: Sequence[float | None], width: int, n_bins: int = 24) -> tuple[list[float], list[float]]:
+    """Per-position NLL buckets (each ``width`` tokens, already pooled over blocks) merged into ``n_bins``
+    log-spaced position bins: ``(bin centres, mean NLL)``. At 64× L the raw curve has 256 noisy buckets;
+    log bins keep the near positions resolved and average the far ones."""
+    n = len(buckets)
+    if n == 0:
+        return [], []
+    edges = sorted({0, *(int(round(x)) for x in _logspace(1, n, n_bins))} | {n})
+    xs, ys = [], []
+    for lo, hi in zip(edges, edges[1:]):
+        vals = [b for b in buckets[lo:hi] if b is not None]
+        if vals:
+            xs.append(0.5 * (lo + hi) * width)
+            ys.append(sum(vals) / len(vals))  # equal token counts per bucket: a plain mean pools them
+    return xs, ys
+
+
+def _logspace(lo: float, hi: float, n: int) -> list[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)] if n > 1 and hi > lo else [lo]
+
+
 def plot_curves(
     curves: Mapping[str, Sequence[Mapping]],
     train_length: int,
     path: str | Path,
     title: str = "",
+    styles: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Two panels: NLL vs evaluation length (log₂ axis, training length marked) and per-position NLL.
+    """Two panels: NLL vs evaluation length (log₂ axis, training length marked) and per-position NLL in log-spaced
+    bins (:func:`smoothed_positions`), one legend beside them (outside the data); a single curve's label goes in
+    the title instead.
 
     ``curves`` maps a label (a scheme, or a training step) to its list of per-length result dicts
-    (the ``lengths`` entries of ``extrapolation.json``).
+    (the ``lengths`` entries of ``extrapolation.json``); ``styles`` maps a label to its ``plot`` keywords (colour,
+    marker, linestyle: a study variant's look); a label without one takes the next colour of the cycle.
     """
     plt = pyplot()
-    fig, (ax_len, ax_pos) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_len, ax_pos) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
     for label, rows in curves.items():
         rows = sorted(rows, key=lambda r: r["length"])
-        line = ax_len.plot([r["length"] for r in rows], [r["nll"] for r in rows], marker="o", label=label)[0]
+        style = {"marker": "o", **(styles or {}).get(label, {})}
+        line = ax_len.plot([r["length"] for r in rows], [r["nll"] for r in rows], ms=4, label=label, **style)[0]
         longest = rows[-1]
         width = longest["bucket_width"]
-        xs = [(i + 0.5) * width for i in range(len(longest["bucket_nll"]))]
-        ys = [math.nan if v is None else v for v in longest["bucket_nll"]]  # a gap where nothing was scored
-        ax_pos.plot(xs, ys, color=line.get_color(), label=f"{label} (ℓ={longest['length']})")
+        xs, ys = smoothed_positions(longest["bucket_nll"], width)  # the raw buckets are too noisy to tell apart
+        ax_pos.plot(xs, ys, color=line.get_color(), linestyle=line.get_linestyle(), lw=1.1)
     for ax in (ax_len, ax_pos):
         ax.set_xscale("log", base=2)
         ax.axvline(train_length, color="grey", linestyle="--", linewidth=1)
@@ -430,10 +456,14 @@ def plot_curves(
     ax_len.set_xlabel("evaluation length (tokens)")
     ax_len.set_ylabel("mean NLL (nats/token)")
     ax_len.set_title("NLL vs length (dashed: training length)")
-    ax_pos.set_xlabel("position in block")
+    ax_pos.set_xlabel("position in block (log bins)")
     ax_pos.set_ylabel("NLL (nats/token)")
-    ax_pos.set_title("per-position NLL at the longest length")
-    ax_len.legend(fontsize=8)
+    longest = max(r["length"] for rows in curves.values() for r in rows)
+    ax_pos.set_title(f"per-position NLL at the longest length (ℓ = {longest})")
+    if len(curves) > 1:
+        fig.legend(*ax_len.get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    else:  # one curve (`accrot eval`): its label in the title, no legend to look up
+        title = "\n".join(t for t in (title, *curves) if t)
     if title:
         fig.suptitle(title)
     atomic_savefig(fig, path)

@@ -43,6 +43,7 @@ def main(argv: list[str]) -> int:
     from accrot.evaluation import nll_table, plot_curves
     from accrot.io import atomic_write_text
     from accrot.run.args import config_path
+    from accrot.study.looks import look_of_scheme
 
     parser = ArgumentParser(prog="accrot demo", exit_on_error=False, description=plain_help(__doc__))
     parser.add_argument("--config", type=str, default="tiny", help="shipped config name or YAML path")
@@ -87,7 +88,8 @@ def main(argv: list[str]) -> int:
     root.mkdir(parents=True, exist_ok=True)
     atomic_write_text(root / "demo.json", json.dumps({"train_length": train_length, "runs": runs,
                                                       "curves": curves}, indent=1))
-    plot_curves(curves, train_length, root / "demo.png", title="accrot demo: tiny models, embedded corpus")
+    plot_curves(curves, train_length, root / "demo.png", title="accrot demo: tiny models, embedded corpus",
+                styles={n: look_of_scheme(VARIANTS[n]).line() for n in curves})  # the study's colours
     console.print(nll_table(curves, train_length, title=f"NLL (nats/token) per evaluation length, L = {train_length}"))
     console.print(f"wrote {root / 'demo.json'} and {root / 'demo.png'}")
     return 0

@@ -11,10 +11,7 @@ import json
 from pathlib import Path
 
 from accrot.study.results import Results, Run
-
-# row label -> rope_scaling; the label says what the row is everywhere a variant name is printed
-EXTENSIONS = {"RoPE+PI (eval-time extension)": "pi", "RoPE+NTK (eval-time extension)": "ntk",
-              "RoPE+YaRN (eval-time extension)": "yarn"}
+from accrot.study.variants import EXTENSIONS
 
 
 def extension_runs(res: Results, console=None) -> list[Run]:

@@ -1,60 +1,102 @@
 """The ablation's figures: NLL against length with the seeds' band, per-position NLL, the extrapolation horizon,
 retrieval depth × length heatmaps, and the theory figures (far mass measured against the lower bound's prediction,
-coherence against distance). Every variant keeps one colour in every figure."""
+coherence against distance). Every variant keeps one look (accrot/study/looks.py) in every figure; the curves come
+one panel per family of variants, the baselines faint in each, every legend outside the data."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from accrot.evaluation import smoothed_positions
 from accrot.io import atomic_savefig, pyplot
 from accrot.metrics import mean_std
 from accrot.study.claims import HORIZON_TOLERANCE
+from accrot.study.looks import FAMILIES, by_family, frame, look
 from accrot.study.results import Results, Run, diag_layers, horizon, mean_of, times
 from accrot.study.theory import kind, measured_far_mass, predicted_far_mass
 
 
-def _color(variant: str):
-    """One fixed colour per variant in every figure (matplotlib's default cycle repeats after 10 lines)."""
-    from matplotlib import colormaps
-
-    from accrot.study.variants import VARIANTS
-
-    names = list(VARIANTS)
-    if "eval-time extension" in variant:
-        variant = "RoPE"  # an extension of RoPE's runs: RoPE's colour, its own dash pattern (_band)
-    i = names.index(variant) if variant in names else len(names) + sum(map(ord, variant)) % 9
-    return colormaps["tab20"]((2 * i if i < 10 else 2 * (i - 10) + 1) % 20)
-
-
-def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]]) -> None:
-    """The mean over seeds at each x as a line, ± one standard deviation as a shaded band."""
+def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]], faint: bool = False) -> None:
+    """The mean over seeds at each x as a line, ± one standard deviation as a shaded band (none for an evaluation
+    of another variant's runs); ``faint``: the mean alone, thin and pale, unlabelled (a reference in another
+    family's panel)."""
     xs, ms, ss = [], [], []
     for x, vals in points:
         if vals:
             mean, std = mean_std(vals)
             xs.append(x), ms.append(mean), ss.append(std or 0.0)
-    extension = "eval-time extension" in variant  # RoPE's: dashed, no band (they are evaluations, not trainings)
-    style = {"ls": (0, (4, 2)) if variant.startswith("RoPE+PI") else (0, (1, 1.5)) if variant.startswith("RoPE+NTK")
-             else (0, (6, 2, 1, 2)), "marker": "x"} if extension else {"marker": "o"}
-    line, = ax.plot(xs, ms, ms=3, label=variant, color=_color(variant), **style)
-    if not extension:
-        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)],
-                        color=line.get_color(), alpha=0.15)
+    lk = look(variant)
+    if faint:
+        ax.plot(xs, ms, color=lk.color, linestyle=lk.linestyle, lw=0.9, alpha=0.35, zorder=1)
+        return
+    ax.plot(xs, ms, ms=3.5, lw=1.3, label=variant, zorder=3, **lk.line())
+    if not lk.evaluation_only:
+        ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)], color=lk.color,
+                        alpha=0.15, lw=0, zorder=2)
+
+
+def _family_panels(plt, variants: Sequence[str], draw: Callable[[Any, str, bool], None], title: str, xlabel: str,
+                   ylabel: str):
+    """Small multiples: one panel per family of ``variants`` (shared axes), the baselines drawn faintly in every
+    other panel as the reference, each panel's legend beside it, outside the data. ``draw(ax, variant, faint)``
+    draws one variant. Returns ``(figure, the panels' axes)``."""
+    from matplotlib.lines import Line2D
+
+    groups = by_family(list(variants))
+    cols = 1 if len(groups) == 1 else 2
+    rows = math.ceil(len(groups) / cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(6.8 * cols, 3.3 * rows + 0.8), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    axes = list(grid.flat)
+    for ax in axes[len(groups):]:
+        ax.set_visible(False)
+        above = axes[axes.index(ax) - cols]  # the panel above an empty slot is its column's bottom one
+        above.xaxis.set_tick_params(labelbottom=True)
+    baselines = [v for v in groups.get("baseline", []) if not look(v).evaluation_only]  # the trained ones
+    for ax, (family, members) in zip(axes, groups.items()):
+        for v in baselines if family != "baseline" else []:
+            draw(ax, v, True)
+        for v in members:
+            draw(ax, v, False)
+        handles, labels = ax.get_legend_handles_labels()
+        if family != "baseline" and baselines:
+            handles.append(Line2D([], [], color="grey", alpha=0.5, lw=0.9))
+            labels.append("faint: the baselines")
+        ax.legend(handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                  frameon=False)
+        ax.set_title(FAMILIES[family].title, fontsize=9)
+        ax.grid(True, alpha=0.25, lw=0.5)
+    fig.suptitle(title, fontsize=10)
+    fig.supxlabel(xlabel, fontsize=9)
+    fig.supylabel(ylabel, fontsize=9)
+    return fig, axes[:len(groups)]
+
+
+def _multiples_axis(ax) -> None:
+    """A log₂ x axis of multiples of L, its ticks read as 1×, 2×, 4×, …"""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}×"))
 
 
 def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Path:
+    """NLL (or ``field_``) against length, mean ± std over seeds: one panel per family of variants."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for v in res.variants(dataset):
-        _band(ax, v, [(m, res.values(dataset, v, field_, m)) for m in res.multipliers(dataset)])
-    ax.set_xscale("log", base=2)
-    ax.axvline(1, color="grey", ls=":", lw=1)
-    ax.set_xlabel("evaluation length / training length L")
-    ax.set_ylabel("NLL (nats/token)" if field_ == "nll" else field_)
-    ax.set_title(f"{dataset_title(dataset)}: mean ± std over seeds")
-    ax.legend(fontsize=7, ncol=2)
+    mults = res.multipliers(dataset)
+
+    def draw(ax, v: str, faint: bool) -> None:
+        _band(ax, v, [(m, res.values(dataset, v, field_, m)) for m in mults], faint)
+
+    fig, axes = _family_panels(plt, res.variants(dataset), draw, f"{dataset_title(dataset)}: mean ± std over seeds",
+                               "evaluation length / training length L (dotted: L)",
+                               "NLL (nats/token)" if field_ == "nll" else field_)
+    for ax in axes:
+        _multiples_axis(ax)
+        ax.axvline(1, color="grey", ls=":", lw=1)
     atomic_savefig(fig, path)
     plt.close(fig)
     return path
@@ -66,64 +108,50 @@ def dataset_title(dataset: str) -> str:
     return DATASET_TITLES.get(dataset, dataset)
 
 
-def smoothed_positions(buckets: Sequence[float | None], width: int, n_bins: int = 24) -> tuple[list[float], list[float]]:
-    """Per-position NLL buckets (each ``width`` tokens, already pooled over blocks) merged into ``n_bins``
-    log-spaced position bins: ``(bin centres, mean NLL)``. At 64× L the raw curve has 256 noisy buckets;
-    log bins keep the near positions resolved and average the far ones."""
-    n = len(buckets)
-    if n == 0:
-        return [], []
-    edges = sorted({0, *(int(round(x)) for x in _logspace(1, n, n_bins))} | {n})
-    xs, ys = [], []
-    for lo, hi in zip(edges, edges[1:]):
-        vals = [b for b in buckets[lo:hi] if b is not None]
-        if vals:
-            xs.append(0.5 * (lo + hi) * width)
-            ys.append(sum(vals) / len(vals))  # equal token counts per bucket: a plain mean pools them
-    return xs, ys
-
-
-def _logspace(lo: float, hi: float, n: int) -> list[float]:
-    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)] if n > 1 and hi > lo else [lo]
-
-
 def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
-    """Per-position NLL at the longest length, pooled over blocks and seeds, in log-spaced position bins."""
+    """Per-position NLL at the longest length, pooled over blocks and seeds, in log-spaced position bins: one panel
+    per family of variants."""
     mults = res.multipliers(dataset)
     if not mults:
         return None
     longest = max(mults)
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    drawn = False
-    for v in res.variants(dataset):
-        curves, width = [], None
-        for r in res.by.get((dataset, v), []):
-            row = r.lengths.get(longest) or {}
-            buckets = row.get("bucket_nll")
-            if buckets:
-                curves.append(buckets[1] if isinstance(buckets[0], int) else buckets)
-                width = row.get("bucket_width")
-        if not curves or width is None:
-            continue
-        n = min(len(c) for c in curves)
-        pooled = [mean_of(c[i] for c in curves) for i in range(n)]  # over seeds
-        xs, ys = smoothed_positions(pooled, width)
-        ax.plot(xs, ys, lw=1.2, marker=".", ms=3, label=v, color=_color(v))
-        drawn = True
-    if not drawn:
-        plt.close(fig)
+    curves = {v: c for v in res.variants(dataset) if (c := _position_curve(res, dataset, v, longest))}
+    if not curves:
         return None
-    train_length = res.runs[0].train_length
-    ax.axvline(train_length, color="grey", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("position in the block (tokens; log bins)")
-    ax.set_ylabel("NLL (nats/token)")
-    ax.set_title(f"{dataset_title(dataset)}: per-position NLL at {times(longest)} L (pooled over blocks and seeds)")
-    ax.legend(fontsize=7, ncol=2)
+    plt = pyplot()
+
+    def draw(ax, v: str, faint: bool) -> None:
+        xs, ys = curves[v]
+        lk = look(v)
+        if faint:
+            ax.plot(xs, ys, color=lk.color, linestyle=lk.linestyle, lw=0.9, alpha=0.35, zorder=1)
+        else:
+            ax.plot(xs, ys, lw=1.2, ms=3, label=v, zorder=3, **lk.line())
+
+    fig, axes = _family_panels(plt, list(curves), draw, f"{dataset_title(dataset)}: per-position NLL at "
+                               f"{times(longest)} L (pooled over blocks and seeds)",
+                               "position in the block (tokens; log bins; dotted: L)", "NLL (nats/token)")
+    for ax in axes:
+        ax.axvline(res.runs[0].train_length, color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
     atomic_savefig(fig, path)
     plt.close(fig)
     return path
+
+
+def _position_curve(res: Results, dataset: str, variant: str, mult: float) -> tuple[list[float], list[float]] | None:
+    """The variant's per-position NLL at ``mult`` × L pooled over its seeds, in log bins; None without buckets."""
+    curves, width = [], None
+    for r in res.by.get((dataset, variant), []):
+        row = r.lengths.get(mult) or {}
+        buckets = row.get("bucket_nll")
+        if buckets:
+            curves.append(buckets[1] if isinstance(buckets[0], int) else buckets)
+            width = row.get("bucket_width")
+    if not curves or width is None:
+        return None
+    n = min(len(c) for c in curves)
+    return smoothed_positions([mean_of(c[i] for c in curves) for i in range(n)], width)  # pooled over seeds
 
 
 def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
@@ -135,11 +163,13 @@ def plot_horizon(res: Results, dataset: str, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(variants) + 1.5))
     for i, v in enumerate(variants):
         hs = res.per_seed(dataset, v, horizon)
-        ax.barh(i, sum(math.log2(h) for h in hs) / len(hs), color=_color(v), alpha=0.5)
-        ax.plot([math.log2(h) for h in hs], [i] * len(hs), "o", color=_color(v), ms=4)
+        lk = look(v)
+        ax.barh(i, sum(math.log2(h) for h in hs) / len(hs), color=lk.color, alpha=0.45)
+        ax.plot([math.log2(h) for h in hs], [i] * len(hs), lk.marker, color=lk.color, ms=4.5)
     longest = max(res.multipliers(dataset))
     ax.set_yticks(range(len(variants)), variants, fontsize=8)
     ax.set_xticks(range(int(math.log2(longest)) + 1), [f"{2**k}×" for k in range(int(math.log2(longest)) + 1)])
+    ax.set_xlim(-0.3, math.log2(longest) + 0.3)  # a seed's dot at 1× or at the longest stays clear of the frame
     ax.set_xlabel(f"horizon: largest m with NLL within {HORIZON_TOLERANCE:.0%} of 1× up to m (≥ {times(longest)} "
                   "is the longest evaluated)")
     ax.set_title(f"{dataset_title(dataset)}: extrapolation horizon per seed")
@@ -190,6 +220,7 @@ def plot_depth_heatmap(res: Results, dataset: str, path: Path) -> Path | None:
         seeds = len(res.by.get((dataset, v), []))
         name = v.replace(" (eval-time extension)", "\n(eval-time extension)")
         ax.set_title(f"{name}, {seeds} seed{'s' if seeds != 1 else ''}", fontsize=8)
+        frame(ax, look(v).color)
         if k >= len(panels) - cols:  # the bottom panel of its column
             ax.set_xlabel("evaluation length / L", fontsize=7)
         if k % cols == 0:
@@ -210,23 +241,25 @@ def _head_mean(rows: Sequence[Sequence[float | None]], i: int) -> float | None:
 def plot_theory(res: Results, folder: Path) -> list[Path]:
     """``coherence.png``: small multiples, one panel per accumulated variant — the measured coherence (mean over
     layers, heads and seeds) at each length diagnosed, with its ± 1.96 standard-error band at the first, and the
-    prediction dashed where the theory gives one; ``far_mass.png``: far mass vs length, measured (solid, ± std
-    over seeds) and predicted from L alone (dashed)."""
+    prediction dashed where the theory gives one, one legend of the line styles above the panels;
+    ``far_mass.png``: far mass vs length, one panel per family of variants, measured (solid, ± std over seeds) and
+    predicted from L alone (dashed)."""
     plt = pyplot()
     out = []
     accumulated = [v for v in res.variants(res.corpus) if (runs := res.diagnosed(v)) and kind(runs[0]) != "none"]
     if accumulated:
         cols = min(4, len(accumulated))
         rows = -(-len(accumulated) // cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False, sharey=True)
+        fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows + 0.8), squeeze=False, sharey=True,
+                                 layout="constrained")
         for ax, v in zip(axes.flat, accumulated):
             _coherence_panel(ax, v, res.diagnosed(v))
         for ax in list(axes.flat)[len(accumulated):]:
             ax.set_visible(False)
-        axes[0][0].legend(fontsize=6, loc="lower left")
-        fig.supxlabel("distance Δ = t − s (tokens, log)")
-        fig.supylabel("coherence E[ℓᴹℓᴵ] / E[(ℓᴵ)²]")
-        fig.tight_layout()
+        handles, labels = _style_key(axes.flat)
+        fig.legend(handles, labels, loc="outside upper center", ncol=len(labels), fontsize=7, frameon=False)
+        fig.supxlabel("distance Δ = t − s (tokens, log)", fontsize=9)
+        fig.supylabel("coherence E[ℓᴹℓᴵ] / E[(ℓᴵ)²]", fontsize=9)
         path = folder / "coherence.png"
         atomic_savefig(fig, path)
         out.append(path)
@@ -235,33 +268,45 @@ def plot_theory(res: Results, folder: Path) -> list[Path]:
     return out + ([path] if path else [])
 
 
+def _style_key(axes) -> tuple[list, list[str]]:
+    """One legend for every coherence panel: each line style once, in grey (the panels' colours are their
+    variants'), the prediction in black as drawn."""
+    from matplotlib.lines import Line2D
+
+    key: dict[str, Any] = {}
+    for ax in axes:
+        for line in ax.get_lines():
+            label = line.get_label()
+            if not label.startswith("_") and label not in key:
+                color = line.get_color() if line.get_gid() == "prediction" else "0.45"
+                key[label] = Line2D([], [], color=color, linestyle=line.get_linestyle(), lw=1.1)
+    return list(key.values()), list(key)
+
+
 def _plot_far_mass(plt, res: Results, path: Path) -> Path | None:
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    drawn = False
-    for v in res.variants(res.corpus):
+    """Far mass vs length per family of variants: measured (± std over seeds) and predicted from L (dashed)."""
+    variants = [v for v in res.variants(res.corpus) if res.diagnosed(v)]
+    if not variants:
+        return None
+
+    def draw(ax, v: str, faint: bool) -> None:
         runs = res.diagnosed(v)
-        if not runs:
-            continue
         L = runs[0].train_length
         mults = [n / L for n in runs[0].diag["lengths"]]
-        _band(ax, v, [(m, [x for r in runs if (x := measured_far_mass(r, m)) is not None]) for m in mults])
+        _band(ax, v, [(m, [x for r in runs if (x := measured_far_mass(r, m)) is not None]) for m in mults], faint)
         pred = next((layer["far_prediction"] for layer in diag_layers(runs[0]) if layer.get("far_prediction")), None)
-        if pred:
+        if pred and not faint:
             xs = pred["multiples"]
             ys = [mean_of(predicted_far_mass(r, m) for r in runs) for m in xs]
-            ax.plot(xs, [math.nan if y is None else y for y in ys], "--", lw=1, color=_color(v))
-        drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(0, 1.02)
-    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
-    ax.set_xlabel("length / L")
-    ax.set_ylabel("attention mass on far keys (beyond the window; last queries)")
-    ax.set_title(f"{res.corpus}: far mass vs length: measured (solid, ± std over seeds), predicted from L alone "
-                 "(dashed)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+            ax.plot(xs, [math.nan if y is None else y for y in ys], "--", lw=1, color=look(v).color, zorder=3)
+
+    fig, axes = _family_panels(plt, variants, draw, f"{dataset_title(res.corpus)}: far mass vs length, measured "
+                               "(solid, ± std over seeds) and predicted from L alone (dashed)", "length / L",
+                               "attention mass on far keys (beyond the window; last queries)")
+    for ax in axes:
+        _multiples_axis(ax)
+        ax.set_ylim(-0.02, 1.02)  # a head with no far mass draws on 0, clear of the frame
+        ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     atomic_savefig(fig, path)
     plt.close(fig)
     return path
@@ -272,7 +317,7 @@ def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
     at the first, the prediction in black where the theory has one."""
     diag = runs[0].diag
     L = diag["train_length"]
-    color = _color(variant)
+    color = look(variant).color
     styles = ("-", "--", ":", "-.")
     lengths = sorted({c["length"] for layer in diag_layers(runs[0]) for c in layer["coherence"]})
     for j, which in enumerate(lengths):
@@ -300,10 +345,10 @@ def _coherence_panel(ax, variant: str, runs: Sequence[Run]) -> None:
                     if c["length"] == which and c.get("predicted")]
             if pred:
                 ax.plot(xs, [mean_of(_head_mean(p, i) for p in pred) for i in keep], "--", color="black", lw=1,
-                        label="prediction |φ|^Δ")
+                        label="prediction |φ|^Δ", gid="prediction")
     eps = diag.get("eps", 0.05)
     ax.axhline(eps, color="grey", lw=0.5, ls=":")
     ax.axhline(0, color="grey", lw=0.5)
     ax.set_xscale("log")
     how = "fresh draws: a calibration" if kind(runs[0]) == "calibration" else "its own transport"
-    ax.set_title(f"{variant} ({len(runs)} seeds; {how})", fontsize=7)
+    ax.set_title(f"{variant} ({len(runs)} seed{'s' if len(runs) != 1 else ''}; {how})", fontsize=7)

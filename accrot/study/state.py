@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from accrot.study.looks import frame, look
 from accrot.study.results import Results, Run, mean_of, times
 from accrot.study.stats import Claim, Comparison, compare_threshold, compare_variants
 from accrot.study.variants import DATASETS
@@ -222,7 +223,9 @@ def plot_state_heatmap(res: Results, task: str, path: Path, title: str) -> Path 
                 if math.isfinite(acc):
                     ax.text(j, i, f"{acc:.2f}", ha="center", va="center", fontsize=5,
                             color="black" if acc > 0.6 else "white")
-        ax.set_title(f"{v}, {len(res.by.get((task, v), []))} seeds", fontsize=8)
+        seeds = len(res.by.get((task, v), []))
+        ax.set_title(f"{v}, {seeds} seed{'s' if seeds != 1 else ''}", fontsize=8)
+        frame(ax, look(v).color)
         if k >= len(panels) - cols:
             ax.set_xlabel("evaluation length / L", fontsize=7)
         if k % cols == 0:

@@ -115,6 +115,11 @@ STATE_BASE = ["NoPE", "RoPE", "accum-learned", "accum-learned+values", "PaTH", "
 STATE_FAR_MASS = ["accum-learned+values+alibi", "accum-learned+values+ssmax", "accum-learned+values+gate",
                   "RoPE-NoPE-interleaved"]
 STATE_VARIANTS = STATE_BASE + STATE_FAR_MASS
+# RoPE's evaluation-time extension rows: row label -> rope_scaling kind (accrot.position.rope_scaling). No extra
+# training: every complete RoPE run evaluated again (accrot/study/extensions.py); the label says what the row is
+# wherever a variant name is printed
+EXTENSIONS = {"RoPE+PI (eval-time extension)": "pi", "RoPE+NTK (eval-time extension)": "ntk",
+              "RoPE+YaRN (eval-time extension)": "yarn"}
 WINDOWED = ("accum-random", "RoPE+jitter", "accum-random-ladder", "accum-token", "accum-random+alibi")
 WINDOW_FRACTION = 0.75  # their mixing window, as a fraction of L: just under the training length
 
