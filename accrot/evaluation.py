@@ -295,6 +295,13 @@ def same_target_k(train_length: int) -> int:
     return max(1, train_length // 4)
 
 
+def same_target_budget(anchors: int, lengths: Sequence[int], budget_tokens: int) -> int:
+    """Windows per length for the same-target rise: ``anchors``, but never more tokens in all than the per-length
+    blocks' own budget (``len(lengths) · budget_tokens``), so the rise at most doubles an evaluation's cost; at
+    least 2, the fewest an interval needs. (The study's 24 windows at 1–32× L cost 0.98× the blocks.)"""
+    return max(2, min(anchors, len(lengths) * budget_tokens // max(1, sum(lengths))))
+
+
 def same_target_anchors(stream_tokens: int, longest: int, n: int) -> list[int]:
     """``n`` anchors spread evenly over the positions a window of ``longest`` tokens can end at: anchor a is the
     position of the last scored target, so every window [a − ℓ, a] (ℓ inputs, ℓ targets) lies in the stream."""
@@ -483,4 +490,22 @@ def nll_table(curves: Mapping[str, Sequence[Mapping]], train_length: int, title:
     for label, rows in curves.items():
         by_len = {r["length"]: r[field_] for r in rows}
         table.add_row(label, *(f"{by_len[ln]:.3f}" if ln in by_len else "-" for ln in lengths))
+    return table
+
+
+def rise_table(rises: Mapping[str, Mapping], train_length: int,
+               title: str = "same-target rise NLL(m) − NLL(1×), nats, 95 % interval over anchors") -> Table:
+    """A rich table of :func:`evaluate_same_targets` results: one row per label, one column per length."""
+    lengths = sorted({r["length"] for same in rises.values() for r in same["lengths"]})
+    table = Table(title=title)
+    table.add_column("scheme")
+    for ln in lengths:
+        table.add_column(f"{ln / train_length:g}×", justify="right")
+    for label, same in rises.items():
+        by_len = {r["length"]: r for r in same["lengths"]}
+        cells = []
+        for ln in lengths:
+            r = by_len.get(ln)
+            cells.append("-" if r is None else f"{r['rise']:+.3f}±{(r['rise_ci'][1] - r['rise_ci'][0]) / 2:.3f}")
+        table.add_row(label, *cells)
     return table

@@ -13,14 +13,18 @@ from pathlib import Path
 import lightning as L
 
 from accrot.evaluation import (
+    SAME_TARGET_ANCHORS,
     SCHEMA,
     EvalSets,
     LengthResult,
     eval_sets,
     evaluate_lengths,
+    evaluate_same_targets,
     evaluate_sliding,
     nll_table,
     plot_curves,
+    rise_table,
+    same_target_budget,
 )
 from accrot.io import atomic_write_text
 from accrot.position import SchemeConfig
@@ -44,6 +48,10 @@ class ExtrapolationCallback(Periodic):
         rope_scaling: evaluate a RoPE model with an evaluation-time length extension (pi, ntk, yarn;
             accrot.position.rope_scaling); training is never scaled. None: as trained.
         rope_factor: the extension's factor s (None: s = T / L at each evaluation length T).
+        same_target_anchors: windows per length of the same-target rise (0 = none): on a corpus (a data module
+            that scores every token), every length also scores the same targets, the last L/4 tokens of windows
+            ending at anchors spread over the validation stream, each with m·L tokens of context; the rise
+            NLL(m) − NLL(1×) is paired per anchor (accrot.evaluation.evaluate_same_targets).
     """
 
     def __init__(
@@ -58,8 +66,12 @@ class ExtrapolationCallback(Periodic):
         sliding_stride: int | None = None,
         rope_scaling: str | None = None,
         rope_factor: float | None = None,
+        same_target_anchors: int = SAME_TARGET_ANCHORS,
     ) -> None:
         super().__init__(every_n_steps)
+        if not isinstance(same_target_anchors, int) or same_target_anchors < 0:
+            raise ValueError(f"same_target_anchors={same_target_anchors!r} is not valid; give 0 (none) or more windows")
+        self.same_target_anchors = same_target_anchors
         if rope_scaling is not None:  # checked here: a typo fails before any training
             RopeScaling(rope_scaling, 1, rope_factor)
         elif rope_factor is not None:
@@ -106,6 +118,7 @@ class ExtrapolationCallback(Periodic):
                     shard=(trainer.global_rank, trainer.world_size),  # blocks split over ranks
                 )
                 sliding = self._sliding(trainer.datamodule, pl_module)
+                same = self._same_targets(trainer.datamodule, pl_module)
         finally:
             if scaling is not None:
                 apply_rope_scaling(pl_module, None)  # training goes on as trained
@@ -119,6 +132,8 @@ class ExtrapolationCallback(Periodic):
             entry["rope_scaling"] = scaling.label()
         if sliding:
             entry["sliding"] = sliding
+        if same is not None:
+            entry["same_targets"] = same
         self.history.append(entry)
         metrics = {}
         for r in results:
@@ -126,6 +141,8 @@ class ExtrapolationCallback(Periodic):
             metrics[f"extrap/nll@{m}"] = r.nll
             metrics[f"extrap/last_window_nll@{m}"] = r.last_window_nll
             metrics[f"extrap/accuracy@{m}"] = r.accuracy
+        for row in (same or {}).get("lengths", []):
+            metrics[f"extrap/rise@{row['multiplier']:g}x"] = row["rise"]
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
             if type(logger).__name__ == "WandbLogger":
@@ -163,6 +180,9 @@ class ExtrapolationCallback(Periodic):
             step, rows = self.history[-1]["step"], {label: self.history[-1]["lengths"]}
             Console().print(nll_table(rows, self.train_length,
                                       title=f"NLL (nats/token) per evaluation length at step {step}"))
+            same = self.history[-1].get("same_targets")
+            if same is not None:
+                Console().print(rise_table({label: same}, self.train_length))
             if self._sets is not None and self._sets.masks is not None:  # a task: its answers' accuracy too
                 Console().print(nll_table(rows, self.train_length, field_="accuracy",
                                           title=f"answer accuracy per evaluation length at step {step}"))
@@ -178,6 +198,18 @@ class ExtrapolationCallback(Periodic):
                                    self.max_batch_tokens, device=pl_module.device)
             out.append({"multiplier": m, **row})
         return out
+
+    def _same_targets(self, dm, pl_module) -> dict | None:
+        """The same-target rise on a corpus (every token scored); None for a task that scores answers only, whose
+        targets are its answers, or with ``same_target_anchors=0``."""
+        if not self.same_target_anchors or not hasattr(dm, "val_stream") or self._sets.masks is not None:
+            return None
+        t0 = time.perf_counter()
+        lengths = self.lengths_for(self.train_length)
+        same = evaluate_same_targets(pl_module, dm.val_stream, lengths, self.train_length,
+                                     anchors=same_target_budget(self.same_target_anchors, lengths, self.budget_tokens),
+                                     max_batch_tokens=self.max_batch_tokens, device=pl_module.device)
+        return {**same, "seconds": round(time.perf_counter() - t0, 3)}
 
     def run_dir(self, trainer: L.Trainer) -> Path:
         return Path(trainer.log_dir or trainer.default_root_dir)

@@ -469,6 +469,12 @@ CATALOGUE: list[Row] = [
     # -- the output folder ----------------------------------------------------------------------------------
     Row("name-outside-the-root", "--name=../../x", lambda f: f.fit("--name=../../x"),
         "--name='../../x' is not valid; a run name is a folder inside --root"),
+    Row("eval-negative-same-target-anchors", "accrot eval --ckpt RUN --same_target_anchors -1",
+        lambda f: ["eval", "--ckpt", str(f.plain_run()), "--same_target_anchors=-1"],
+        "--same_target_anchors=-1 is not valid; give 0 (none) or more"),
+    Row("negative-same-target-anchors", "--extrapolation.same_target_anchors=-1",
+        lambda f: f.fit("--extrapolation.same_target_anchors=-1"),
+        "same_target_anchors=-1 is not valid; give 0 (none) or more windows"),
     Row("eval-out-under-a-file", "accrot eval --ckpt RUN.ckpt --out A_FILE/x",
         lambda f: ["eval", "--ckpt", str(f.plain_run() / "checkpoints" / "last.ckpt"), f"--out={f.a_file()}/x"],
         ("cannot write the output folder '", "(Not a directory); pass a writable --out with free space")),

@@ -101,6 +101,10 @@ def test_extrapolation_json_schema(trained_run):
         assert len(r["bucket_nll"]) == -(-r["length"] // r["bucket_width"])
     (sliding,) = doc["final"]["sliding"]
     assert sliding["context"] == 256 and sliding["stride"] == 64 and sliding["tokens"] > 0
+    same = doc["final"]["same_targets"]  # the same targets at every length, capped at the blocks' own budget
+    assert same["reference_length"] == 128 and same["k"] == 32 and same["anchors"] == max(2, 3 * 2048 // 896)
+    assert [r["length"] for r in same["lengths"]] == [128, 256, 512]
+    assert same["lengths"][0]["rise"] == 0.0 and all(len(r["anchor_nll"]) == same["anchors"] for r in same["lengths"])
     metrics = (trained_run / "metrics.csv").read_text().splitlines()[0]
     assert "extrap/nll@2x" in metrics and "train/loss" in metrics and "val/ppl" in metrics
 
@@ -116,6 +120,10 @@ def test_eval_command_on_checkpoint(trained_run, tmp_path, capsys):
     # same blocks, same weights: the 1× number equals the callback's final one
     trained = json.loads((trained_run / "extrapolation.json").read_text())["final"]["lengths"][0]
     assert doc["final"]["lengths"][0]["nll"] == pytest.approx(trained["nll"], rel=1e-6)
+    # and the same-target rise: its own anchors (the budget of 2 lengths), the 1× reference their NLL
+    same = doc["final"]["same_targets"]
+    assert same["anchors"] == max(2, 2 * 2048 // (128 + 1024)) and [r["length"] for r in same["lengths"]] == [128, 1024]
+    assert "same-target rise" in capsys.readouterr().out
 
 
 # the bad-input catalogue (every row through main, exit 2, one line, nothing left): tests/test_bad_inputs.py

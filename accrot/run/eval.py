@@ -11,7 +11,17 @@ from jsonargparse import ArgumentParser
 from rich.console import Console
 
 from accrot.errors import UsageError
-from accrot.evaluation import SCHEMA, eval_sets, evaluate_lengths, nll_table, plot_curves
+from accrot.evaluation import (
+    SAME_TARGET_ANCHORS,
+    SCHEMA,
+    eval_sets,
+    evaluate_lengths,
+    evaluate_same_targets,
+    nll_table,
+    plot_curves,
+    rise_table,
+    same_target_budget,
+)
 from accrot.io import atomic_write_text
 from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
 from accrot.run.args import check_device, numbers
@@ -43,6 +53,9 @@ def main(argv: list[str]) -> int:
                         help="explicit lengths in tokens instead: 128 512 or '[128,512]'")
     parser.add_argument("--budget_tokens", type=int, default=32768, help="scored tokens per length")
     parser.add_argument("--max_batch_tokens", type=int, default=16384, help="tokens per forward pass")
+    parser.add_argument("--same_target_anchors", type=int, default=SAME_TARGET_ANCHORS,
+                        help="windows per length of the same-target rise on a corpus (0: none; at most the blocks' "
+                        "own token budget)")
     parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/eval)")
     parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
     parser.add_argument("--rope_scaling", type=str | None, default=None,
@@ -51,6 +64,8 @@ def main(argv: list[str]) -> int:
                         help="the extension's factor s (default: s = T / L at each evaluation length T)")
     args = parser.parse_args(argv)
     multipliers, lengths = numbers(args.multipliers, "--multipliers"), numbers(args.lengths, "--lengths")
+    if args.same_target_anchors < 0:
+        raise UsageError(f"--same_target_anchors={args.same_target_anchors} is not valid; give 0 (none) or more")
     if any(m <= 0 for m in multipliers) or any(ln <= 0 or ln != int(ln) for ln in lengths or []):
         raise UsageError("evaluation lengths and multipliers must be positive (lengths: whole tokens), e.g. "
                          "--multipliers 1 2 4")
@@ -70,16 +85,24 @@ def main(argv: list[str]) -> int:
         with Console(stderr=True).status("evaluating"):
             results = evaluate_lengths(model, sets.blocks, train_length, args.max_batch_tokens, device=device,
                                        masks=sets.masks, depths=sets.depths, targets=sets.targets)
+            same = None  # on a corpus: every length scores the same targets too (answer tasks score answers)
+            if args.same_target_anchors and sets.masks is None and hasattr(dm, "val_stream"):
+                anchors = same_target_budget(args.same_target_anchors, lengths, args.budget_tokens)
+                same = evaluate_same_targets(model, dm.val_stream, lengths, train_length, anchors=anchors,
+                                             max_batch_tokens=args.max_batch_tokens, device=device)
         rows = [r.to_dict() for r in results]
         doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
                **provenance("eval", argv, ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
-               "final": {"step": state.get("global_step"), "lengths": rows}}
+               "final": {"step": state.get("global_step"), "lengths": rows,
+                         **({"same_targets": same} if same is not None else {})}}
         if scaling is not None:
             doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}
         label = model.scheme_config.label() if scaling is None else scaling.label()
         plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
         atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
     Console().print(nll_table({label: rows}, train_length))
+    if same is not None:
+        Console().print(rise_table({label: same}, train_length))
     if sets.masks is not None:  # a synthetic task scores answers: their accuracy too
         Console().print(nll_table({label: rows}, train_length, title="answer accuracy per length", field_="accuracy"))
     print(out / "extrapolation.json")

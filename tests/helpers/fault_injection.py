@@ -107,6 +107,7 @@ def numbers(path: Path) -> dict:
     doc = json.loads(path.read_text())
     for entry in [doc.get("final", {}), *doc.get("history", [])]:
         entry.pop("seconds", None)
+        entry.get("same_targets", {}).pop("seconds", None)
     return doc
 
 
