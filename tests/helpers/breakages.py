@@ -41,6 +41,18 @@ BREAKAGES = [
              'return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")',
              'return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").float()',
              ("tests/test_evaluation.py", "-k", "bf16")),
+    Breakage("same-target-unpaired", "each length's same-target windows end at anchors of their own (shifted by the "
+             "length): the lengths score different text again",
+             "accrot/evaluation.py",
+             "            chunk = torch.stack([stream[a - ln : a + 1] for a in batch]).to(device=device, dtype=torch.long)",
+             "            chunk = torch.stack([stream[a - ln - ln // 2 : a + 1 - ln // 2] for a in batch]).to("
+             "device=device, dtype=torch.long)",
+             ("tests/test_evaluation.py", "-k", "same_target or receptive")),
+    Breakage("same-target-rise-unpaired", "the rise's interval taken over each length's anchors separately (the "
+             "text's shared variance kept)",
+             "accrot/evaluation.py", "        diff = per_length[ln] - ref  # [n] paired per anchor",
+             "        diff = per_length[ln] - ref.mean() + (ref - ref.mean()).flip(0)  # [n] not paired",
+             ("tests/test_evaluation.py", "-k", "same_target or receptive")),
     Breakage("bootstrap-50", "the evaluation's 95 % bootstrap interval computed at 50 %",
              "accrot/evaluation.py", "torch.tensor([0.025, 0.975]", "torch.tensor([0.25, 0.75]",
              ("tests/test_evaluation.py",)),
