@@ -10,7 +10,7 @@ import io
 import json
 from pathlib import Path
 
-from accrot.study.results import Results, Run
+from accrot.study.results import Results, Run, final_lengths
 from accrot.study.variants import EXTENSIONS
 
 
@@ -39,7 +39,7 @@ def extension_runs(res: Results, console=None) -> list[Run]:
                                   f"from step {trained}", highlight=False)
                 continue
             out.append(Run(dataset=run.dataset, variant=label, seed=run.seed, run_dir=run.run_dir,
-                           lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
+                           lengths=final_lengths(doc),
                            train_length=int(doc["train_length"]), diagnostics=None))
     return out
 

@@ -102,6 +102,31 @@ def plot_nll(res: Results, dataset: str, path: Path, field_: str = "nll") -> Pat
     return path
 
 
+def plot_rise(res: Results, dataset: str, path: Path) -> Path | None:
+    """The same-target rise NLL(m) − NLL(1×) against length, mean ± std over seeds, one panel per family (None
+    when no run of ``dataset`` recorded one: an answer task, or runs from before it existed). The per-length
+    NLL beside it scores other text at each length; this one the same targets, with m·L tokens before them."""
+    mults = res.multipliers(dataset)
+    if not any(res.values(dataset, v, "same_target_rise", m) for v in res.variants(dataset) for m in mults):
+        return None
+    plt = pyplot()
+
+    def draw(ax, v: str, faint: bool) -> None:
+        _band(ax, v, [(m, res.values(dataset, v, "same_target_rise", m)) for m in mults], faint)
+
+    fig, axes = _family_panels(plt, res.variants(dataset), draw,
+                               f"{dataset_title(dataset)}: the same targets at every length, rise over 1×, "
+                               "mean ± std over seeds", "context length / training length L (dotted: L)",
+                               "NLL(m·L) − NLL(L) on the same targets (nats)")
+    for ax in axes:
+        _multiples_axis(ax)
+        ax.axvline(1, color="grey", ls=":", lw=1)
+        ax.axhline(0, color="grey", lw=0.8)
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
 def dataset_title(dataset: str) -> str:
     from accrot.study.variants import DATASET_TITLES
 

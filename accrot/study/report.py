@@ -22,6 +22,7 @@ from accrot.study.figures import (
     plot_horizon,
     plot_nll,
     plot_per_position,
+    plot_rise,
     plot_theory,
 )
 from accrot.study.results import Results, Run, collect, horizon, mean_of, times
@@ -205,6 +206,13 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
                 "", _table(res, dataset, "nll")]
         part += _answer_part(res, dataset)
         part += ["", f"![NLL vs length](nll_{dataset}.png)"]
+        rise = plot_rise(res, dataset, folder / f"rise_{dataset}.png")
+        if rise:
+            figures.append(rise)
+            part += ["", "The same targets at every length: NLL(m·L) − NLL(L) on the last L/4 tokens of windows ending "
+                     "at shared anchors, each with m·L tokens of context (the per-length blocks above score other "
+                     "text at each length, their 1× a cold start), mean ± std over seeds:", "",
+                     _table(res, dataset, "same_target_rise"), "", f"![same-target rise]({rise.name})"]
         heat = plot_depth_heatmap(res, dataset, folder / f"depth_{dataset}.png")
         if heat:
             figures.append(heat)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ class Run:
     variant: str
     seed: int
     run_dir: str
-    lengths: dict[float, dict[str, Any]]  # multiplier -> the extrapolation.json row
+    lengths: dict[float, dict[str, Any]]  # multiplier -> the extrapolation.json row (+ same_target_rise, _nll)
     train_length: int
     diagnostics: dict | None = None
     params: int | None = None  # trainable parameters (run.json)
@@ -205,6 +205,17 @@ def collect(spec, ref, corpus: str | None = None) -> Results:
     return Results(runs, corpus or theory_dataset(spec))
 
 
+def final_lengths(doc: Mapping[str, Any]) -> dict[float, dict[str, Any]]:
+    """An ``extrapolation.json``'s final rows by multiplier, each with its same-target rise and NLL where the
+    evaluation recorded them (``same_target_rise``, ``same_target_nll``)."""
+    lengths = {float(r["multiplier"]): dict(r) for r in doc["final"]["lengths"]}
+    for rise in (doc["final"].get("same_targets") or {}).get("lengths", []):
+        row = lengths.get(float(rise["multiplier"]))
+        if row is not None:
+            row["same_target_rise"], row["same_target_nll"] = rise["rise"], rise["nll"]
+    return lengths
+
+
 def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None:
     """A :class:`Run` from a run directory's files (None without its ``extrapolation.json``)."""
     ext = run_dir / "extrapolation.json"
@@ -217,7 +228,7 @@ def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None
     params, lr = info.get("parameters"), (info.get("hparams") or {}).get("lr")
     return Run(
         dataset=dataset, variant=variant, seed=seed, run_dir=str(run_dir),
-        lengths={float(r["multiplier"]): r for r in doc["final"]["lengths"]},
+        lengths=final_lengths(doc),
         train_length=int(doc["train_length"]),
         diagnostics=json.loads(diag_path.read_text()) if diag_path.is_file() else None,
         params=params if isinstance(params, int) else None,

@@ -136,7 +136,8 @@ def _curve_run(variant: str, seed: int, rise: float, dataset: str = "corpus", di
         nll = 2.0 + rise * math.log2(m) + 0.02 * seed
         buckets = [nll - 0.3 + rise * max(0.0, math.log2((i + 0.5) * 16 / L)) for i in range(int(m * L) // 16)]
         rows[m] = {"multiplier": m, "length": int(m * L), "nll": nll, "accuracy": 0.5, "bucket_width": 16,
-                   "bucket_nll": buckets}
+                   "bucket_nll": buckets, "same_target_rise": 1.5 * rise * math.log2(m) + 0.01 * seed * (m > 1),
+                   "same_target_nll": nll + 0.5 * rise * math.log2(m)}
     d = diagnostics(variant) if diag and variant in VARIANTS and dataset == "corpus" else None
     for c in (entry for layer in (d or {}).get("layers", []) for entry in layer["coherence"]):
         top = c["distances"][-1]  # a measured curve that dips below 0 far out, as noisy heads' do (wider ticks)
@@ -189,9 +190,10 @@ def _depth_and_state_study() -> Results:
 
 
 def _report_figures(res: Results, tmp: Path) -> None:
-    from accrot.study.figures import plot_horizon, plot_nll, plot_per_position, plot_theory
+    from accrot.study.figures import plot_horizon, plot_nll, plot_per_position, plot_rise, plot_theory
 
     plot_nll(res, "corpus", tmp / "nll_corpus.png")
+    plot_rise(res, "corpus", tmp / "rise_corpus.png")
     plot_per_position(res, "corpus", tmp / "per_position_corpus.png")
     plot_horizon(res, "corpus", tmp / "horizon_corpus.png")
     plot_theory(res, tmp)
@@ -221,8 +223,8 @@ def _demo_and_eval(res: Results, tmp: Path) -> None:
 
 
 FIGURES: dict[str, tuple[Callable, tuple[str, ...]]] = {
-    "report": (_report_figures, ("nll_corpus.png", "per_position_corpus.png", "horizon_corpus.png", "coherence.png",
-                                 "far_mass.png")),
+    "report": (_report_figures, ("nll_corpus.png", "rise_corpus.png", "per_position_corpus.png", "horizon_corpus.png",
+                                 "coherence.png", "far_mass.png")),
     "heatmaps": (_heatmaps, ("depth_passkey.png", "state_s3.png")),
     "demo-and-eval": (_demo_and_eval, ("demo.png", "extrapolation.png")),
 }
@@ -251,3 +253,42 @@ def test_the_curves_come_in_one_panel_per_family_with_the_baselines_faint_in_eac
         faint = [line for line in ax.get_lines() if line.get_alpha() is not None and line.get_alpha() < 1]
         assert len(faint) == (0 if labelled[0] in baselines else len(baselines))
         assert all(line.get_color() == look(v).color for line, v in zip(ax.get_lines()[len(faint):], labelled))
+
+
+def test_the_rise_figure_is_drawn_only_where_runs_recorded_the_same_targets(study, tmp_path):
+    from accrot.study.figures import plot_rise
+
+    assert plot_rise(study, "corpus", tmp_path / "rise.png") == tmp_path / "rise.png"
+    without = Results([Run(r.dataset, r.variant, r.seed, r.run_dir,
+                           {m: {k: v for k, v in row.items() if not k.startswith("same_target")}
+                            for m, row in r.lengths.items()}, r.train_length) for r in study.runs])
+    assert plot_rise(without, "corpus", tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
+
+
+def test_a_run_reads_its_same_target_rise_beside_each_length_and_the_report_shows_it(tmp_path):
+    """read_run puts extrapolation.json's same-target rise on each length's row; the report draws and tables it."""
+    import json
+
+    from accrot.study.report import write_report
+    from accrot.study.results import read_run
+
+    rows, rises = [], []
+    for m in (1.0, 2.0, 4.0):
+        rows.append({"multiplier": m, "length": int(m * L), "nll": 2.0 - 0.01 * m, "accuracy": 0.5,
+                     "bucket_width": 16, "bucket_nll": [2.0] * int(m * L // 16)})
+        rises.append({"length": int(m * L), "multiplier": m, "nll": 2.1 + 0.1 * (m - 1), "rise": 0.1 * (m - 1),
+                      "rise_ci": [0.1 * (m - 1) - 0.01, 0.1 * (m - 1) + 0.01], "anchor_nll": [2.0, 2.2]})
+    runs = []
+    for v in ("NoPE", "RoPE"):
+        folder = tmp_path / v
+        folder.mkdir()
+        (folder / "extrapolation.json").write_text(json.dumps(
+            {"train_length": L, "final": {"step": 3, "lengths": rows,
+                                          "same_targets": {"k": L // 4, "anchors": 2, "lengths": rises}}}))
+        runs.append(read_run(folder, "corpus", v, 0))
+    assert runs[0].lengths[4.0]["same_target_rise"] == pytest.approx(0.3)
+    assert runs[0].lengths[2.0]["same_target_nll"] == pytest.approx(2.2) and runs[0].lengths[2.0]["nll"] == 1.98
+    report = write_report(Results(runs), tmp_path / "report", {})
+    text = report.read_text()
+    assert "![same-target rise](rise_corpus.png)" in text and (tmp_path / "report" / "rise_corpus.png").is_file()
+    assert "| NoPE |" in text.split("The same targets at every length")[1]
