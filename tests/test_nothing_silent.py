@@ -246,3 +246,20 @@ def test_report_on_a_read_only_storage_says_so_in_one_line(read_only_folder, tmp
         f"accrot: error: storage 'sqlite:///{folder}/study.db' is read-only (Optuna writes to a storage when it "
         "opens one, even to read it); copy the database to a writable folder and pass that as --storage"]
     assert not (tmp_path / "out").exists()
+
+
+def test_make_dashboard_of_a_missing_study_is_one_line_naming_it():
+    """The Makefile checks the study's storage before starting optuna-dashboard (which would print tracebacks):
+    one line of its own (make adds its 'Error 2' line), exit status 2, nothing started."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["make", "-s", "-o", ".venv/.installed", "dashboard", "STUDY=no-such-study-here"],
+                          cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    ours = [line for line in done.stderr.splitlines() if not line.startswith("make: ***")]
+    assert len(ours) == 1 and ours[0].startswith("make dashboard: no study 'no-such-study-here' here")
+    assert "run make sweep SWEEP=no-such-study-here first, or pass STORAGE=url" in ours[0]
