@@ -202,7 +202,8 @@ class ExtrapolationCallback(Periodic):
     def _same_targets(self, dm, pl_module) -> dict | None:
         """The same-target rise on a corpus (every token scored); None for a task that scores answers only, whose
         targets are its answers, or with ``same_target_anchors=0``."""
-        if not self.same_target_anchors or not hasattr(dm, "val_stream") or self._sets.masks is not None:
+        # answers first: a task's data module may have no token stream at all (hasattr would raise its error)
+        if not self.same_target_anchors or self._sets.masks is not None or not hasattr(dm, "val_stream"):
             return None
         t0 = time.perf_counter()
         lengths = self.lengths_for(self.train_length)
