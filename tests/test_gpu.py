@@ -22,6 +22,7 @@ from accrot.bench.grid import Cell, grid
 from accrot.cli import main
 from accrot.run.args import CONFIG_DIR
 from tests.helpers.fault_injection import numbers, rows
+from tests.helpers.fla import needs_fla
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -105,14 +106,7 @@ def test_training_draws_on_cuda_never_touch_the_host():
     assert not copies, copies
 
 
-FLA_PROBLEM = None
-if torch.cuda.is_available():
-    from accrot.ops.path import fla_problem
-
-    FLA_PROBLEM = fla_problem("cuda")
-
-
-@pytest.mark.skipif(FLA_PROBLEM is not None, reason=FLA_PROBLEM or "fla")
+@needs_fla  # an fla that is installed and broken fails here: only a missing one skips
 @pytest.mark.parametrize("far_mass", ["none", "forget"], ids=["PaTH", "PaTH-FoX"])
 @pytest.mark.parametrize("config", SHIPPED)
 @pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")

@@ -1,5 +1,7 @@
-"""``make gpu-check`` (tests/helpers/gpu_check.py) where there is no GPU: the one line and exit 0, the make target, the
-report written from fake section results, the budget split, and the plumbing of the sections a CPU can run."""
+"""``make gpu-check`` (tests/helpers/gpu_check.py) where there is no GPU: the one line, a report that says "skipped: no
+CUDA" per section, exit 0; the make target; the report written from fake section results, and rewritten after
+every section; the budget split; how each section's outcome is judged (a skip, an fla cell that erred, a rotation
+that was not compiled is not a pass); and the plumbing of the sections a CPU can run."""
 
 from __future__ import annotations
 
@@ -16,13 +18,18 @@ from tests.helpers import gpu_check
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_without_cuda_it_says_so_in_one_line_and_exits_0():
+def test_without_cuda_it_says_so_in_one_line_and_the_report_skips_every_section(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, whatever the machine has
-    done = subprocess.run([sys.executable, "tests/helpers/gpu_check.py"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "tests/helpers/gpu_check.py", "--out", str(tmp_path)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [gpu_check.NO_CUDA]
     assert gpu_check.NO_CUDA.startswith("gpu-check: no CUDA device") and "nothing to check" in gpu_check.NO_CUDA
+    text = (tmp_path / "REPORT.md").read_text()
+    assert "overall: **nothing checked**" in text and "0/6 sections passed" in text
+    for name, _ in gpu_check.PLAN:
+        assert f"## {gpu_check.TITLES[name]}\n\n**skipped: no CUDA**" in text
+    assert "**passed**" not in text and "| passed |" not in text
 
 
 def test_make_target_runs_the_script():
@@ -34,7 +41,7 @@ def test_make_target_runs_the_script():
 
 
 ENV = {"gpu": "NVIDIA H200", "torch": "2.13.0+cu128", "cuda": "12.8", "triton": "3.9.0",
-       "flash-linear-attention": "0.6.0", "fla_path_kernel": "ok"}
+       "fla-core": "0.6.0", "fla_path_kernel": "ok"}
 
 
 def fake_sections() -> list[dict]:
@@ -78,11 +85,11 @@ def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkey
     assert gpu_check.run_all(500.0, tmp_path) == 0
     assert list(budgets) == [name for name, _ in gpu_check.PLAN]
     # each section gets its share of what is left: the first its share of all, the last what the others left
-    assert budgets["pytest"] == pytest.approx(500 * gpu_check.PLAN[0][1], abs=0.5)
+    assert budgets[gpu_check.PLAN[0][0]] == pytest.approx(500 * gpu_check.PLAN[0][1], abs=0.5)
     assert budgets[gpu_check.PLAN[-1][0]] == pytest.approx(500, abs=0.5)  # the fakes took no time
     assert all(b <= 500 for b in budgets.values())
     text = (tmp_path / "REPORT.md").read_text()
-    assert "overall: **passed**" in text and "5/5 sections passed" in text
+    assert "overall: **passed**" in text and "6/6 sections passed" in text
 
 
 def test_a_failed_section_is_exit_1_and_no_time_left_skips(tmp_path, monkeypatch):
@@ -94,6 +101,66 @@ def test_a_failed_section_is_exit_1_and_no_time_left_skips(tmp_path, monkeypatch
     assert gpu_check.run_all(500.0, tmp_path) == 1
     assert gpu_check.run_all(20.0, tmp_path) == 1  # 20 s: every share is under 15 s
     assert "no time left in the budget" in (tmp_path / "REPORT.md").read_text()
+
+
+def test_the_report_is_rewritten_after_every_section_and_names_the_running_one(tmp_path, monkeypatch):
+    """A check stopped from outside keeps what it measured: while a section runs, REPORT.md already holds every
+    earlier section's result and names the running one."""
+    seen = {}
+
+    def child(name, budget, out):
+        seen[name] = (out / "REPORT.md").read_text()
+        return {"name": name, "status": "passed", "seconds": 1.0, "budget_s": round(budget), "summary": f"{name} ok"}
+
+    monkeypatch.setattr(gpu_check, "run_child", child)
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    gpu_check.run_all(500.0, tmp_path)
+    first, second = gpu_check.PLAN[0][0], gpu_check.PLAN[1][0]
+    assert f"**passed** — {first} ok" in seen[second] and f"## {gpu_check.TITLES[second]}\n\n**running**" in seen[second]
+    assert "overall: **not all passed**" in seen[second]  # a report stopped here does not read as a pass
+
+
+def test_a_skipped_test_fails_the_pytest_section_and_a_stopped_pytest_keeps_its_counts(tmp_path):
+    junit = tmp_path / "pytest.xml"
+    junit.write_text('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="1">'
+                     '<testcase classname="tests.ops.test_path" name="test_fla_matches_chunked[f32]">'
+                     '<skipped message="fla-core is not installed"/></testcase>'
+                     '<testcase classname="a" name="b"/><testcase classname="a" name="c"/></testsuite></testsuites>')
+    doc = gpu_check.pytest_outcome(junit, "", 0, 100)
+    assert doc["status"] == "failed" and "2 passed, 0 failed, 1 skipped" in doc["summary"]
+    assert doc["tables"] == [("skipped (did not run)", [{"test": "tests.ops.test_path::test_fla_matches_chunked[f32]",
+                                                          "reason": "fla-core is not installed"}])]
+    junit.unlink()  # pytest stopped at its budget: the -v lines it printed are the result so far
+    log = "tests/a.py::test_x PASSED [ 10%]\ntests/a.py::test_y FAILED [ 20%]\ntests/a.py::test_z PASSED [ 30%]\n"
+    doc = gpu_check.pytest_outcome(junit, log, None, 100)
+    assert doc["status"] == "timed out" and doc["summary"].startswith("2 passed, 1 failed, 0 skipped before pytest")
+    assert doc["tables"][0][1] == [{"test": "tests/a.py::test_y", "message": "FAILED"}]
+
+
+def _path_row(T, mode, fla="ok", fla_s=0.01):
+    return {"T": T, "mode": mode, "chunked_s": 0.02, "fla_s": fla_s, "fla": fla}
+
+
+@pytest.mark.parametrize("doc, status, words", [
+    ({"fla": "ok", "kernels": [_path_row(4096, "fwd"), _path_row(4096, "fwd+bwd")], "memory": []}, "passed",
+     "chunked vs fla in 2 cells"),
+    ({"fla": "ok", "kernels": [_path_row(4096, "fwd"),
+                               _path_row(4096, "fwd+bwd", "AssertionError: w, beta should be float32", None)],
+      "memory": []}, "failed", "fla failed in 1 of 2 cells: T=4096 fwd+bwd: AssertionError: w, beta"),
+    ({"fla": "kernel='fla' needs fla's ops", "kernels": [_path_row(4096, "fwd", "kernel='fla' needs", None)],
+      "memory": []}, "failed", "fla did not run: kernel='fla' needs fla's ops"),
+], ids=["fla-ran", "a-cell-erred", "no-fla"])
+def test_the_path_section_passes_only_where_fla_ran_in_every_cell(doc, status, words):
+    outcome = gpu_check.path_outcome(doc)
+    assert outcome["status"] == status and words in outcome["summary"]
+
+
+def test_the_kernels_section_fails_where_the_rotation_was_not_compiled():
+    rows = [{"cell": "a", "compiled_ms": 1.0, "eager_ms": 2.0, "compiled_vs_eager": 0.5},
+            {"cell": "b", "compiled_ms": 2.0, "eager_ms": 2.0, "note": "not compiled: rotate+: FailOnRecompileLimitHit"}]
+    assert gpu_check.kernels_outcome(rows[:1])["status"] == "passed"
+    doc = gpu_check.kernels_outcome(rows)
+    assert doc["status"] == "failed" and "not compiled or not measured: b" in doc["summary"]
 
 
 def test_a_child_that_writes_no_result_is_a_failure_with_its_log(tmp_path, monkeypatch):

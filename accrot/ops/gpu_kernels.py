@@ -7,23 +7,30 @@ returns an object with ``rotate``, ``rotate_backward``, ``accumulate_wrap`` and 
 ``torch.ops.accrot_cpu``), or None, in which case :mod:`accrot.ops.rotary` runs its eager formulas.
 ``ACCROT_GPU_KERNELS`` chooses:
 
-* ``auto`` (default): compile on first use where Triton is installed; if compiling fails, say so once on stderr
-  and run the same formulas eagerly (:data:`EAGER`);
+* ``auto`` (default): compile on first use where Triton is installed; if compiling fails, warn once (a
+  ``RuntimeWarning`` naming the error, kept in :func:`failure`; :func:`describe` then says ``eager``) and run the
+  same formulas eagerly (:data:`EAGER`) for the rest of the process;
 * ``off``: always eager (to compare: ``make gpu-check`` times both and reports which is faster);
-* ``on``: compile or raise.
+* ``on``: compile or raise, whatever failed earlier in the process.
 
 Each op is compiled once per Python-level variant (sign of the rotation, which outputs are wanted, an offset or
-none) with dynamic shapes, so new lengths never recompile and no variant meets dynamo's recompile limit. The
-formulas here are also the eager fallback, and ``tests/ops/test_rotary.py`` checks both against the twins.
+none) with dynamic shapes, so new lengths never recompile. What does make dynamo compile another graph is each
+distinct value of what it specialises on: a size-1 dimension (cos/sin shared over the batch and heads, or not;
+batch 1 at evaluation), the dtype (float64 in tests), autocast on or off, inference mode. A run meets a handful of
+these, more than dynamo's default limit of 8 graphs per function, which with ``fullgraph=True`` raises; so each
+variant gets its own limit, :data:`RECOMPILE_LIMIT`, above every combination of them (2⁵ = 32).
+``tests/ops/test_gpu_kernels.py`` counts the graphs on Inductor's CPU backend. The formulas here are also the
+eager fallback, and ``tests/ops/test_rotary.py`` checks both against the twins.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
-import sys
 import threading
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -32,6 +39,7 @@ TWO_PI = 2.0 * math.pi
 _lock = threading.Lock()
 _state: dict[str, object] = {"failed": None}
 _compiled: dict[tuple, Callable] = {}
+RECOMPILE_LIMIT = 64  # graphs per variant: above the 32 combinations of what dynamo specialises on (docstring)
 
 
 def mode() -> str:
@@ -96,37 +104,62 @@ VARIANTS: dict[str, Callable] = {
 EAGER = VARIANTS  # the same callables, uncompiled
 
 
+def _compile(fn: Callable) -> Callable:
+    """``torch.compile`` of one variant with its own :data:`RECOMPILE_LIMIT` (torch's ``recompile_limit``
+    argument; a torch without it runs each call under the same limit set on dynamo's config)."""
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        return torch.compile(fn, dynamic=True, fullgraph=True, recompile_limit=RECOMPILE_LIMIT)
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+
+    def limited(*args):
+        with torch._dynamo.config.patch(recompile_limit=max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)):
+            return compiled(*args)
+
+    return limited
+
+
 def _compiled_variant(name: str) -> Callable:
     fn = _compiled.get(name)
     if fn is None:
         with _lock:
             fn = _compiled.get(name)
             if fn is None:
-                fn = torch.compile(VARIANTS[name], dynamic=True, fullgraph=True)
+                fn = _compile(VARIANTS[name])
                 _compiled[name] = fn
     return fn
 
 
 def _call(name: str, *args):
-    """Run variant ``name`` compiled; on a compile failure under ``auto``, say so once and run it eagerly.
+    """Run variant ``name`` compiled; on a compile failure under ``auto``, warn once, record it and run it (and
+    every later call) eagerly; under ``on`` always compiled, a failure raised.
 
     The autograd nodes call these inside their forward and backward, where gradients are their own business:
     the inputs go in detached (saved outputs are non-leaf tensors that require grad, which dynamo would inspect)."""
     args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-    if _state["failed"] is None:
+    strict = mode() == "on"
+    if strict or _state["failed"] is None:
         try:
             return _compiled_variant(name)(*args)
         except torch.OutOfMemoryError:
             raise  # the data's size, not the compiler: eager would not fit either
         except Exception as exc:  # noqa: BLE001 - a missing or broken compiler must not stop training
-            if mode() == "on":
+            if strict:
                 raise
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            _state["failed"] = text
-            print(f"accrot: torch.compile of the rotation kernels failed ({type(exc).__name__}: {text}); using the "
-                  "eager rotation path (same math, more kernel launches). ACCROT_GPU_KERNELS=on shows the error",
-                  file=sys.stderr)
+            _fall_back(name, exc)
     return EAGER[name](*args)
+
+
+def _fall_back(name: str, exc: Exception) -> None:
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    _state["failed"] = f"{name}: {type(exc).__name__}: {text}"
+    warnings.warn(f"accrot: torch.compile of the rotation kernels failed ({_state['failed']}); the rest of this "
+                  "process runs the eager rotation path (same math, more kernel launches); "
+                  "ACCROT_GPU_KERNELS=on raises the error instead", RuntimeWarning, stacklevel=3)
+
+
+def failure() -> str | None:
+    """The compile failure that sent this process to the eager rotation path (``auto``), as one line; else None."""
+    return _state["failed"]  # type: ignore[return-value]
 
 
 class CompiledOps:
@@ -170,10 +203,10 @@ def available() -> bool:
 
 
 def ops() -> CompiledOps | None:
-    """The compiled ops, or None (``ACCROT_GPU_KERNELS=off``, no Triton under ``auto``, or a compile that
-    failed earlier in this process). With ``on`` and no Triton, raises RuntimeError."""
+    """The compiled ops, or None (``ACCROT_GPU_KERNELS=off``, no Triton under ``auto``, or under ``auto`` a compile
+    that failed earlier in this process). With ``on`` and no Triton, raises RuntimeError."""
     chosen = mode()
-    if chosen == "off" or _state["failed"] is not None:
+    if chosen == "off" or (chosen == "auto" and _state["failed"] is not None):
         return None
     if not _have_triton():
         if chosen == "on":
@@ -186,4 +219,4 @@ def describe(device: torch.device | str) -> str:
     """Which SO(2) rotation path runs on the accelerator ``device``: ``compiled`` or ``eager``."""
     if torch.device(device).type == "cpu":
         raise ValueError("gpu_kernels.describe is for accelerators; the CPU's is cpu_kernels.describe")
-    return "compiled" if available() and _state["failed"] is None else "eager"
+    return "compiled" if available() and (mode() == "on" or _state["failed"] is None) else "eager"

@@ -15,9 +15,10 @@ Implementations (compared on outputs and gradients in ``tests/ops/test_path.py``
 * :func:`naive_path_attention_recurrence`: each query walks back one token per step, u ← H_j u, vector ops only
   (``kernel="recurrent"``, for debugging).
 * :func:`naive_path_attention_products`: explicit D×D path products and a plain softmax (tiny T only).
-* ``kernel="fla"``: the Triton kernel of ``fla`` (flash-linear-attention), CUDA only, pinned by the ``gpu`` extra
-  (``pip install -e '.[gpu]'``); w in q's dtype, β and the gate in float32; a missing CUDA device, Triton or fla
-  is one :class:`~accrot.errors.ConfigError` line (:func:`fla_problem`).
+* ``kernel="fla"``: the Triton kernel of ``fla`` (``fla-core``, the ops of flash-linear-attention), CUDA only,
+  pinned by the ``gpu`` extra (``pip install -e '.[gpu]'``); q, k, v in q's dtype, w, β and the gate in float32
+  (as fla asserts); a missing CUDA device, Triton or fla, or an fla that does not import, is one
+  :class:`~accrot.errors.ConfigError` line (:func:`fla_problem`).
 
 The Householder math (w, β, transports, UT transform) and the softmax run in float32 or wider whatever the input
 dtype (autocast is disabled inside); the output has q's dtype. Cumulative log-decays are summed in float64.
