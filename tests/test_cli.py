@@ -268,8 +268,17 @@ def test_eval_rejects_a_checkpoint_whose_weights_do_not_fit(trained_run, tmp_pat
     [["--model.scheme.rotation=rope", "--model.scheme.far_mass=alibi"],
      ["--model.scheme.rotation=accum", "--model.scheme.increments=learned", "--model.scheme.rotate_values=true",
       "--model.scheme.far_mass=forget"],
-     ["--model.scheme.rotation=path", "--model.scheme.far_mass=forget"]],
-    ids=["rope-alibi", "accum-learned-values-forget", "path-forget"],
+     ["--model.scheme.rotation=path", "--model.scheme.far_mass=forget"],
+     # every PaTH and learned-increment cell: their projections (w, β, the increments) run float32 under autocast
+     ["--model.scheme.rotation=path"],
+     ["--model.scheme.rotation=path", "--model.scheme.far_mass=alibi"],
+     ["--model.scheme.rotation=accum", "--model.scheme.increments=learned"],
+     ["--model.scheme.rotation=accum", "--model.scheme.increments=learned", "--model.scheme.learned_form=plain"],
+     ["--model.scheme.rotation=accum", "--model.scheme.increments=learned", "--model.scheme.rotate_values=true"],
+     ["--model.scheme.rotation=accum", "--model.scheme.increments=learned", "--model.scheme.rotate_values=true",
+      "--model.scheme.far_mass=alibi"]],
+    ids=["rope-alibi", "accum-learned-values-forget", "path-forget", "path", "path-alibi", "accum-learned",
+         "accum-learned-plain", "accum-learned-values", "accum-learned-values-alibi"],
 )
 @pytest.mark.filterwarnings("ignore:Precision bf16-mixed is not supported by the model summary")
 def test_bf16_mixed_precision_runs_every_kernel(scheme, tmp_path):
