@@ -276,7 +276,19 @@ def main(argv: list[str]) -> int:
     console.print(machine_line(info), highlight=False)  # beside the tables, whatever stream they go to
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
-    return 0
+    return _failed_cells(report, progress)
+
+
+def _failed_cells(report: dict[str, Any], console) -> int:
+    """1 (with one line naming the first) when an installed fla raised in a PaTH cell, else 0: the report keeps
+    the error in its cell, and the exit status says the run did not measure what it set out to."""
+    failed = [r for r in (report.get("path") or {}).get("kernels", []) if r.get("fla_failed")]
+    if not failed:
+        return 0
+    first = failed[0]
+    console.print(f"accrot bench path: fla failed in {len(failed)} cell(s); first at T {first['T']} "
+                  f"{first['mode']}: {first['fla']}", highlight=False)
+    return 1
 
 
 def _progress(progress, device: str, info: dict[str, Any]):

@@ -288,6 +288,7 @@ def bench_kernels_cuda(
                 if kernel != "fla":
                     raise
                 row["fla"] = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
+                row["fla_failed"] = True  # the command reports it and exits 1 (a table cell alone would hide it)
         if row["chunked_s"] and row["fla_s"]:
             row["fla_speedup"] = row["chunked_s"] / row["fla_s"]
         rows.append(row)

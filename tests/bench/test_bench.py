@@ -372,3 +372,22 @@ def test_a_failing_subnormal_side_raises_with_its_reason():
     cells = [Cell("none"), Cell("accum", "forget", True, "learned")]
     with pytest.raises(RuntimeError, match=r"the subnormal bench's keep side failed \(exit 1\): .*even"):
         run_subnormals(cells, {"B": 1, "H": 2, "T": 32, "D": 7}, 1, 0, log=lambda _: None)
+
+
+def test_an_fla_cell_that_raised_makes_the_path_bench_exit_1_with_its_reason(monkeypatch, tmp_path, capsys):
+    """The report keeps fla's error in its cell, and the command says so and exits 1 (a passing exit status
+    would hide that fla never ran there); the JSON is still written."""
+    from accrot.bench import command
+
+    rows = [{"T": 512, "mode": "fwd", "chunked_s": 0.01, "fla_s": None, "fla": "ok"},
+            {"T": 512, "mode": "fwd+bwd", "chunked_s": 0.02, "fla_s": None, "fla_failed": True,
+             "fla": "AssertionError: w, beta should be float32"}]
+    monkeypatch.setattr(command, "run_path", lambda *a, **kw: {"device": "cuda", "kernels": rows, "memory": []})
+    out = tmp_path / "path.json"
+    assert command.main(["path", f"--out={out}"]) == 1
+    assert json.loads(out.read_text())["kernels"][1]["fla_failed"] is True
+    err = capsys.readouterr().err
+    assert "accrot bench path: fla failed in 1 cell(s); first at T 512 fwd+bwd: AssertionError: w, beta should be " \
+           "float32" in " ".join(err.split())
+    rows[1].pop("fla_failed")
+    assert command.main(["path", f"--out={out}"]) == 0
