@@ -501,11 +501,10 @@ def rise_table(rises: Mapping[str, Mapping], train_length: int,
     table.add_column("scheme")
     for ln in lengths:
         table.add_column(f"{ln / train_length:g}×", justify="right")
-    for label, same in rises.items():
+    for label, same in rises.items():  # the rise, then its interval's half-width under it (80 columns hold both)
         by_len = {r["length"]: r for r in same["lengths"]}
-        cells = []
-        for ln in lengths:
-            r = by_len.get(ln)
-            cells.append("-" if r is None else f"{r['rise']:+.3f}±{(r['rise_ci'][1] - r['rise_ci'][0]) / 2:.3f}")
-        table.add_row(label, *cells)
+        rows = [by_len.get(ln) for ln in lengths]
+        table.add_row(label, *("-" if r is None else f"{r['rise']:+.3f}" for r in rows))
+        table.add_row("  ± 95 %", *("" if r is None else f"±{(r['rise_ci'][1] - r['rise_ci'][0]) / 2:.3f}"
+                                    for r in rows), style="dim")
     return table
