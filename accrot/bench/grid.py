@@ -4,6 +4,7 @@ interleaved timing that makes ratios to NoPE robust on a shared machine."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import random
@@ -52,12 +53,10 @@ class Cell:
         if self.layer_pattern is not None:  # a list from JSON (the evaluation children): hashable again
             object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
-        rot = self.rotation if self.increments is None else f"{self.rotation}:{self.increments}"
-        name = f"{rot}/{self.far_mass}" + ("+v" if self.rotate_values else "")
-        name += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
-        return name + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
+        """The scheme's one name (:meth:`SchemeConfig.label`), e.g. ``accum:learned/forget+values``."""
+        return self.scheme().label()
 
     @property
     def plain(self) -> bool:

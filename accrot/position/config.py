@@ -282,14 +282,19 @@ class SchemeConfig:
         return replace(self, rotation="none", increments=None, rotate_values=False, layer_pattern=None)
 
     def label(self) -> str:
-        """The cell of the ablation grid, ``rotation[:increments]/far_mass[+values][+gate][(pattern)]``:
-        ``accum:learned/forget+values``, ``rope/ssmax``, ``rope/none+gate`` (``+headgate``: one gate per head),
-        ``rope/none(cell,none)`` (every 2nd layer NoPE; parentheses: rich's tables read brackets as markup).
-        Figures, tables, sweeps and error messages name a scheme by it."""
-        rotation = f"{self.rotation}:{self.increments}" if self.increments else self.rotation
-        label = f"{rotation}/{self.far_mass}" + ("+values" if self.rotate_values else "")
-        label += {"none": "", "elementwise": "+gate", "headwise": "+headgate"}[self.output_gate]
-        return label + (f"({','.join(self.layer_pattern)})" if self.layer_pattern else "")
+        """The scheme's one name (:func:`accrot.position.naming.label`): its cell of the ablation grid,
+        ``rotation[:increments]/far_mass[+values][+gate][(pattern)]``, and in braces every setting that makes it
+        another scheme than the cell's reference (``rope/none{base500000}``). Figures, tables, sweeps, the bench and
+        error messages name a scheme by it; its run folder (:meth:`run_name`) spells the same tokens."""
+        from accrot.position.naming import label
+
+        return label(self)
+
+    def run_name(self) -> str:
+        """The folder name of a run of this scheme: the tokens of :meth:`label` joined by ``-``."""
+        from accrot.position.naming import run_name
+
+        return run_name(self)
 
     def ignored(self) -> list[tuple[str, str]]:
         """``(field, who reads it)`` for every option set to other than its default that this scheme never reads

@@ -12,44 +12,17 @@ from pathlib import Path
 
 from accrot.errors import UsageError
 
-# accum's increment options that make another kind of cell (the ablation's drift control, the frequency ladder, ...):
-# the name carries them when they differ from the default, so two different cells never share a folder
 NAME_MAX = 255  # bytes in one folder name on Linux's and macOS's filesystems
-_NAMED_INCREMENT_OPTIONS = {"increment_mean": "zero", "increment_spread": "constant", "increment_family": "gaussian"}
 
 
 def default_run_name(scheme) -> str:
-    """The folder name of a run of ``scheme`` (a SchemeConfig) under ``--root``: its cell,
-    ``rotation[-increments]-far_mass[-values]`` (``rope-none``, ``accum-learned-forget-values``), plus every setting
-    that makes it another scheme than the cell's reference: the accum options that change what the increments are
-    (``-mean_rope``, ``-spread_ladder``, ``-family_uniform``), a learned or PaTH projection other than the reference
-    implementation's (``-plain``, ``-rank0``, ``-conv0``, ``-noladder``, ``-ladder10000``, ``-torchinit``), the
-    ALiBi-initialised forget gate (``-alibi_init``), a RoPE base other than 10000 (``rope-none-base500000``), an
-    output gate (``-gate``, ``-headgate``) and a per-layer pattern (``-layers_cell_none``). Two different cells
-    never share a folder."""
-    from accrot.position.config import REFERENCE
-
-    parts = [scheme.rotation, scheme.increments, scheme.far_mass, "values" if scheme.rotate_values else None]
-    if scheme.rotation == "accum":
-        parts += [f"{k.removeprefix('increment_')}_{getattr(scheme, k)}" for k, off in _NAMED_INCREMENT_OPTIONS.items()
-                  if getattr(scheme, k) != off]
-    part = scheme.increments if scheme.rotation == "accum" else scheme.rotation
-    if part == "learned" and scheme.learned_form != "selective":
-        parts.append(scheme.learned_form)
-    for name, ref in REFERENCE.get(part, {}).items():
-        value = getattr(scheme, name)
-        if value != ref:
-            short = {"increment_rank": "rank", "path_rank": "rank", "conv_size": "conv", "ladder_base": "ladder"}
-            parts.append(("ladder" if value else "noladder") if name == "learned_ladder" else f"{short[name]}{value:g}")
-    if part in ("learned", "path") and scheme.learned_init_std != 0.02:
-        parts.append("torchinit" if scheme.learned_init_std is None else f"init{scheme.learned_init_std:g}")
-    if scheme.far_mass == "forget" and scheme.forget_init != "fox":
-        parts.append(f"{scheme.forget_init}_init")
-    if scheme.rotation == "rope" and scheme.rope_base != 10000.0:
-        parts.append(f"base{scheme.rope_base:g}")
-    parts.append({"none": None, "elementwise": "gate", "headwise": "headgate"}[scheme.output_gate])
-    parts.append("layers_" + "_".join(scheme.layer_pattern) if scheme.layer_pattern else None)
-    return "-".join(p for p in parts if p)
+    """The folder name of a run of ``scheme`` (a SchemeConfig) under ``--root``: its one name spelled as a folder
+    (:meth:`SchemeConfig.run_name`), ``rotation[-increments]-far_mass[-values]`` (``rope-none``,
+    ``accum-learned-forget-values``) plus every setting that makes it another scheme than the cell's reference
+    (``-mean_rope``, ``-plain``, ``-rank0``, ``-torchinit``, ``-alibi_init``, ``-base500000``, ...), an output gate
+    (``-gate``, ``-headgate``) and a per-layer pattern (``-layers_cell_none``). Two different cells never share a
+    folder."""
+    return scheme.run_name()
 
 
 def check_run_name(root: str, name: str) -> None:

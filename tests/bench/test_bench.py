@@ -36,7 +36,7 @@ def test_grid_has_every_built_cell_once_nope_first():
     assert len(plain) == far * sum(per_rotation[r] for r in ROTATIONS)
     # beyond the grid: the output gate once per rotation kind (and headwise on NoPE), NoPE/RoPE interleaving
     extra = [c.name for c in cells if not c.plain]
-    assert extra == ["none/none+gate", "none/none+headgate", "rope/none+gate", "accum:learned/none+v+gate",
+    assert extra == ["none/none+gate", "none/none+headgate", "rope/none+gate", "accum:learned/none+values+gate",
                      "path/none+gate", "rope/none(cell,none)"]
     assert all(c.rotation in ("rope", "accum") for c in cells if c.rotate_values)
     assert {c.increments for c in cells if c.rotation == "accum"} <= {"random_position", "learned"}
@@ -83,7 +83,7 @@ def test_quick_schemes_report(tmp_path):
             for size, res in row["train"].items():
                 assert targets[f"train {size}"]["value"] == res["ratio"] and targets[f"train {size}"]["limit"] == limit
                 # learned increments carry their measured floor: RoPE's ratio (same values setting) + the projection
-                rope = by_name["rope/none" + ("+v" if cell.rotate_values else "")]["train"][size]["ratio"]
+                rope = by_name["rope/none" + ("+values" if cell.rotate_values else "")]["train"][size]["ratio"]
                 floor = res.get("floor")
                 assert (floor is not None) == (cell.increments == "learned"), cell.name
                 if floor is not None:
@@ -275,7 +275,7 @@ def test_learned_floor_is_rope_plus_the_projection_and_the_verdict_names_it():
     def res(ratio):
         return {"ratio": ratio, "ratio_of_min": ratio - 0.01}
 
-    train = {"rope/none": res(1.02), "rope/none+v": res(1.04), PROJECTION: res(0.03)}
+    train = {"rope/none": res(1.02), "rope/none+values": res(1.04), PROJECTION: res(0.03)}
     learned, learned_v = Cell("accum", increments="learned"), Cell("accum", rotate_values=True, increments="learned")
     assert learned_floor(learned, train) == pytest.approx(
         {"ratio": 1.05, "ratio_of_min": 1.03, "rope": 1.02, "projection": 0.03})
@@ -353,7 +353,7 @@ def test_subnormal_table_runs_each_side_in_its_own_float_mode():
     doc = run_subnormals(cells, {"B": 1, "H": 2, "T": 32, "D": 8}, repeats=1, seed=0, log=lambda _: None)
     chosen = [c.name for c in subnormal_cells(cells)]
     assert doc["cells"] == chosen and chosen[0] == "none/none"
-    assert {"none/alibi", "none/forget", "path/none", "path/forget", "accum:learned/forget+v"} <= set(chosen)
+    assert {"none/alibi", "none/forget", "path/none", "path/forget", "accum:learned/forget+values"} <= set(chosen)
     assert doc["sides"]["keep"]["denormals"] == "IEEE" and doc["sides"]["flush"]["denormals"] == "flushed"
     assert [r["variant"] for r in doc["rows"]] == chosen
     for row in doc["rows"]:

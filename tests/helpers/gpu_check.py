@@ -421,10 +421,10 @@ def section_kernels(budget: float, out: Path) -> dict[str, Any]:
     from accrot.ops import gpu_kernels
     from accrot.position import SchemeConfig
 
-    cells = {"accum:learned/none+v": dict(rotation="accum", increments="learned", rotate_values=True),
-             "accum:learned/forget+v": dict(rotation="accum", increments="learned", rotate_values=True,
+    cells = {"accum:learned/none+values": dict(rotation="accum", increments="learned", rotate_values=True),
+             "accum:learned/forget+values": dict(rotation="accum", increments="learned", rotate_values=True,
                                             far_mass="forget"),
-             "rope/none+v": dict(rotation="rope", rotate_values=True)}
+             "rope/none+values": dict(rotation="rope", rotate_values=True)}
     deadline = time.monotonic() + budget - 5
     rows = []
     tokens = torch.randint(0, 256, (32, 513), device="cuda")
