@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     answered = _front_door(argv)
     if answered is not None:
         return answered
+    problem = importlib.import_module("accrot.runtime").torch_problem()  # a node's own torch is used as it is
+    if problem is not None:
+        print(f"accrot: error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         importlib.import_module("accrot.run.launch").check_environment()
         # before torch's first parallel region and first tensor: glibc applies the allocator's thresholds to later

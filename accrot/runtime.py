@@ -11,16 +11,43 @@ need neither: the compiled kernels flush subnormals inside their own threads and
 (:mod:`accrot.ops.underflow`), so a Python caller who never heard of this module gets the command's speed. The
 float mode stays a switch for comparison (``accrot bench schemes`` measures the far-mass ops under both); the
 allocator is process-wide by nature and stays the command's default.
+
+:data:`TORCH_SUPPORTED` is the one statement of the torch versions accrot runs on (pyproject.toml's dependency says
+the same, and a test holds the two together): a GPU node's own torch is used as it is (``make wheelhouse``), so the
+command refuses one outside the range in one line (:func:`torch_problem`) before it does anything else.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 
 import torch
 
 _state: dict[str, str] = {}
+
+# torch releases accrot supports: from 2.11 (a GPU node's torch 2.11 + CUDA 13 + Triton 3.6) to 2.13 (the CPU
+# install's exact pin, constraints.txt); (first, first not supported) as (major, minor)
+TORCH_SUPPORTED = ((2, 11), (2, 14))
+
+
+def supported_torch() -> str:
+    """:data:`TORCH_SUPPORTED` as a requirement: ``>=2.11,<2.14``."""
+    (a, b), (c, d) = TORCH_SUPPORTED
+    return f">={a}.{b},<{c}.{d}"
+
+
+def torch_problem(version: str | None = None) -> str | None:
+    """Why this torch (``version``, default ``torch.__version__``) is not one accrot supports, as one line; None
+    when it is. Local and pre-release parts are ignored (``2.11.0+cu130`` and ``2.13.0a0+git`` are 2.11, 2.13)."""
+    version = torch.__version__ if version is None else str(version)
+    m = re.match(r"(\d+)\.(\d+)", version)
+    low, high = TORCH_SUPPORTED
+    if m and low <= (int(m[1]), int(m[2])) < high:
+        return None
+    return (f"torch {version} is not supported: accrot needs torch{supported_torch()} (pip install "
+            f"'torch{supported_torch()}', or make install for the pinned CPU build)")
 
 
 def _switch(name: str, choices: tuple[str, ...]) -> str:

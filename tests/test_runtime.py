@@ -119,3 +119,39 @@ def test_configure_process_makes_both_settings_and_is_idempotent():
                           env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "IEEE", "tuned"]  # the float mode only when asked
+
+
+# -- the torch range: one statement (runtime.TORCH_SUPPORTED), pyproject's dependency held to it ---------------------
+@pytest.mark.parametrize("version, ok", [
+    ("2.13.0+cpu", True), ("2.11.0+cu130", True), ("2.12.1", True), ("2.13.0a0+git1234", True),
+    ("2.10.2+cu128", False), ("2.14.0", False), ("2.14.0.dev20270101", False), ("3.0.0", False), ("weird", False),
+])
+def test_torch_outside_the_supported_range_is_one_line(version, ok):
+    problem = runtime.torch_problem(version)
+    assert (problem is None) == ok
+    if not ok:
+        assert "\n" not in problem and f"torch {version} is not supported" in problem
+        assert "torch>=2.11,<2.14" in problem
+
+
+def test_pyproject_asks_for_the_supported_range_and_constraints_pin_one_inside_it():
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    assert re.findall(r'^\s*"torch([<>=!~][^"]*)",', (repo / "pyproject.toml").read_text(), flags=re.M) == [
+        runtime.supported_torch()]
+    pin, = [line for line in (repo / "constraints.txt").read_text().splitlines() if line.startswith("torch==")]
+    assert runtime.torch_problem(pin.removeprefix("torch==")) is None
+
+
+def test_the_command_refuses_an_unsupported_torch_with_exit_2():
+    """Through the accrot command, as a node's own torch would be found: torch.__version__ patched before it starts."""
+    code = ("import sys, torch; torch.__version__ = '2.10.0+cu128'\n"
+            "from accrot.cli import main; sys.exit(main(['fit', '--help']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "accrot: error: " + runtime.torch_problem("2.10.0+cu128")]
+    assert done.stdout == ""
