@@ -19,7 +19,7 @@ from accrot.ops.path.block_walk import _path_chunked
 from accrot.ops.path.chunk import _chunk_core, _ChunkCore
 from tests.helpers.fla import needs_fla
 from tests.helpers.kernels import kernels_or_skip
-from tests.helpers.tolerance import FLA_RTOL, assert_close, within
+from tests.helpers.tolerance import assert_close, fla_mismatches, within
 
 TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
 DTYPE_ID = {torch.float64: "f64", torch.float32: "f32"}
@@ -541,14 +541,7 @@ def test_fla_matches_chunked(fox, dtype):
     low = {k: (v.to(dtype) if k in ("q", "k", "v") else v) for k, v in inputs.items()}
     ref = outputs_and_grads(path_attention, {k: v.float() for k, v in low.items()}, chunk_size=64)
     fast = outputs_and_grads(path_attention, low, kernel="fla")
-    (out_ref, grads_ref), (out_fast, grads_fast) = ref, fast
-    pairs = {"out": (out_ref, out_fast), **{f"d{name}": (grads_ref[name], grads_fast[name]) for name in grads_ref}}
-    bad = []
-    for name, (a, b) in pairs.items():
-        try:
-            assert_close(a, b, FLA_RTOL[name], name)
-        except AssertionError as exc:
-            bad.append(str(exc))
+    bad = fla_mismatches(ref, fast)
     assert not bad, "; ".join(bad)
 
 

@@ -154,3 +154,64 @@ def test_bridge_refuses_what_fla_cannot_run_before_calling_it(fla_reference_kern
     with pytest.raises(ConfigError, match=r"supports head dims 16, 32, 64, 128 \(got 256\)"):
         path_attention(**make_inputs(1, 1, 8, 256), kernel="fla")
     assert not fla_reference_kernel
+
+
+# -- the bounds the GPU comparison uses, against fla's arithmetic simulated on the CPU ------------------------------
+def tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10-bit mantissa (round to nearest on the dropped 13 bits; exponent kept)."""
+    if t.dtype != torch.float32:
+        return t
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class TF32Dots(torch.overrides.TorchFunctionMode):
+    """Every float32 matrix product made from Python inside the mode takes TF32-rounded operands, as a tensor core
+    does with fla's float32 dots."""
+
+    DOTS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.bmm,
+            torch.mm, torch.einsum, torch.baddbmm}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.DOTS:
+            args = tuple(tf32(a) if isinstance(a, torch.Tensor) else
+                         [tf32(x) if isinstance(x, torch.Tensor) else x for x in a] if isinstance(a, (list, tuple))
+                         else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+def fla_arithmetic(q, k, v, w, beta, log_decay=None, gate_scale: float = 1.0):
+    """The chunked kernel with fla's roundings: the transports on a float16 copy of w (straight through: the
+    gradient reaches the float32 w), the float32 dots in TF32. ``gate_scale`` ≠ 1 is a deliberately wrong kernel:
+    the gate scaled as fla's would be without the bridge's division by the softmax scale."""
+    w16 = w + (w.half().float() - w).detach()
+    with TF32Dots():
+        return path_attention(q, k, v, w16, beta, log_decay=None if log_decay is None else gate_scale * log_decay,
+                              chunk_size=64)
+
+
+@pytest.mark.parametrize("fox", [True, False], ids=["fox", "nofox"])
+def test_the_fla_bounds_allow_fla_arithmetic_and_catch_a_wrong_kernel(fox, monkeypatch):
+    """The case of the CUDA comparison (B 2, H 2, T 300, D 32, float32 inputs) with fla's float16 transports and TF32
+    dots simulated: within :data:`FLA_RTOL` on every tensor, where accrot's earlier single bar of 2e-3 fails the
+    gate's gradient (PaTH-FoX); the same arithmetic with the gate not divided by the softmax scale fails the
+    bounds. (The rounding errors are deterministic here: fixed inputs on the CPU, the eager kernel.)"""
+    from tests.helpers.tolerance import FLA_RTOL, FLOAT32_RTOL_BEFORE_FLA, fla_mismatches
+
+    monkeypatch.setenv("ACCROT_CPU_KERNELS", "off")  # the eager walk: its dots are made from Python
+    inputs = {k: v.float() for k, v in make_inputs(2, 2, 300, 32, beta="uniform", fox=fox, seed=13).items()}
+    ref = outputs_and_grads(path_attention, inputs, chunk_size=64)
+    with TF32Dots():  # the backward's Python-level dots too
+        fla_like = outputs_and_grads(fla_arithmetic, inputs)
+    assert not fla_mismatches(ref, fla_like), fla_mismatches(ref, fla_like)
+    old = fla_mismatches(ref, fla_like, rtol=dict.fromkeys(FLA_RTOL, FLOAT32_RTOL_BEFORE_FLA))
+    if fox:
+        assert [m.split(":")[0] for m in old] == ["dlog_decay"]
+        with TF32Dots():
+            wrong = outputs_and_grads(lambda **x: fla_arithmetic(**x, gate_scale=32 ** -0.5), inputs)
+        assert {m.split(":")[0] for m in fla_mismatches(ref, wrong)} >= {"out", "dlog_decay"}
+    else:  # without a gate the rounding stays inside the old bar too; a β 2 % off does not stay inside the bounds
+        assert not old
+        with TF32Dots():
+            wrong = outputs_and_grads(lambda beta, **x: fla_arithmetic(beta=0.98 * beta, **x), inputs)
+        assert fla_mismatches(ref, wrong)
