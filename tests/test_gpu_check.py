@@ -26,7 +26,7 @@ def test_without_cuda_it_says_so_in_one_line_and_the_report_skips_every_section(
     assert done.stdout.splitlines() == [gpu_check.NO_CUDA]
     assert gpu_check.NO_CUDA.startswith("gpu-check: no CUDA device") and "nothing to check" in gpu_check.NO_CUDA
     text = (tmp_path / "REPORT.md").read_text()
-    assert "overall: **nothing checked**" in text and "0/6 sections passed" in text
+    assert "overall: **nothing checked**" in text and f"0/{len(gpu_check.PLAN)} sections passed" in text
     for name, _ in gpu_check.PLAN:
         assert f"## {gpu_check.TITLES[name]}\n\n**skipped: no CUDA**" in text
     assert "**passed**" not in text and "| passed |" not in text
@@ -89,7 +89,8 @@ def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkey
     assert budgets[gpu_check.PLAN[-1][0]] == pytest.approx(500, abs=0.5)  # the fakes took no time
     assert all(b <= 500 for b in budgets.values())
     text = (tmp_path / "REPORT.md").read_text()
-    assert "overall: **passed**" in text and "6/6 sections passed" in text
+    n = len(gpu_check.PLAN)
+    assert "overall: **passed**" in text and f"{n}/{n} sections passed" in text
 
 
 def test_a_failed_section_is_exit_1_and_no_time_left_skips(tmp_path, monkeypatch):
@@ -204,3 +205,80 @@ def test_steps_section_plumbing_on_the_cpu(tmp_path):
         assert row["preset_gpu_h"] == pytest.approx(6 * 5000 * row["ms_per_step"] / 3.6e6)
     assert "GPU-hours" in doc["summary"]
     json.dumps(doc)  # the child writes it as JSON
+
+
+def test_the_fastest_failure_finders_run_first_and_the_step_timings_last():
+    order = [name for name, _ in gpu_check.PLAN]
+    assert order[:3] == ["env", "pytest", "ddp"] and order[-1] == "steps"
+    assert set(order) == set(gpu_check.SECTIONS) == set(gpu_check.TITLES)
+    assert sum(share for _, share in gpu_check.PLAN) == pytest.approx(1.0)
+    assert gpu_check.DEFAULT_BUDGET + gpu_check.GRACE < 600  # the whole check within 10 minutes
+
+
+def test_a_section_stopped_at_its_limit_keeps_its_results_so_far_and_says_timed_out(tmp_path):
+    """The steps section rewrites its results after each variant; the parent, finding no final result from a child it
+    stopped, reports those rows under "timed out" (not a pass, not an empty section)."""
+    rows = [{"variant": "NoPE", "status": "ok", "steps": 200, "ms_per_step": 21.5, "preset_gpu_h": 0.1}]
+    gpu_check.write_partial(tmp_path, "steps", gpu_check.steps_outcome(rows, [], 200, 10))
+    doc = gpu_check.child_result("steps", tmp_path, None, 120, 130.2)
+    assert doc["status"] == "timed out" and doc["summary"].startswith("stopped after its 120 s budget; results so far")
+    assert doc["tables"] == [["per variant", rows]]
+    text = gpu_check.write_report(tmp_path / "REPORT.md", ENV, [doc])
+    assert "**timed out** — stopped after its 120 s budget; results so far: 1/1 variants measured" in text
+    assert "| NoPE | ok | 200 | 21.5 | 0.1 |" in text and "overall: **not all passed**" in text
+    crashed = gpu_check.child_result("steps", tmp_path, -9, 120, 5.0)  # killed from outside: failed, rows kept
+    assert crashed["status"] == "failed" and crashed["tables"] == doc["tables"]
+    (tmp_path / "steps.partial.json").unlink()
+    assert gpu_check.child_result("steps", tmp_path, None, 120, 130)["summary"] == "stopped after its 120 s budget"
+
+
+def test_the_steps_section_writes_each_variant_as_it_goes(tmp_path, monkeypatch):
+    import accrot.cli
+
+    seen = []
+
+    def fit(argv):  # a fit that leaves no timing: each variant's row is written before the next one starts
+        partial = tmp_path / "steps.partial.json"
+        seen.append(json.loads(partial.read_text())["tables"][0][1] if partial.exists() else [])
+        return 0
+
+    monkeypatch.setattr(accrot.cli, "main", fit)
+    doc = gpu_check.section_steps(300, tmp_path, config="tiny", variants=["NoPE", "accum-random"], accelerator="cpu")
+    assert [len(rows) for rows in seen] == [0, 1] and seen[1][0]["variant"] == "NoPE"
+    saved = json.loads((tmp_path / "steps.partial.json").read_text())
+    assert [r["variant"] for r in saved["tables"][0][1]] == ["NoPE", "accum-random"]
+    assert doc["status"] == "failed" and "no variant measured" in doc["summary"]  # no timings: nothing measured
+
+
+def test_the_compile_caches_live_where_the_next_check_finds_them(tmp_path, monkeypatch):
+    """Every section's child gets TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR in one folder of the checkout (fla's
+    autotuning and the rotations' compiles are paid once per node); a cache the user set is kept."""
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".cache/gpu-check/triton/x"], cwd=REPO, timeout=30)
+    assert ignored.returncode == 0  # never committed
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    seen = {}
+
+    class Child:
+        def __init__(self, cmd, **kwargs):
+            seen.update(kwargs["env"])
+            self.pid = 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", Child)
+    gpu_check.run_child("env", 60, tmp_path)
+    assert seen["TRITON_CACHE_DIR"] == str(REPO / ".cache" / "gpu-check" / "triton")
+    assert seen["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("rc, text, status, words", [
+    (0, "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/1\ndistributed_backend=nccl\n", "passed", "NCCL"),
+    (0, "distributed_backend=gloo\n", "failed", "not over NCCL"),
+    (1, "RuntimeError: NCCL error", "failed", "exit status 1"),
+    (None, "", "timed out", "did not finish within 60 s"),
+], ids=["nccl", "gloo", "error", "timeout"])
+def test_the_ddp_section_passes_only_over_nccl(rc, text, status, words):
+    doc = gpu_check.ddp_outcome(rc, text, 60)
+    assert doc["status"] == status and words in doc["summary"]

@@ -9,20 +9,27 @@ failure-finders first; REPORT.md is rewritten after every section (and names the
 from outside keeps what it measured. A section passes only if what it claims ran: a skipped test, an fla that
 did not run or a benchmark cell that erred is not a pass.
 
-0. the environment: CUDA, Triton and fla import (under warnings-as-errors), one fla PaTH forward and backward
-   against the chunked kernel, one compiled rotation (``ACCROT_GPU_KERNELS=on``);
-1. ``pytest -m gpu`` over tests/ops, tests/position and tests/test_gpu.py: the CUDA parameters of the twin tests
-   (outputs and gradients against the float64 CPU twins, fla PaTH / PaTH-FoX against the chunked kernel), a
-   resumed run on CUDA, a 2-step bf16-mixed fast_dev_run of every shipped config × every scheme cell;
-2. the first 200 steps of the ``small`` preset per variant of the study (bf16-mixed, one GPU, in one process):
-   tokens/s, ms/step and peak memory measured after a 10-step warm-up (a variant whose share of the budget runs
-   out stops early; its rate is over the steps it took), and the training time of the preset's runs
-   (13 variants × 2 data sets × 3 seeds × 5000 steps) they imply;
-3. the fused rotation kernels on CUDA, ``torch.compile`` (``ACCROT_GPU_KERNELS=on``) against eager (``off``), on the
+0. the environment: CUDA, Triton and fla import (under warnings-as-errors), one fla PaTH-FoX forward and backward
+   against the chunked kernel (output and every gradient, to fla's own bounds), one compiled rotation
+   (``ACCROT_GPU_KERNELS=on``) with its graph count (a second length compiles nothing);
+1. ``pytest -m gpu`` over tests/ops, tests/position and tests/test_gpu.py, with skip reasons: the CUDA parameters of
+   the twin tests (outputs and gradients against the float64 CPU twins, fla PaTH / PaTH-FoX against the chunked
+   kernel), a resumed run on CUDA, a 2-step bf16-mixed fast_dev_run of every shipped config × every scheme cell;
+2. one-rank DDP over NCCL: ``accrot fit --config tiny --trainer.strategy=ddp`` on one GPU;
+3. ``accrot bench path --device cuda``: chunked vs fla PaTH, forward and forward + backward, and peak memory;
+4. the fused rotation kernels on CUDA, ``torch.compile`` (``ACCROT_GPU_KERNELS=on``) against eager (``off``), on the
    small model's training step of the learned-increment cells: which measures better;
-4. ``accrot bench schemes --device cuda``: training-step tokens/s per scheme cell (small, float32) and evaluation
+5. ``accrot bench schemes --device cuda``: training-step tokens/s per scheme cell (small, float32) and evaluation
    peak memory at 4k / 16k / 64k tokens;
-5. ``accrot bench path --device cuda``: chunked vs fla PaTH, forward and forward + backward, and peak memory.
+6. last, the first 200 steps of the ``small`` preset per variant of the study (bf16-mixed, one GPU, in one
+   process): tokens/s, ms/step and peak memory measured after a 10-step warm-up (a variant whose share of the budget
+   runs out stops early; its rate is over the steps it took), and the training time of the preset's runs
+   (13 variants × 2 data sets × 3 seeds × 5000 steps) they imply.
+
+A section that measures as it goes (the steps, the kernels) rewrites its results so far after each row
+(``NAME.partial.json``): stopped at its time limit, it is reported "timed out" with them. Triton's and Inductor's
+caches (``TRITON_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR``) live in ``.cache/gpu-check`` unless set, so a second check
+on the same node skips fla's autotuning (some 40 configs per new head shape) and the rotations' compiles.
 
 Everything lands in ``--out`` (default ``results/gpu-check``): one ``REPORT.md`` (GPU model, torch / CUDA / Triton /
 fla versions, each section's outcome and numbers), the sections' JSON and logs. Exit status 0 when every section
@@ -51,8 +58,10 @@ DEFAULT_BUDGET = 540.0  # seconds for all sections; with each child's 10 s grace
 GRACE = 10.0  # a child past its budget by this much is killed (each child also watches its own budget)
 # (section, share of the budget): what is left over by a section that finishes early goes to the next ones
 # fastest failure-finders first, the ms/step measurements last
-PLAN = [("env", 0.05), ("pytest", 0.40), ("kernels", 0.07), ("path", 0.10), ("schemes", 0.13), ("steps", 0.25)]
+PLAN = [("env", 0.06), ("pytest", 0.36), ("ddp", 0.05), ("path", 0.10), ("kernels", 0.07), ("schemes", 0.12),
+        ("steps", 0.24)]
 TITLES = {"env": "environment: imports, one fla PaTH call, one compiled rotation",
+          "ddp": "one-rank DDP over NCCL (accrot fit, tiny, a few steps)",
           "pytest": "pytest -m gpu (twin tests on CUDA, fast_dev_runs, resume)",
           "steps": "200 steps of the small preset per variant (bf16-mixed)",
           "kernels": "fused rotation kernels on CUDA: torch.compile vs eager",
@@ -60,6 +69,15 @@ TITLES = {"env": "environment: imports, one fla PaTH call, one compiled rotation
           "path": "accrot bench path --device cuda (chunked vs fla)"}
 STEPS, WARMUP = 200, 10
 PRESET_RUNS = {"datasets": 2, "seeds": 3, "steps": 5000}  # the small preset of accrot/study/variants.py
+# Triton's and Inductor's compiled kernels, kept for the next check on the same node: fla autotunes some 40 configs
+# per new (heads, head dim) on first use, and torch.compile's rotations compile once per shape family
+CACHE = REPO / ".cache" / "gpu-check"
+
+
+def cache_env(cache: Path = CACHE) -> dict[str, str]:
+    """TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR under ``cache`` (a value already set is kept)."""
+    return {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(cache / "inductor")}
 
 
 def environment() -> dict[str, Any]:
@@ -165,7 +183,8 @@ def run_child(name: str, budget: float, out: Path) -> dict[str, Any]:
            "--out", str(out)]
     started = time.monotonic()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "WANDB_MODE": "disabled"}
+           "WANDB_MODE": "disabled", **cache_env()}
+    partial_path(out, name).unlink(missing_ok=True)
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -174,19 +193,42 @@ def run_child(name: str, budget: float, out: Path) -> dict[str, Any]:
             os.killpg(proc.pid, 9)
             proc.wait()
             rc = None
-    seconds = time.monotonic() - started
+    return child_result(name, out, rc, budget, time.monotonic() - started)
+
+
+def partial_path(out: Path, name: str) -> Path:
+    """Where a section writes what it has measured so far (:func:`write_partial`)."""
+    return out / f"{name}.partial.json"
+
+
+def write_partial(out: Path, name: str, doc: dict[str, Any]) -> None:
+    """A section's results so far (its tables, notes, summary), rewritten as it goes: a section stopped at its
+    time limit is reported with them."""
+    from accrot.io import atomic_write_text
+
+    atomic_write_text(partial_path(out, name), json.dumps(doc, default=str))
+
+
+def child_result(name: str, out: Path, rc: int | None, budget: float, seconds: float) -> dict[str, Any]:
+    """The section's result: its JSON when it finished; else, stopped at its limit (``rc`` None) or crashed, its
+    partial results (:func:`write_partial`) under an honest status."""
+    result, partial = out / f"{name}.json", partial_path(out, name)
     doc: dict[str, Any] = {"name": name, "budget_s": round(budget), "seconds": round(seconds, 1)}
     if result.exists():
         doc.update(json.loads(result.read_text()))
         doc["seconds"] = round(seconds, 1)
-    elif rc is None:
-        doc.update(status="timed out", summary=f"stopped after its {budget:.0f} s budget")
     else:
-        doc.update(status="failed", summary=f"exited with status {rc} before writing its result")
+        so_far = json.loads(partial.read_text()) if partial.exists() else {}
+        doc.update({k: v for k, v in so_far.items() if k in ("tables", "notes", "log")})
+        measured = f"; results so far: {so_far['summary']}" if so_far.get("summary") else ""
+        if rc is None:
+            doc.update(status="timed out", summary=f"stopped after its {budget:.0f} s budget{measured}")
+        else:
+            doc.update(status="failed", summary=f"exited with status {rc} before writing its result{measured}")
     if rc not in (0, None) and doc.get("status") == "passed":
         doc["status"] = "failed"
     if not doc.get("log"):  # a section's own log (pytest's output) says more than the child's stdout
-        doc["log"] = _tail(log)
+        doc["log"] = _tail(out / f"{name}.log")
     return doc
 
 
@@ -368,6 +410,7 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
         if share < 6:
             rows.append({"variant": label, "status": "skipped: no time left"})
             failed.append(label)
+            write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup))
             continue
         timing = out / f"steps-{i}.json"
         timing.unlink(missing_ok=True)
@@ -397,6 +440,12 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
         if rc != 0:
             failed.append(label)
         rows.append(row)
+        write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup))  # kept if the section is stopped
+    return steps_outcome(rows, failed, steps, warmup)
+
+
+def steps_outcome(rows: list[dict[str, Any]], failed: list[str], steps: int, warmup: int) -> dict[str, Any]:
+    """The steps section's result from the variants measured so far."""
     measured = [r for r in rows if r.get("preset_gpu_h")]
     total = sum(r["preset_gpu_h"] for r in measured)
     notes = [f"ms/step and tokens/s over the steps after a {warmup}-step warm-up (batch × L tokens per step); a "
@@ -459,6 +508,7 @@ def section_kernels(budget: float, out: Path) -> dict[str, Any]:
         if row.get("compiled_ms") and row.get("eager_ms") and "note" not in row:
             row["compiled_vs_eager"] = row["compiled_ms"] / row["eager_ms"]
         rows.append(row)
+        write_partial(out, "kernels", kernels_outcome(rows))
     os.environ.pop("ACCROT_GPU_KERNELS", None)
     return kernels_outcome(rows)
 
@@ -560,7 +610,8 @@ def section_env(budget: float, out: Path) -> dict[str, Any]:
 
     from accrot.ops import gpu_kernels
     from accrot.ops.path import fla_problem, path_attention
-    from tests.helpers.tolerance import FLA_RTOL, norms
+    from tests.helpers.tolerance import fla_mismatches, norms
+    from tests.ops.test_path import outputs_and_grads
 
     rows: list[dict[str, Any]] = []
 
@@ -588,22 +639,28 @@ def section_env(budget: float, out: Path) -> dict[str, Any]:
         beta = 2 * torch.rand(1, 2, 130, device="cuda", generator=g)
         log_f = torch.nn.functional.logsigmoid(torch.randn(1, 2, 130, device="cuda", generator=g) + 1)
         leaves = [t.requires_grad_() for t in (q, k, v, w, beta)]
-        o = path_attention(*leaves, log_decay=log_f, kernel="fla")
-        o.float().square().sum().backward()
-        ref = path_attention(q.detach().float(), k.detach().float(), v.detach().float(), w.detach(), beta.detach(),
-                             log_decay=log_f)
-        diff, size = norms(ref, o)
-        if not diff <= FLA_RTOL["out"] * size or any(t.grad is None or not t.grad.isfinite().all() for t in leaves):
-            raise AssertionError(f"fla vs chunked: relative error {diff / size:.2e} (bound {FLA_RTOL['out']:g}) "
-                                 "or a non-finite gradient")
-        return f"T 130, D 32, bf16, gated: relative error {diff / size:.1e}"
+        inputs = dict(zip(("q", "k", "v", "w", "beta"), leaves), log_decay=log_f.requires_grad_())
+        fast = outputs_and_grads(path_attention, inputs, kernel="fla")
+        ref = outputs_and_grads(path_attention, {n: t.float() for n, t in inputs.items()}, chunk_size=64)
+        bad = fla_mismatches(ref, fast)  # fla's own per-tensor bounds, the same as the gpu tests'
+        if bad:
+            raise AssertionError("fla vs chunked: " + "; ".join(bad))
+        diff, size = norms(ref[0], fast[0])
+        return f"T 130, D 32, bf16, gated: output and 6 gradients within bounds (output {diff / size:.1e})"
 
     def compiled_rotation() -> str:
+        from torch._dynamo.utils import counters
+
         os.environ["ACCROT_GPU_KERNELS"] = "on"
-        x, theta = torch.randn(2, 2, 64, 32, device="cuda"), torch.randn(1, 2, 64, 16, device="cuda")
-        got = gpu_kernels.CompiledOps.rotate(x, theta.cos(), theta.sin(), 1.0)
-        torch.testing.assert_close(got, gpu_kernels.EAGER["rotate+"](x, theta.cos(), theta.sin()))
-        return "ACCROT_GPU_KERNELS=on compiles and matches the eager formula"
+        graphs = []
+        for T in (64, 97):  # a second length must compile nothing new (lengths are dynamic)
+            x, theta = torch.randn(2, 2, T, 32, device="cuda"), torch.randn(1, 2, T, 16, device="cuda")
+            got = gpu_kernels.CompiledOps.rotate(x, theta.cos(), theta.sin(), 1.0)
+            torch.testing.assert_close(got, gpu_kernels.EAGER["rotate+"](x, theta.cos(), theta.sin()))
+            graphs.append(counters["stats"]["unique_graphs"])
+        if not 1 <= graphs[0] <= gpu_kernels.RECOMPILE_LIMIT or graphs[1] != graphs[0]:
+            raise AssertionError(f"graphs compiled after T 64, T 97: {graphs} (want one, and none for the new length)")
+        return f"ACCROT_GPU_KERNELS=on compiles ({graphs[0]} graph, none more for a second length), matches eager"
 
     check("fla imports", fla_import)
     check("fla PaTH-FoX forward + backward vs chunked", fla_call)
@@ -614,7 +671,40 @@ def section_env(budget: float, out: Path) -> dict[str, Any]:
             "tables": [("checks", rows)]}
 
 
-SECTIONS = {"env": section_env, "pytest": section_pytest, "steps": section_steps, "kernels": section_kernels,
+def ddp_outcome(rc: int | None, text: str, budget: float) -> dict[str, Any]:
+    """The DDP section's result from the fit's exit status and output: passed only when it finished and Lightning
+    says it ran DDP over NCCL."""
+    nccl = "distributed_backend=nccl" in text
+    if rc is None:
+        return {"status": "timed out", "summary": f"accrot fit did not finish within {budget:.0f} s", "log": text[-3000:]}
+    if rc != 0 or not nccl:
+        why = f"exit status {rc}" if rc != 0 else "finished, but not over NCCL (no distributed_backend=nccl)"
+        return {"status": "failed", "summary": f"one-rank DDP: {why}", "log": text[-3000:]}
+    return {"status": "passed", "summary": "accrot fit --trainer.strategy=ddp on one GPU: NCCL process group, "
+                                           "all-reduced steps, a checkpoint"}
+
+
+DDP_STEPS = 5
+
+
+def section_ddp(budget: float, out: Path) -> dict[str, Any]:
+    """One rank of DDP over NCCL (accrot fit, tiny, a few steps): the process group, the gradient all-reduce and the
+    rank-0 checkpoint that a multi-GPU run needs, on the one GPU a check has."""
+    root = out / "ddp-runs"
+    cmd = [sys.executable, "-m", "accrot.cli", "fit", "--config", "tiny", "--trainer.accelerator=gpu",
+           "--trainer.devices=1", "--trainer.strategy=ddp", f"--trainer.max_steps={DDP_STEPS}",
+           "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false", "--wandb=disabled",
+           "--extrapolation.every_n_steps=0", f"--root={root}", "--name=ddp"]
+    try:
+        done = subprocess.run(cmd, cwd=REPO, timeout=max(1.0, budget - 5), capture_output=True, text=True)
+        rc, text = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        rc, text = None, (err.stdout or b"").decode(errors="replace") if isinstance(err.stdout, bytes) else ""
+    text += "".join(p.read_text(errors="replace") for p in root.glob("*/version_*/console.log"))
+    return ddp_outcome(rc, text, budget)
+
+
+SECTIONS = {"env": section_env, "pytest": section_pytest, "ddp": section_ddp, "steps": section_steps, "kernels": section_kernels,
             "schemes": section_schemes, "path": section_path}
 
 
