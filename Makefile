@@ -1,5 +1,6 @@
 # accrot — `make help` lists every target. The first run of any target creates .venv and installs
-# the pinned dependencies (torch==2.13.0 first, then the rest under constraints.txt).
+# the pinned dependencies (torch==2.13.0 first, then the rest under constraints.txt). A node without network that
+# brings its own torch installs from `make wheelhouse`'s folder instead (README, GPU).
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -22,10 +23,15 @@ ARTIFACTS ?= runs/sweeps/$(STUDY)/artifacts
 SIZE ?= study
 SEEDS ?=
 ABLATION_WORKERS ?= 2
+# make wheelhouse PY=3.12 PLATFORM=manylinux_2_28_x86_64 [WHEELHOUSE=wheelhouse]: the node's Python and newest
+# manylinux tag (glibc 2.N: `ldd --version` there); unset, this machine's
+PY ?=
+PLATFORM ?=
+WHEELHOUSE ?= wheelhouse
 # demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
 QUIET ?=
 
-.PHONY: help install test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
+.PHONY: help install wheelhouse test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
 
 help: ## show this help (colour on a terminal only; NO_COLOR=1 turns it off)
 	@if [ -t 1 ] && [ -z "$$NO_COLOR" ]; then on=$$'\033[36m'; off=$$'\033[0m'; else on=; off=; fi; \
@@ -40,6 +46,10 @@ $(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp accrot
 	@touch $@
 
 install: $(STAMP) ## create .venv and install pinned dependencies (idempotent)
+
+# needs only python3 with pip >= 22.2 and network; installs nothing here
+wheelhouse: ## every wheel but the node's torch/triton/CUDA for an offline node -> WHEELHOUSE (PY=3.12 PLATFORM=manylinux_2_28_x86_64)
+	$(PYTHON) .ci/wheelhouse.py $(if $(PY),--python-version $(PY)) $(if $(PLATFORM),--platform $(PLATFORM)) --dest '$(WHEELHOUSE)'
 
 # `make test` stays under 15 minutes on 2 cores: the long tests (marked slow, about 5 minutes together) are their own
 # target, which CI runs right after it; `make test-all` is both in one pytest run
