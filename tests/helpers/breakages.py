@@ -164,7 +164,7 @@ BREAKAGES = [
              "            out = out * self.gate.gate(x, tokens).to(out.dtype)",
              "        if self.gate is not None:\n            v = v * self.gate.gate(x, tokens).to(v.dtype)\n"
              "        out = self._attend(q, k, v, x, tokens)  # [B, H, T, D]",
-             ("tests/position/test_output_gate.py", "-k", "naive_twin")),
+             ("tests/position/test_output_gate.py", "-k", "explicit_twin")),
     Breakage("diagnostics-unscaled-rows", "the diagnostics' attention rows without the row's logit factor (ssmax)",
              "accrot/position/explicit.py",
              "    out = scores.double() * logit_factor(scheme, x, tokens)[:, :, rows, None]  # [B, H, R, T]\n",
