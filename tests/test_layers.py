@@ -42,7 +42,9 @@ def test_the_tree_keeps_every_contract():
     ("accrot/sweep/spec.py", "from accrot.sweep.parent import run_sweep"),  # upward inside a stage
     ("data_modules/streams.py", "from callbacks import preemption"),  # independent siblings
     ("accrot/model.py", "from accrot.position.accum import RandomPositionIncrements"),  # a family, not the scheme API
-], ids=["model->sweep", "errors->run", "spec->parent", "data->callbacks", "model->accum"])
+    # an instrument recomputing attention from the kernels' primitives instead of asking the scheme
+    ("accrot/diagnostics/far_mass.py", "from accrot.ops.path import naive_path_attention_products"),
+], ids=["model->sweep", "errors->run", "spec->parent", "data->callbacks", "model->accum", "diagnostics->path-op"])
 def test_an_upward_import_breaks_a_contract(tmp_path, module, upward):
     tree = copy_tree(tmp_path)
     path = tree / module

@@ -63,3 +63,31 @@ def test_the_claims_document_answers_what_each_claim_is():
     missing = [i for i in sorted(ids) if f"| {i} |" not in text]
     assert not missing, missing
     assert "## The math in one page" in text and "lower bound" in text
+
+
+# attention weights, a fused attention call or a q·kᵀ pairing (`q @ k.transpose(-1, -2)`, `@ k[..].mT`)
+ATTENTION = re.compile(r"\bsoftmax\(|scaled_dot_product_attention|"
+                       r"@\s*\w+(\[[^\]]*\])?\.(transpose\(\s*-[12]\s*,\s*-[12]\s*\)|mT\b)")
+# where a scheme's attention is computed: the kernels, the schemes' explicit twin, and the benches that time the
+# kernels against a public peer
+ATTENTION_HOMES = ("accrot/ops/", "accrot/position/", "accrot/bench/")
+# the coherence measure pairs q with k itself (its raw pairings, without and with the transport), not yet through
+# the parts' transported scores: at most these, so that none is added
+ATTENTION_KNOWN = {"accrot/diagnostics/coherence.py": 2}
+
+
+def test_no_attention_is_computed_outside_the_position_package_and_the_kernels():
+    """The diagnostics, the study, the callbacks and everything else ask the scheme's explicit attention
+    (accrot.position.explicit) for scores, logits and weights: a copy of their computation elsewhere would keep
+    measuring the old attention when a mechanism changes the scheme's. pyproject.toml's import contracts keep the
+    kernels' primitives out of the same modules."""
+    found: dict[str, list[str]] = {}
+    for path in tracked("accrot", "callbacks", "data_modules"):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.suffix != ".py" or rel.startswith(ATTENTION_HOMES):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if ATTENTION.search(line.split("  # ")[0]):
+                found.setdefault(rel, []).append(f"{rel}:{i}: {line.strip()[:100]}")
+    extra = [hit for rel, hits in found.items() if len(hits) > ATTENTION_KNOWN.get(rel, 0) for hit in hits]
+    assert not extra, "attention computed outside accrot/position and accrot/ops:\n" + "\n".join(extra)

@@ -31,8 +31,9 @@ Everything is computed from a model's own per-layer q, k, v and the quantities i
   the range cannot place is *censored* ("> Δmax"), never dropped. The first crossing (``window_first_crossing``)
   and the sustained one are kept for reference: a crossing moves by ~20 tokens for an error of 0.03 in c.
 * **far mass** (T3): attention probability on keys farther than ``window`` tokens (t − s > W), averaged over
-  the last ``n_queries`` queries of each block, from q, k, the rotation, the row's logit factor (``logit_scale``:
-  scalable softmax's s_h·log(t + 1)) and the far-mass bias, row chunk by row chunk (never a ``[T, T]`` tensor).
+  the last ``n_queries`` queries of each block, from the scheme's explicit attention (:mod:`accrot.position.explicit`:
+  q, k, the rotation, the row's logit factor, scalable softmax's s_h·log(t + 1), and the far-mass bias, each term
+  asked of its part), row chunk by row chunk (never a ``[T, T]`` tensor).
   The lower bound predicts growth with length for rotation-only schemes (NoPE with flat logits: (t − W)/(t + 1))
   and a bounded value with far-mass control (ALiBi). An output gate scales what the row averages, not the row:
   it leaves the far mass as it is.

@@ -1,5 +1,6 @@
 """Attention rows, far-attention mass (T3), the score gap (T5) and the value far norm (T4), computed row chunk by
-row chunk from q, k, the rotation and the far-mass bias (never a [T, T] tensor)."""
+row chunk (never a [T, T] tensor) from the scheme's explicit attention (:mod:`accrot.position.explicit`: the
+transported scores, the row's logit factor and the far-mass bias, each asked of the part that defines it)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import math
 import torch
 from torch import nn
 
-from accrot.diagnostics.inputs import FAR_SUMS, ROW_BUDGET, path_walk
-from accrot.ops.rotary import cos_sin, rotate_pairs, rotate_pairs_cs
+from accrot.diagnostics.inputs import FAR_SUMS, ROW_BUDGET
+from accrot.ops.rotary import cos_sin, rotate_pairs_cs
+from accrot.position import explicit
 
 
 # -- attention rows, far mass and value transport ------------------------------------------------------------------
@@ -24,57 +26,13 @@ def attention_rows(
     """Attention probabilities of query ``rows [R]`` (ascending positions) over every key: ``[B, H, R, T]``
     float32 (0 for s > t).
 
-    ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts from q, k and the scheme's angles / householder, logit_scale (c_t:
-    scalable softmax's s_h·log(t + 1)) and log_decay; the caller chunks the rows (memory B·H·R·T). The output gate
+    ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts as the scheme's explicit attention gives them
+    (:func:`accrot.position.explicit.probabilities`: M from the rotation, c_t the row's logit factor, scalable
+    softmax's s_h·log(t + 1), b_ts the far-mass bias); the caller chunks the rows (memory B·H·R·T). The output gate
     multiplies what the rows average, not the rows."""
     if rows.numel() > 1 and bool((rows.diff() <= 0).any()):
         raise ValueError("rows must be strictly ascending query positions")
-    return _probabilities(scheme, _scores(scheme, q, k, x, tokens, rows), x, tokens, rows)
-
-
-def _probabilities(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
-                   rows: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys of the transported scores ``[B, H, R, T]`` (float64) times the row's logit factor, plus
-    the far-mass bias, causal."""
-    return _logits(scheme, scores, x, tokens, rows).softmax(-1).float()
-
-
-def _logits(scheme: nn.Module, scores: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
-            rows: torch.Tensor) -> torch.Tensor:
-    """The logits ℓ_ts = c_t·s_ts + b_ts of query ``rows`` (float64 ``[B, H, R, T]``; c_t the row's logit factor,
-    1 but for scalable softmax), −inf for keys s > t."""
-    T = scores.shape[-1]
-    factor = scheme.logit_scale(x, tokens).double()  # [B, H, T]: ones but for ssmax (and YaRN's temperature)
-    logits = scores * factor[:, :, rows, None]
-    if scheme.far_mass is not None and scheme.far_mass.additive:
-        c = scheme.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
-        logits = logits + (c[:, :, rows, None] - c[:, :, None, :])  # b_ts = c_t − c_s
-    future = torch.arange(T, device=scores.device)[None, :] > rows[:, None]  # [R, T]
-    return logits.masked_fill(future, -math.inf)
-
-
-def _scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
-            rows: torch.Tensor) -> torch.Tensor:
-    """Transported scores D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows`` over every key, ``[B, H, R, T]`` float64,
-    without the far-mass bias or the row's logit factor (entries s > t are meaningless; callers mask them)."""
-    B, H, T, D = q.shape
-    q, k = q.float().contiguous(), k.float().contiguous()
-    kind = scheme.rotation.kind
-    if kind == "path":
-        w, beta = scheme.householder(x, tokens)  # [B, H, T, D], [B, H, T]
-        w, beta = w.float().contiguous(), beta.float().contiguous()
-        by_dist = q.new_zeros(B, H, rows.numel(), T)  # [B, H, R, T] ℓᴹ(t, t − Δ) at [.., t, Δ]
-        for d, start, lm in path_walk(q, k, w, beta, rows, T - 1):
-            by_dist[:, :, start:, d] = lm
-        keys = torch.arange(T, device=q.device)
-        back = (rows[:, None] - keys[None, :]).clamp(min=0)  # [R, T] Δ = t − s
-        logits = by_dist.gather(-1, back.expand(B, H, -1, -1))  # [B, H, R, T]
-    else:
-        if kind == "so2":
-            theta = scheme.angles(x, tokens)  # [B, H, T, P]
-            q, k = rotate_pairs(q, theta), rotate_pairs(k, theta)
-        logits = q[:, :, rows] @ k.transpose(-1, -2)  # [B, H, R, T]
-    return logits.double() * D**-0.5
+    return explicit.probabilities(scheme, q, k, x, tokens, rows).float()
 
 
 def scheme_far_sums(
@@ -120,7 +78,7 @@ def scheme_far_sums(
         v = v.float()
         v_back = rotate_pairs_cs(v, cos, -sin)  # R(−θ_s) v_s: Σ a R(θ_t − θ_s) v_s = R(θ_t) Σ a R(−θ_s) v_s
         v_sq = v.pow(2).sum(-1)  # [B, H, T]
-    factor = scheme.logit_scale(x, tokens).double()  # [B|1, H, T] ones but for scalable softmax
+    factor = explicit.logit_factor(scheme, x, tokens)  # [B|1, H, T] ones but for scalable softmax (and YaRN)
     if scheme.far_mass is not None and scheme.far_mass.additive:
         f = scheme.log_decay(x, tokens).double().exp()  # [B|1, H, T] the gates f_j
         out["decay_sum"] = f.sum((0, 2)).cpu()
@@ -128,9 +86,10 @@ def scheme_far_sums(
     keys = torch.arange(T, device=q.device)
     for i in range(0, rows_all.numel(), chunk):
         rows = rows_all[i : i + chunk]
-        scores = _scores(scheme, q, k, x, tokens, rows)  # [B, H, R, T] transported, no bias
-        logits = _logits(scheme, scores, x, tokens, rows)  # [B, H, R, T] with the bias, −inf for s > t
-        a = logits.softmax(-1)  # [B, H, R, T] float64
+        terms = explicit.explicit_rows(scheme, q, k, x, tokens, rows)  # each [B, H, R, T] float64
+        scores = terms.scores  # transported, no factor or bias
+        logits = terms.logits  # with the factor and the bias, −inf for s > t
+        a = terms.probabilities
         dist = rows[:, None] - keys[None, :]  # [R, T] Δ = t − s
         far_keys = dist[None] > wins[:, None, None]  # [H, R, T]
         near_keys = (dist >= 0)[None] & ~far_keys  # [H, R, T]

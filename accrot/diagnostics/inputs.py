@@ -1,5 +1,6 @@
-"""What every diagnostic reads: each layer's q, k, v and scheme (in eval mode, no autocast), the distances
-measured, and PaTH's transport by the per-query recurrence (vector ops only)."""
+"""What every diagnostic reads: each layer's q, k, v and scheme (in eval mode, no autocast) and the distances
+measured. PaTH's transport by the per-query recurrence (:func:`path_walk`) lives with the schemes
+(:mod:`accrot.position.walk`) and is importable from here too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from accrot.position.walk import path_walk  # noqa: F401  (re-exported: the coherence walk reads it from here)
 
 SCHEMA = "accrot.diagnostics/2"
 DENSE_DISTANCES = 256  # every Δ below this is measured; beyond, a log-spaced grid
@@ -123,47 +126,3 @@ def spread_many(lo: torch.Tensor, hi: int, n: int | None) -> tuple[torch.Tensor,
     valid = j < count  # [n_rows, R]
     t = lo[:, None] + torch.div(j * span[:, None], count.clamp(min=1), rounding_mode="floor")  # step ≥ 1: distinct
     return torch.where(valid, t, lo[:, None]), valid
-
-
-# -- PaTH transport by the per-query recurrence -------------------------------------------------------------------
-def path_walk(
-    q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: torch.Tensor, max_steps: int,
-    wanted: set[int] | None = None,
-) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """For ascending queries ``rows [R]`` walk back d = 0..max_steps keys: yield ``(d, start, ℓᴹ [B, H, R − start])``
-    for the queries ``rows[start:]`` that still have a key t − d ≥ 0, with ℓᴹ = q_tᵀ H_t ⋯ H_{t−d+1} k_{t−d}
-    (unscaled), computed as u·k_{t−d} with u ← H_{t−d+1} u, u_0 = q_t.
-
-    The w, β and k rows of a stretch of steps are gathered at once (the walk is thousands of small steps, so
-    per-step op count is what costs); queries that have reached key 0 drop out at the next stretch. ``wanted``:
-    the distances to yield (the walk still takes every step; None: all of them)."""
-    from bisect import bisect_left
-
-    B, H, _, D = q.shape
-    row_list = rows.tolist()
-    # row-major layouts ([T, B, H, D]): one gather of a stretch's rows is already step-major and contiguous
-    q_t, k_t, w_t = (x.permute(2, 0, 1, 3).contiguous() for x in (q, k, w))  # one copy each, then fast gathers
-    beta_t = beta.permute(2, 0, 1).contiguous()  # [T, B, H]
-    u = q_t[rows]  # [R, B, H, D]
-    start = 0
-    stretch = max(1, ROW_BUDGET // max(1, B * H * rows.numel() * D))
-    for d0 in range(0, max_steps + 1, stretch):
-        first = bisect_left(row_list, d0)  # rows[first:] >= d0 still have keys
-        if first >= len(row_list):
-            return
-        u, start = u[first - start :], first  # [R', B, H, D]
-        live = rows[start:]  # [R']
-        steps = torch.arange(d0, min(d0 + stretch, max_steps + 1), device=rows.device)  # [c]
-        key = (live[None, :] - steps[:, None]).clamp(min=0)  # [c, R'] k_{t−d} (clamped where finished)
-        hh = (key + 1).clamp(max=w.shape[2] - 1)  # [c, R'] H_{t−d+1}
-        wj_all, kj_all, bj_all = w_t[hh], k_t[key], beta_t[hh]  # [c, R', B, H, D] (β: [c, R', B, H])
-        for j, d in enumerate(steps.tolist()):
-            if d > 0:
-                wj = wj_all[j]  # [R', B, H, D]
-                # (a·b).sum(-1), not linalg.vecdot or addcmul: on these small rows both are many times slower
-                coef = bj_all[j] * (u * wj).sum(-1)  # [R', B, H]
-                u = u - coef[..., None] * wj  # [R', B, H, D]  u ← H_{t−d+1} u
-            if wanted is not None and d not in wanted:
-                continue
-            lo = bisect_left(row_list, d) - start  # rows with t < d have no key at distance d
-            yield d, start + lo, (u[lo:] * kj_all[j, lo:]).sum(-1).permute(1, 2, 0)  # [B, H, R' − lo]

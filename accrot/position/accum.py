@@ -69,7 +69,7 @@ from torch import nn
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
 from accrot.ops.rotary import accumulate_angles, accumulate_drawn, rope_frequencies, wrap_angle
-from accrot.position.base import DeviceConstants, RotationPart
+from accrot.position.base import DeviceConstants, SO2Rotation
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.learned import (  # noqa: F401 - callers still import the learned part from here
     SOFTPLUS_INIT_OMEGA,
@@ -383,7 +383,7 @@ def _check_options(cfg: SchemeConfig) -> None:
 
 
 @register_rotation("accum")
-class AccumulatedRotation(RotationPart):
+class AccumulatedRotation(SO2Rotation):
     """Accumulated SO(2) rotation: ``angles(x, tokens) -> [B|1, H, T, D/2]`` float32, θ_t = Σ_{j≤t} δ_j.
 
     ``increments(x, tokens) -> [B|1, H, T, D/2]`` float32 exposes the δ_j that define it (in ``eval()`` the

@@ -18,6 +18,18 @@ Parts are small modules with one job each:
 * a far-mass part implements ``log_decay(x, tokens) -> [B, H, T]`` (log f_j ≤ 0, float32), or, where it is not
   additive (scalable softmax), ``logit_scale(x, tokens) -> [B, H, T]`` (a factor on every logit of row t) and no bias;
 * an output gate implements ``gate(x, tokens) -> [B, H, T, D]`` (in (0, 1), multiplying the attention output).
+
+Each part also gives its own term of the scheme's attention written out (:mod:`accrot.position.explicit`, the
+explicit twin of the fast path), so nothing outside the parts needs to know what a family does:
+
+* a rotation part gives ``transported_scores(q, k, x, tokens, rows) -> [B, H, R, T]`` float64, the scores
+  D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows`` over every key (the default: M = I), ``transported_values(a, v, x,
+  tokens, rows) -> [B, H, R, D]``, Σ_s a_ts M^v_{t,s} v_s (the default: no value transport), and
+  ``logit_scale(T) -> float``, a factor on every logit of a forward of length T (the default: 1; RoPE's
+  evaluation-time temperature). SO(2) parts derive from :class:`SO2Rotation`, which gives all three from ``angles``;
+* a far-mass part gives ``logit_bias(x, tokens, rows) -> [B|1, H, R, T]`` float64, b_ts = Σ_{j=s+1..t} log f_j from
+  ``log_decay`` (None for a part that is not ``additive``), beside its row factor ``logit_scale``;
+* an output gate's factor is its ``gate``.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from accrot.ops.rotary import rotate_pairs
 from accrot.position.config import SchemeConfig
 
 
@@ -51,6 +64,57 @@ class RotationPart(nn.Module):
         """Under DDP this process trains on rows ``rank``, ``rank + world``, … of the global batch: parts that draw
         per row keep the global batch's draws of those rows."""
 
+    # -- its term of the explicit attention (accrot.position.explicit) -----------------------------------------
+    def transported_scores(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        """The scores D^−1/2 q_tᵀ M_{t,s} k_s of query ``rows [R]`` over every key s, ``[B, H, R, T]`` float64,
+        without a far-mass bias or a row factor (entries s > t are meaningless: callers mask them).
+
+        q, k: ``[B, H, T, D]``; x ``[B, T, d_model]``, tokens ``[B, T]`` (what the part's transport is computed
+        from). The products run in q's precision, float32 or wider. Without a rotation M_{t,s} = I: plain q·k."""
+        q, k = _working(q), _working(k)
+        return (q[:, :, rows] @ k.transpose(-1, -2)).double() * q.shape[-1] ** -0.5  # [B, H, R, T]
+
+    def transported_values(self, a: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        """Σ_s a_ts M^v_{t,s} v_s for query ``rows [R]``: attention weights ``a [B, H, R, T]`` and values
+        ``v [B, H, T, D]`` -> ``[B, H, R, D]`` in a's dtype. Without value transport M^v = I."""
+        return a @ v.to(a.dtype)  # [B, H, R, D]
+
+    def logit_scale(self, T: int) -> float:
+        """What multiplies every attention logit of a forward of length T: 1 (a rotation with an evaluation-time
+        temperature, RoPE's YaRN extension, overrides it)."""
+        return 1.0
+
+
+class SO2Rotation(RotationPart):
+    """Base of the SO(2) rotation parts (``kind = "so2"``): a subclass implements ``angles(x, tokens) ->
+    [B|1, H|1, T, D/2]`` (float32) and this gives its terms of the explicit attention from them: M_{t,s} = R(θ_s −
+    θ_t) on the scores, and with ``rotate_values`` the value of s arriving at t as R(θ_t − θ_s) v_s.
+
+    In training a part that redraws its increments per call gives each call its own draw; the explicit attention
+    is defined in ``eval()``, where the angles are a fixed function of the input (as ``angles`` is)."""
+
+    kind = "so2"
+
+    def angles(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def transported_scores(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        theta = self.angles(x, tokens)  # [B|1, H|1, T, P]
+        # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ R(θ_s − θ_t) k_s
+        q, k = rotate_pairs(_working(q), theta), rotate_pairs(_working(k), theta)  # [B, H, T, D] each
+        return super().transported_scores(q, k, x, tokens, rows)
+
+    def transported_values(self, a: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.rotate_values:
+            return super().transported_values(a, v, x, tokens, rows)
+        theta = self.angles(x, tokens)  # [B|1, H|1, T, P]
+        back = rotate_pairs(v.to(a.dtype), -theta)  # [B, H, T, D] value of s leaves at −θ_s ...
+        return rotate_pairs(a @ back, theta[:, :, rows])  # [B, H, R, D] ... and arrives at t rotated by +θ_t
+
 
 class FarMassPart(nn.Module):
     """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32.
@@ -74,6 +138,16 @@ class FarMassPart(nn.Module):
     def describe(self) -> dict:
         return {}
 
+    # -- its term of the explicit attention (accrot.position.explicit) -----------------------------------------
+    def logit_bias(self, x: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+        """The additive bias b_ts = Σ_{j=s+1..t} log f_j of query ``rows [R]`` over every key s,
+        ``[B|1, H, R, T]`` float64 (the running sum of ``log_decay`` in float64; entries s > t are meaningless), or
+        None for a part that adds none (not ``additive``)."""
+        if not self.additive:
+            return None
+        c = self.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
+        return c[:, :, rows, None] - c[:, :, None, :]  # [B|1, H, R, T] b_ts = c_t − c_s
+
 
 def init_weights(module: nn.Module, std: float | None) -> None:
     """Every linear and convolution weight of ``module`` N(0, std), every bias 0 (as the reference models' own
@@ -85,6 +159,11 @@ def init_weights(module: nn.Module, std: float | None) -> None:
             nn.init.normal_(layer.weight, std=std)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
+
+
+def _working(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 or wider (its own dtype when wider), contiguous: the precision the explicit scores run in."""
+    return t.to(torch.promote_types(t.dtype, torch.float32)).contiguous()
 
 
 class DeviceConstants:

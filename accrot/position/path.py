@@ -27,6 +27,7 @@ from torch import nn
 from accrot.position.base import RotationPart, init_weights
 from accrot.position.config import SchemeConfig
 from accrot.position.scheme import register_rotation
+from accrot.position.walk import path_walk
 
 
 @register_rotation("path")
@@ -74,6 +75,24 @@ class PathRotation(RotationPart):
             "chunk_size": self.cfg.chunk_size,
             "path_kernel": self.cfg.path_kernel,
         }
+
+    def transported_scores(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                           rows: torch.Tensor) -> torch.Tensor:
+        """D^−1/2 q_tᵀ H_t ⋯ H_{s+1} k_s of ascending query ``rows [R]`` over every key, ``[B, H, R, T]`` float64,
+        by the per-query walk (:func:`accrot.position.walk.path_walk`) in q's precision, float32 or wider (entries
+        s > t are meaningless)."""
+        B, H, T, D = q.shape
+        dt = torch.promote_types(q.dtype, torch.float32)
+        q, k = q.to(dt).contiguous(), k.to(dt).contiguous()
+        w, beta = self.householder(x, tokens)  # [B, H, T, D], [B, H, T]
+        w, beta = w.to(dt).contiguous(), beta.to(dt).contiguous()
+        by_dist = q.new_zeros(B, H, rows.numel(), T)  # [B, H, R, T] ℓᴹ(t, t − Δ) at [.., t, Δ]
+        for d, start, lm in path_walk(q, k, w, beta, rows, T - 1):
+            by_dist[:, :, start:, d] = lm
+        keys = torch.arange(T, device=q.device)
+        back = (rows[:, None] - keys[None, :]).clamp(min=0)  # [R, T] Δ = t − s
+        scores = by_dist.gather(-1, back.expand(B, H, -1, -1))  # [B, H, R, T]
+        return scores.double() * D**-0.5
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from accrot.ops.rotary import rope_frequencies, wrap_angle
-from accrot.position.base import RotationPart
+from accrot.position.base import SO2Rotation
 from accrot.position.config import SchemeConfig
 from accrot.position.rope_scaling import logit_scale, scaled_frequencies
 from accrot.position.scheme import register_rotation
@@ -19,7 +19,7 @@ __all__ = ["RoPE", "rope_frequencies"]  # rope_frequencies lives in accrot.ops.r
 
 
 @register_rotation("rope")
-class RoPE(RotationPart):
+class RoPE(SO2Rotation):
     """``angles(x, tokens) -> [1, H, T, D/2]`` float32: t·ω_i computed in float64, wrapped to [−π, π).
 
     The table depends only on (T, device); one table per device is cached and grown on demand, and shorter

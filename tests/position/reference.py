@@ -1,7 +1,8 @@
 """A scheme's attention recomputed from what it exposes and nothing else, by the naive twins: explicit ``[T, T]``
 logits ℓ_ts = c_t·D^−1/2 q_tᵀ M_{t,s} k_s + b_ts (c from ``logit_scale``, M from ``angles`` / ``householder``,
 b from ``log_decay``), a plain softmax, values transported by the angles where the scheme rotates them, and the output
-times ``output_gate``. Shared by the tests of scalable softmax, the output gate and the per-layer pattern."""
+times ``output_gate``. The independent check of the scheme's explicit twin (``accrot.position.explicit``, which the
+other scheme tests compare the fast path with): it shares none of the twin's code, only the exposed quantities."""
 
 from __future__ import annotations
 

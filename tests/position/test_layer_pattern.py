@@ -10,9 +10,8 @@ import torch
 
 from accrot.diagnostics import layer_inputs
 from accrot.model import ModelConfig, Transformer
-from accrot.position import ROTATIONS, ConfigError, SchemeConfig, build
+from accrot.position import ROTATIONS, ConfigError, SchemeConfig, build, explicit
 from tests.helpers.tolerance import assert_close
-from tests.position.reference import naive_scheme_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
@@ -75,7 +74,7 @@ def test_every_layer_keeps_the_public_contract():
     with torch.no_grad():
         for li in layer_inputs(model, tokens):
             q, k, v = li.q.double(), li.k.double(), li.v.double()
-            ref = naive_scheme_attention(li.scheme, q, k, v, li.x, li.tokens)
+            ref = explicit.attention(li.scheme, q, k, v, li.x, li.tokens)
             assert_close(ref, li.scheme(q, k, v, li.x, li.tokens), 1e-6)  # learned angles: float32 by contract
     assert [s.cfg.rotation for s in model.schemes()] == ["none", "accum"]
 

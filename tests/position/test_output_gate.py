@@ -1,4 +1,4 @@
-"""The output gate (output_gate = elementwise | headwise): what it exposes, the scheme against its naive twin on
+"""The output gate (output_gate = elementwise | headwise): what it exposes, the scheme against its explicit twin on
 every rotation and far mass (outputs and gradients, float64), and the properties that follow from the math."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from accrot.position import OUTPUT_GATES, ConfigError, SchemeConfig, build
+from accrot.position import OUTPUT_GATES, ConfigError, SchemeConfig, build, explicit
 from tests.helpers.tolerance import assert_close
-from tests.position.reference import GRAD_RTOL, ROTATIONS, inputs, naive_scheme_attention
+from tests.position.reference import GRAD_RTOL, ROTATIONS, inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
@@ -50,7 +50,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_gated_scheme_matches_naive_twin_outputs_and_gradients(name):
+def test_gated_scheme_matches_explicit_twin_outputs_and_gradients(name):
     """The gate after the whole attention (value transport included), on every rotation and every far mass,
     float64: outputs and the gradients of q, k, v, x and every parameter (the gate's included)."""
     torch.manual_seed(0)
@@ -66,7 +66,7 @@ def test_gated_scheme_matches_naive_twin_outputs_and_gradients(name):
         t.requires_grad_()
     named = [(n, p) for n, p in scheme.named_parameters() if p.requires_grad]
     out = scheme(q, k, v, x, tokens)
-    ref = naive_scheme_attention(scheme, q, k, v, x, tokens)
+    ref = explicit.attention(scheme, q, k, v, x, tokens)
     # the forget gate's log f is float32 by contract, everything else float64
     forget = options.get("far_mass") == "forget"
     assert_close(ref, out, 1e-6 if forget else 1e-10)

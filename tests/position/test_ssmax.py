@@ -1,4 +1,4 @@
-"""Scalable softmax (far_mass="ssmax"): the exposed factor s_h·log(t + 1), the scheme against its naive twin on
+"""Scalable softmax (far_mass="ssmax"): the exposed factor s_h·log(t + 1), the scheme against its explicit twin on
 every rotation (outputs and gradients, float64), the properties that follow from the math, and its precision."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from accrot.position import FAR_MASS, ConfigError, SchemeConfig, build
+from accrot.position import FAR_MASS, ConfigError, SchemeConfig, build, explicit
 from tests.helpers.tolerance import assert_close
-from tests.position.reference import GRAD_RTOL, ROTATIONS, inputs, naive_scheme_attention
+from tests.position.reference import GRAD_RTOL, ROTATIONS, inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixture in tests/conftest.py
 
@@ -36,7 +36,7 @@ def test_logit_scale_is_s_log_n_and_there_is_no_bias():
 
 
 @pytest.mark.parametrize("name", list(ROTATIONS))
-def test_ssmax_matches_naive_twin_outputs_and_gradients(name):
+def test_ssmax_matches_explicit_twin_outputs_and_gradients(name):
     """Every rotation × ssmax, float64: the fused path (the factor folded into q) against explicit [T, T] logits
     scaled row by row, on the output and on the gradients of q, k, v, x and every parameter (s included)."""
     torch.manual_seed(0)
@@ -49,7 +49,7 @@ def test_ssmax_matches_naive_twin_outputs_and_gradients(name):
         t.requires_grad_()
     params = [p for p in scheme.parameters() if p.requires_grad]
     out = scheme(q, k, v, x, tokens)
-    ref = naive_scheme_attention(scheme, q, k, v, x, tokens)
+    ref = explicit.attention(scheme, q, k, v, x, tokens)
     assert_close(ref, out, 1e-10)
     g = torch.randn_like(out)
     fast_g = torch.autograd.grad(out, leaves + params, g, allow_unused=True)
