@@ -33,7 +33,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
-from accrot.position import SchemeConfig
+from accrot.position import SchemeConfig, facts
 from accrot.position.config import saved_scheme
 
 RECORD_KEY = "accrot"  # the checkpoint's section of accrot's own resume facts
@@ -230,10 +230,7 @@ def _identity(scheme: dict | None) -> dict:
     for key, default in ADDED_SCHEME_KEYS.items():  # a checkpoint older than a key means its default
         if d.get(key, default) == default:
             d.pop(key, None)
-    random = d.get("rotation") == "accum" and (
-        d.get("increments") in ("random_position", "random_token")
-        or (d.get("increments") in ("learned", "softplus")
-            and (d.get("window") is not None or d.get("sigma") is not None)))
+    random = facts(config).random if config is not None else True  # an unreadable scheme: keep what it says
     seed = d.pop("seed", None)
     if random:
         d["seed"] = 0 if seed is None else seed

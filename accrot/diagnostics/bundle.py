@@ -22,6 +22,7 @@ from accrot.diagnostics.coherence import (
 from accrot.diagnostics.far_mass import predicted_far_mass
 from accrot.diagnostics.inputs import SCHEMA, backbone, default_distances
 from accrot.diagnostics.layers import far_means, fresh_draws_apply, layer_sums
+from accrot.position import facts
 
 
 # -- the bundle -----------------------------------------------------------------------------------------------------
@@ -89,7 +90,7 @@ def diagnose(
     predictions = [predicted_coherence(scheme, grid) for scheme in schemes]  # [H, len(grid)] or None each
     fresh = any(fresh_draws_apply(s) for s in schemes)
     reference = _reference_length(lengths, window_multiple * train_length)
-    own = not fresh and any(s.cfg.rotation in ("accum", "path") for s in schemes)  # windows read off pass 1
+    own = not fresh and any(facts(s.cfg).accumulates for s in schemes)  # windows read off pass 1
     windows = None if own else _far_windows(schemes, layers, predictions, grid, eps, base, reference, train_length)
     at_l, near_l = None, min(lengths, key=lambda n: abs(n - train_length))
     # the reference length first: the far keys of a model's own transport begin at the windows fitted there
@@ -214,7 +215,7 @@ def far_windows(scheme: nn.Module, layer: Mapping, prediction, grid: Sequence[in
         own = [w] * H
         why = f"predicted {w:.0f}" if math.isfinite(w) else "predicted: none"
         sources = [why] * H
-    elif scheme.cfg.rotation in ("accum", "path"):
+    elif facts(scheme.cfg).accumulates:
         entry = next((c for c in layer["coherence"] if c["length"] == reference), None)
         own, sources = [], []
         for h in range(H):

@@ -15,8 +15,8 @@ from accrot.diagnostics.inputs import (
     path_walk,
     spread_indices,
 )
-from accrot.ops.rotary import rope_frequencies, rotate_pairs
-from accrot.position.accum import char_fn_abs, increment_distribution, mix_seed
+from accrot.ops.rotary import rotate_pairs
+from accrot.position.accum import mix_seed
 
 # -- coherence ---------------------------------------------------------------------------------------------------
 PATH_ROW_TOKENS = 2048  # PaTH's per-query walk: rows × length held at most max_queries × this
@@ -318,51 +318,21 @@ def replicate_window(sums: Mapping[str, torch.Tensor], distances: Sequence[int],
 
 def predicted_coherence(scheme: nn.Module, distances: Sequence[int]) -> torch.Tensor | None:
     """The i.i.d. prediction of c(Δ) from the scheme's increment distribution, ``[H, len(distances)]`` float64,
-    or None where the theory gives none (learned increments without a mixing floor, PaTH).
+    or None where the theory gives none (learned increments without a mixing floor, PaTH): the rotation part's own
+    (:meth:`~accrot.position.base.RotationPart.predicted_coherence`).
 
-    none: 1. rope: mean_i cos(Δ ω_i). accum with random increments: mean_i |φ_i|^Δ cos(Δ μ_i) with |φ_i| from
-    ``describe()``'s ``increment_char_fn`` (exact for zero-mean, one-spread ``random_position``; the others assume
-    isotropic q, k, and ``random_token`` assumes the tokens on a path are distinct). Learned increments with a
-    mixing floor: the floor's envelope mean_i |φ_i|^Δ, an upper bound. See :func:`prediction_basis`.
+    none: 1. rope: mean_i cos(Δ ω_i). accum with random increments: mean_i |φ_i|^Δ cos(Δ μ_i) (exact for zero-mean,
+    one-spread ``random_position``; the others assume isotropic q, k, and ``random_token`` assumes the tokens on a
+    path are distinct). Learned increments with a mixing floor: the floor's envelope mean_i |φ_i|^Δ, an upper bound.
+    See :func:`prediction_basis`.
     """
-    cfg = scheme.cfg
-    H, D = scheme.rotation.n_heads, scheme.rotation.head_dim
     d = torch.as_tensor(list(distances), dtype=torch.float64)[:, None]  # [n, 1]
-    if cfg.rotation == "none":
-        curve = torch.ones(d.shape[0], dtype=torch.float64)
-    elif cfg.rotation == "rope":
-        curve = torch.cos(d * rope_frequencies(D, cfg.rope_base)).mean(-1)  # [n]
-    elif cfg.rotation == "accum":
-        info = scheme.describe()
-        if cfg.increments in ("random_position", "random_token"):
-            rho = torch.tensor(info["increment_char_fn"], dtype=torch.float64)  # [P]
-            mean, _ = increment_distribution(cfg, D)  # [P]
-        elif "mixing_floor_sigma" in info:
-            rho = char_fn_abs(torch.tensor(info["mixing_floor_sigma"], dtype=torch.float64), cfg.increment_family)
-            mean = torch.zeros_like(rho)  # the envelope: the learned part can only lower it
-        else:
-            return None
-        curve = (rho.pow(d) * torch.cos(d * mean)).mean(-1)  # [n]
-    else:
-        return None
-    return curve.expand(H, -1).clone()
+    curve = scheme.rotation.predicted_coherence(d)  # [n] or None
+    return None if curve is None else curve.expand(scheme.rotation.n_heads, -1).clone()
 
 
 def prediction_basis(scheme: nn.Module) -> str:
     """How :func:`predicted_coherence` relates to the measurement: ``exact`` (in expectation, any q, k),
     ``isotropic`` (assumes isotropic q, k), ``approximate`` (random_token: i.i.d. only over distinct tokens),
-    ``upper bound`` (learned increments' mixing floor) or ``none``."""
-    cfg = scheme.cfg
-    if cfg.rotation == "none":
-        return "exact"
-    if cfg.rotation == "rope":
-        return "isotropic"
-    if cfg.rotation == "accum":
-        if cfg.increments == "random_position":
-            exact = cfg.increment_mean == "zero" and cfg.increment_spread == "constant"
-            return "exact" if exact else "isotropic"
-        if cfg.increments == "random_token":
-            return "approximate"
-        if "mixing_floor_sigma" in scheme.describe():
-            return "upper bound"
-    return "none"
+    ``upper bound`` (learned increments' mixing floor) or ``none`` (the rotation part's own)."""
+    return scheme.rotation.prediction_basis()

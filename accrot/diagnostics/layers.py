@@ -18,6 +18,7 @@ from accrot.diagnostics.coherence import (
 )
 from accrot.diagnostics.far_mass import scheme_far_sums
 from accrot.diagnostics.inputs import batches, eval_mode, layer_inputs
+from accrot.position import facts
 
 
 def layer_sums(
@@ -72,8 +73,7 @@ def fresh_draws_apply(scheme: nn.Module) -> bool:
     """Random *position* increments: a new draw per training batch, so no single draw is "the model's" transport;
     their coherence is measured under fresh draws of the distribution (a calibration of the instrument). Token
     increments are a fixed table, learned ones a function of x: the model's own transport, measured as it is."""
-    rotation = scheme.rotation
-    return bool(getattr(rotation, "random", False)) and getattr(scheme.cfg, "increments", None) == "random_position"
+    return facts(scheme.cfg).fresh_draws
 
 
 def far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -64,12 +64,11 @@ import dataclasses
 import math
 
 import torch
-from torch import nn
 
 from accrot.errors import ConfigError
 from accrot.ops import counter_rng
 from accrot.ops.rotary import accumulate_angles, accumulate_drawn, rope_frequencies, wrap_angle
-from accrot.position.base import DeviceConstants, SO2Rotation
+from accrot.position.base import DeviceConstants, IncrementSource, SO2Rotation
 from accrot.position.config import IncrementFamily, SchemeConfig
 from accrot.position.learned import (  # noqa: F401 - callers still import the learned part from here
     SOFTPLUS_INIT_OMEGA,
@@ -77,7 +76,7 @@ from accrot.position.learned import (  # noqa: F401 - callers still import the l
     SoftplusIncrements,
     causal_depthwise_conv,
 )
-from accrot.position.scheme import register_rotation
+from accrot.position.scheme import INCREMENTS, register_increments, register_rotation
 
 DEFAULT_WINDOW = 96.0  # tokens; the mixing window of random increments when neither window nor sigma is set
 POSITION_CHUNK = 256  # positions per independently seeded chunk of fixed random_position increments
@@ -169,8 +168,32 @@ def _standard_noise(
 
 
 # -- increment sources ---------------------------------------------------------------------------------------
-class RandomPositionIncrements(nn.Module):
+@register_increments("random_position")
+class RandomPositionIncrements(IncrementSource):
     """δ i.i.d. per position: fresh in training (with resample), a fixed function of position otherwise."""
+
+    random = True
+    fresh_draws = True  # a new draw per batch: no single draw is the model's transport
+    reads = ("increment_mean", "increment_spread", "increment_family", "seed", "resample")
+
+    @classmethod
+    def regularity(cls, cfg: SchemeConfig) -> str:
+        """A spread on RoPE's ladder (σ_i ∝ ω_i) leaves the slow pairs' windows far past any length: it fails."""
+        return "fails" if cfg.increment_spread == "ladder" else "holds"
+
+    @classmethod
+    def create(cls, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> RandomPositionIncrements:
+        return cls(cfg, n_heads, head_dim)
+
+    def law(self) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, sigma = increment_distribution(self.cfg, 2 * self.P)  # [P] float64 each
+        return char_fn_abs(sigma, self.cfg.increment_family), mean
+
+    def prediction_basis(self) -> str:
+        """Exact for zero-mean increments with one spread for every pair; a mean or a spread per pair weights the
+        pairs by the model's own q·k, so the prediction assumes isotropic q, k there."""
+        exact = self.cfg.increment_mean == "zero" and self.cfg.increment_spread == "constant"
+        return "exact" if exact else "isotropic"
 
     def __init__(self, cfg: SchemeConfig, n_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -321,8 +344,25 @@ class RandomPositionIncrements(nn.Module):
         return self._increments(self._training_noise(B, T))  # [B, H, T, P] this rank's rows
 
 
-class RandomTokenIncrements(nn.Module):
+@register_increments("random_token")
+class RandomTokenIncrements(IncrementSource):
     """δ_j = table[token_j] from a frozen random table ``[vocab_size, H, P]`` (a buffer, saved with the model)."""
+
+    random = True
+    reads = ("increment_mean", "increment_spread", "increment_family", "seed", "vocab_size")
+    law = RandomPositionIncrements.law  # the same distribution options
+
+    @classmethod
+    def regularity(cls, cfg: SchemeConfig) -> str:
+        return RandomPositionIncrements.regularity(cfg)
+
+    @classmethod
+    def create(cls, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> RandomTokenIncrements:
+        return cls(cfg, n_heads, head_dim)
+
+    def prediction_basis(self) -> str:
+        """Approximate: the draws on a path are i.i.d. only over distinct tokens."""
+        return "approximate"
 
     def __init__(self, cfg: SchemeConfig, n_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -359,6 +399,11 @@ class RandomTokenIncrements(nn.Module):
         return self.table[tokens].to(torch.float32).permute(0, 2, 1, 3)  # [B, T, H, P] -> [B, H, T, P]
 
 
+def _has_floor(cfg: SchemeConfig) -> bool:
+    """A mixing floor: learned increments with a window (or spread) set get zero-mean random draws added."""
+    return INCREMENTS[cfg.increments].learned and (cfg.window is not None or cfg.sigma is not None)
+
+
 def _check_options(cfg: SchemeConfig) -> None:
     """Reject options that do nothing for the chosen increment kind (a silent no-op would mislabel a run)."""
     if cfg.increments in ("learned", "softplus"):
@@ -391,22 +436,41 @@ class AccumulatedRotation(SO2Rotation):
     """
 
     kind = "so2"
+    accumulates = True  # θ_t − θ_s = Σ_{j=s+1..t} δ_j: a product of per-token rotations
+    reads = ("rope_base", "window", "sigma", "window_eps")  # the window (or spread) of the draws or the floor
+
+    @classmethod
+    def declared(cls, cfg: SchemeConfig) -> dict:
+        """The increment source's facts; a mixing floor on learned increments adds draws (``random``) and makes
+        every pair mix by construction."""
+        source = INCREMENTS[cfg.increments]
+        floor = _has_floor(cfg)
+        return {"random": source.random or floor, "learned": source.learned, "drifts": source.drifts,
+                "fresh_draws": source.fresh_draws, "regularity": "holds" if floor else source.regularity(cfg),
+                "parts": (cls, source, *((RandomPositionIncrements,) if floor else ()))}
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         _check_options(cfg)
-        if cfg.increments == "random_position":
-            self.source: nn.Module = RandomPositionIncrements(cfg, n_heads, self.head_dim)
-        elif cfg.increments == "random_token":
-            self.source = RandomTokenIncrements(cfg, n_heads, self.head_dim)
-        elif cfg.increments == "softplus":
-            self.source = SoftplusIncrements(cfg, d_model, n_heads, self.head_dim)
-        else:
-            self.source = LearnedIncrements(cfg, d_model, n_heads, self.head_dim)
+        self.source: IncrementSource = INCREMENTS[cfg.increments].create(cfg, d_model, n_heads, self.head_dim)
         self.floor: RandomPositionIncrements | None = None
-        if self.learned and (cfg.window is not None or cfg.sigma is not None):
+        if _has_floor(cfg):
             noise = dataclasses.replace(cfg, increments="random_position", increment_mean="zero")
             self.floor = RandomPositionIncrements(noise, n_heads, self.head_dim)
+
+    def predicted_coherence(self, distances: torch.Tensor) -> torch.Tensor | None:
+        """mean_i |φ_i|^Δ cos(Δ μ_i) of random increments (|φ_i| = |E[e^{iδ_i}]|); with a mixing floor the floor's
+        envelope mean_i |φ_i|^Δ, an upper bound (the learned part can only lower it); None otherwise."""
+        law = self.floor.law() if self.floor is not None else self.source.law()
+        if law is None:
+            return None
+        rho, mean = law
+        if self.floor is not None:
+            mean = torch.zeros_like(rho)
+        return (rho.pow(distances) * torch.cos(distances * mean)).mean(-1)  # [n]
+
+    def prediction_basis(self) -> str:
+        return "upper bound" if self.floor is not None else self.source.prediction_basis()
 
     def set_stream(self, layer: int) -> None:
         for source in (self.source, self.floor):
@@ -436,12 +500,12 @@ class AccumulatedRotation(SO2Rotation):
     @property
     def learned(self) -> bool:
         """True when the increments are a learned function of x (learned, softplus)."""
-        return isinstance(self.source, (LearnedIncrements, SoftplusIncrements))
+        return self.source.learned
 
     @property
     def random(self) -> bool:
         """True when the increments are drawn from a known distribution (random_position, random_token)."""
-        return isinstance(self.source, (RandomPositionIncrements, RandomTokenIncrements))
+        return self.source.random
 
     def independent_angles(self, tokens: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """θ of a fresh, independent draw of the increment distribution, ``[B, H, T, P]`` float32 (diagnostics).
@@ -487,6 +551,7 @@ class AccumulatedRotation(SO2Rotation):
         info.update(
             increment_family=cfg.increment_family,
             increment_mean=cfg.increment_mean,  # the mean does not change |φ| or the window
+            increment_spread=cfg.increment_spread,  # a ladder breaks the regularity condition
             increment_sigma=sigma.tolist(),
             increment_char_fn=char_fn_abs(sigma, cfg.increment_family).tolist(),
             mixing_window=mixing_window(sigma, cfg.window_eps, cfg.increment_family).tolist(),

@@ -33,6 +33,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBi(FarMassPart):
     """``log_decay(x, tokens) -> [1, H, T]`` float32, the constant −m_h at every step."""
 
+    controls_far_mass = True  # −m_h·(t − s): grows with distance
+    reads = ("block_size",)
+
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         self.slopes = alibi_slopes(n_heads)  # plain floats: Module.to(bf16) must never round them

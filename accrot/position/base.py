@@ -42,9 +42,39 @@ from accrot.position.config import SchemeConfig
 
 
 class RotationPart(nn.Module):
-    """Base of rotation parts. ``kind`` is ``"so2"`` (angles), ``"path"`` (Householder) or ``"none"``."""
+    """Base of rotation parts. ``kind`` is ``"so2"`` (angles), ``"path"`` (Householder) or ``"none"``.
+
+    What the part is, declared for readers that never build it (:func:`accrot.position.facts`):
+
+    * ``accumulates``: M_{t,s} is a product of per-token factors along the path s+1..t, taken from the data or
+      drawn (accum, PaTH); RoPE's R(ω)^{t−s} and no rotation do not.
+    * ``commutes``: the factors commute (SO(2) rotations in fixed planes, and no rotation); PaTH's Householder
+      products do not.
+    * ``random`` / ``learned``: the factors are drawn from a known distribution / are a learned function of x
+      (for the accumulated rotation: its increment source's, :class:`IncrementSource`).
+    * ``reads``: the :class:`~accrot.position.config.SchemeConfig` options the part reads; ``unread``: options
+      of the other parts it makes unused (PaTH's walk replaces the far-mass kernel and its ``block_size``).
+    """
 
     kind = "none"
+    accumulates = False
+    commutes = True
+    random = False
+    learned = False
+    reads: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+    @classmethod
+    def declared(cls, cfg: SchemeConfig) -> dict:
+        """This part's facts for ``cfg`` (the class attributes; the accumulated rotation's come from its increment
+        source): ``random``, ``learned``, ``drifts``, ``fresh_draws``, ``regularity`` and ``parts``, the classes
+        whose ``reads`` this rotation brings (itself, its increment source, a mixing floor).
+
+        ``regularity`` is where the part stands on the theory's condition that every pair mixes: ``"holds"`` by
+        construction, ``"may hold"`` (a learned transport, which training decides), ``"fails"`` by construction, or
+        None where nothing accumulates."""
+        return {"random": cls.random, "learned": cls.learned, "drifts": False, "fresh_draws": False,
+                "regularity": "may hold" if cls.accumulates else None, "parts": (cls,)}
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -54,6 +84,16 @@ class RotationPart(nn.Module):
     def describe(self) -> dict:
         """Facts worth logging at construction (e.g. predicted mixing windows)."""
         return {}
+
+    def predicted_coherence(self, distances: torch.Tensor) -> torch.Tensor | None:
+        """The i.i.d. prediction of the coherence c(Δ) at ``distances [n, 1]`` (float64), ``[n]``, or None where the
+        theory gives none (a learned transport without a mixing floor). See :meth:`prediction_basis`."""
+        return None
+
+    def prediction_basis(self) -> str:
+        """How :meth:`predicted_coherence` relates to a measurement: ``exact`` (in expectation, any q, k),
+        ``isotropic`` (assumes isotropic q, k), ``approximate``, ``upper bound`` or ``none``."""
+        return "none"
 
     # what the backbone tells a scheme: a rotation with no randomness of its own has nothing to do with it
     def set_stream(self, layer: int) -> None:
@@ -120,9 +160,17 @@ class FarMassPart(nn.Module):
     """Base of far-mass parts: ``log_decay(x, tokens)`` gives per-step log f_j, ``[B, H, T]`` float32.
 
     ``additive`` parts (ALiBi, forget gate) add the bias b_ts = Σ_{j=s+1..t} log f_j; the others (scalable softmax)
-    have no bias (``log_decay`` is 0) and scale each query row's logits by ``logit_scale(x, tokens)``."""
+    have no bias (``log_decay`` is 0) and scale each query row's logits by ``logit_scale(x, tokens)``.
+
+    Declared facts (:func:`accrot.position.facts`): ``controls_far_mass``, a term on the logits that grows with the
+    distance t − s (the far-mass lower bound's meaning of control: ALiBi, the forget gate); ``scales_logits``, a
+    factor on a row's logits that grows with the number of keys, not with distance (scalable softmax); ``reads``,
+    the options the part reads."""
 
     additive = True
+    controls_far_mass = True
+    scales_logits = False
+    reads: tuple[str, ...] = ()
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__()
@@ -147,6 +195,56 @@ class FarMassPart(nn.Module):
             return None
         c = self.log_decay(x, tokens).double().cumsum(-1)  # [B|1, H, T] c_t = Σ_{j≤t} log f_j
         return c[:, :, rows, None] - c[:, :, None, :]  # [B|1, H, R, T] b_ts = c_t − c_s
+
+
+class OutputGatePart(nn.Module):
+    """Base of output gates: ``gate(x, tokens) -> [B, H, T, D]`` in (0, 1), multiplying the attention output.
+
+    A gate can switch a head's output off, but it leaves the attention weights, and so the far mass, as they are:
+    it is no far-mass control (``gates_output`` is its fact; ``reads``: the options it reads)."""
+
+    gates_output = True
+    reads: tuple[str, ...] = ()
+
+
+class IncrementSource(nn.Module):
+    """Base of the accumulated rotation's increment sources (``increments=...``, registered by
+    :func:`~accrot.position.scheme.register_increments`): ``forward(x, tokens) -> δ [B|1, H, T, D/2]`` float32.
+
+    Declared facts (:func:`accrot.position.facts`):
+
+    * ``random``: δ is drawn from a known distribution (random_position, random_token);
+    * ``learned``: δ is a learned function of x (learned, softplus);
+    * ``drifts``: δ is non-negative by construction (softplus), a drift whose slow pairs stay coherent;
+    * ``fresh_draws``: δ is drawn anew per position, so no one draw is the model's transport and its coherence is
+      measured under fresh draws of the distribution (random_position: a calibration of the instrument);
+    * ``reads``: the options the source reads beyond the rotation's own;
+    * :meth:`regularity`: where it stands on the condition that every pair mixes.
+    """
+
+    random = False
+    learned = False
+    drifts = False
+    fresh_draws = False
+    reads: tuple[str, ...] = ()
+
+    @classmethod
+    def create(cls, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> IncrementSource:
+        """The source of ``cfg``'s accumulated rotation (the sources that read no input override it)."""
+        return cls(cfg, d_model, n_heads, head_dim)
+
+    @classmethod
+    def regularity(cls, cfg: SchemeConfig) -> str:
+        """``"holds"`` (every pair mixes by construction), ``"may hold"`` (learning decides) or ``"fails"``."""
+        return "holds" if cls.random else "may hold"
+
+    def law(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(|E[e^{iδ_i}]|, E[δ_i]) per pair, ``[D/2]`` float64 each, where the distribution is known; None otherwise."""
+        return None
+
+    def prediction_basis(self) -> str:
+        """How the coherence the :meth:`law` predicts relates to a measurement (:meth:`RotationPart.prediction_basis`)."""
+        return "none"
 
 
 def init_weights(module: nn.Module, std: float | None) -> None:

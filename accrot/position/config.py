@@ -50,33 +50,11 @@ REFERENCE: dict[str, dict[str, Any]] = {
 }
 
 
-def _accum(c: SchemeConfig) -> bool:
-    return c.rotation == "accum"
+def _rotation_kind(rotation: str) -> str:
+    """The registered rotation part's ``kind`` (read lazily: the parts import this module)."""
+    from accrot.position.scheme import ROTATIONS
 
-
-def _accum_learned(c: SchemeConfig) -> bool:
-    return c.rotation == "accum" and c.increments == "learned"
-
-
-_PATH = ("rotation='path'", lambda c: c.rotation == "path")
-_ACCUM = ("rotation='accum'", _accum)
-# the options only some schemes read: field -> (who reads it, whether this config's scheme does). A value other than
-# the default on a scheme that never reads it is a warning (SchemeConfig.ignored): the run would not be what it says
-_READ_BY = {
-    "rope_base": ("rotation='rope' or 'accum'", lambda c: c.rotation in ("rope", "accum")),
-    "increment_mean": _ACCUM, "increment_spread": _ACCUM, "increment_family": _ACCUM, "window": _ACCUM,
-    "sigma": _ACCUM, "window_eps": _ACCUM, "increment_rank": _ACCUM, "learned_ladder": _ACCUM,
-    "resample": ("rotation='accum' with random_position increments (or a learned mixing floor)",
-                 lambda c: _accum(c) and (c.increments == "random_position" or c.window is not None
-                                          or c.sigma is not None)),
-    "max_increment": ("increments='learned'", _accum_learned),
-    "learned_init_std": ("increments='learned'", _accum_learned),
-    "conv_size": ("rotation='path' or increments='learned'", lambda c: c.rotation == "path" or _accum_learned(c)),
-    "forget_bias_init": ("far_mass='forget'", lambda c: c.far_mass == "forget"),
-    "beta_max": _PATH, "path_rank": _PATH, "chunk_size": _PATH, "path_kernel": _PATH,
-    "block_size": ("far_mass='alibi' or 'forget' without rotation='path'",
-                   lambda c: c.far_mass != "none" and c.rotation != "path"),
-}
+    return ROTATIONS[rotation].kind
 
 
 @dataclass
@@ -211,7 +189,7 @@ class SchemeConfig:
                 f"increments={self.increments!r} needs rotation='accum' (got rotation={self.rotation!r}); "
                 "drop increments or set rotation=accum"
             )
-        if self.rotate_values and self.rotation not in ("rope", "accum"):
+        if self.rotate_values and _rotation_kind(self.rotation) != "so2":
             raise ConfigError(
                 f"rotate_values=true needs an SO(2) rotation (rope or accum), not rotation={self.rotation!r}"
             )
@@ -265,7 +243,7 @@ class SchemeConfig:
         for entry in pattern:
             check_choice("layer_pattern entry", entry, LayerKind)
         self.layer_pattern = list(pattern)
-        if self.rotation == "none":
+        if _rotation_kind(self.rotation) == "none":
             raise ConfigError(f"layer_pattern={self.layer_pattern!r} needs a rotation to interleave; with "
                               "rotation='none' every layer is position-free already: drop layer_pattern")
         if "none" not in pattern:
@@ -298,10 +276,11 @@ class SchemeConfig:
 
     def ignored(self) -> list[tuple[str, str]]:
         """``(field, who reads it)`` for every option set to other than its default that this scheme never reads
-        (``window`` with ``rotation='rope'``): the run would silently not be what its config says."""
-        defaults = {f.name: f.default for f in fields(self)}
-        return [(name, reader) for name, (reader, reads) in _READ_BY.items()
-                if getattr(self, name) != defaults[name] and not reads(self)]
+        (``window`` with ``rotation='rope'``): the run would silently not be what its config says. What each part
+        reads is its own declaration (:func:`accrot.position.declared.ignored`)."""
+        from accrot.position.declared import ignored
+
+        return ignored(self)
 
     @classmethod
     def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:

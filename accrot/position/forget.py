@@ -40,6 +40,9 @@ def alibi_matching_bias(n_heads: int) -> list[float]:
 class ForgetGate(FarMassPart):
     """``log_decay(x, tokens) -> [B, H, T]`` float32, logsigmoid(w_h·x_j + b_h)."""
 
+    controls_far_mass = True  # Σ_{j=s+1..t} log f_j ≤ 0: grows with distance
+    reads = ("forget_bias_init", "forget_init", "block_size")
+
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
         self.proj = nn.Linear(d_model, n_heads)

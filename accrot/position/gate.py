@@ -23,13 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accrot.position.base import OutputGatePart
 from accrot.position.config import SchemeConfig
 from accrot.position.scheme import register_output_gate
 
 
 @register_output_gate("elementwise")
 @register_output_gate("headwise")
-class OutputGate(nn.Module):
+class OutputGate(OutputGatePart):
     """``gate(x, tokens) -> [B, H, T, D]``: σ(W x + b), one value per coordinate (elementwise) or per head
     (headwise: every coordinate of a head's row shares it; the result is an expanded view)."""
 

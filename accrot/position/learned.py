@@ -15,11 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from accrot.ops.rotary import accumulate_angles, accumulate_bounded, rope_frequencies
-from accrot.position.base import DeviceConstants, init_weights
+from accrot.position.base import DeviceConstants, IncrementSource, init_weights
 from accrot.position.config import SchemeConfig
+from accrot.position.scheme import register_increments
 
 
-class LearnedIncrements(nn.Module):
+@register_increments("learned")
+class LearnedIncrements(IncrementSource):
     """δ_j = μ + ℓ · M · tanh(u_j / M), u = proj(x): float32 whatever the autocast or parameter dtype
     (:mod:`accrot.position.accum`'s docstring).
 
@@ -29,6 +31,10 @@ class LearnedIncrements(nn.Module):
     full-rank projection (no ``down``), width 0 no convolution. Every weight starts N(0, ``learned_init_std``), as
     the reference models initialise every linear and convolution layer (std 0.02).
     """
+
+    learned = True
+    reads = ("increment_mean", "increment_rank", "conv_size", "learned_ladder", "ladder_base", "max_increment",
+             "learned_init_std", "learned_form")
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> None:
         super().__init__()
@@ -88,7 +94,8 @@ class LearnedIncrements(nn.Module):
 SOFTPLUS_INIT_OMEGA = 1e-3  # GRAPE's grape_ctx_init_omega: the phase rate every token starts with
 
 
-class SoftplusIncrements(nn.Module):
+@register_increments("softplus")
+class SoftplusIncrements(IncrementSource):
     """GRAPE's contextual phase (multiplicative GRAPE, contextual type I): a non-negative phase rate per token,
     ω_j = softplus(w·x_j + b) (one scalar shared by every head and pair), on a learnable ladder θ_i = exp(λ_i)
     initialised to RoPE's frequencies at ``ladder_base``; the angle of pair i at t is θ_i · Σ_{j<t} ω_j (an
@@ -100,6 +107,15 @@ class SoftplusIncrements(nn.Module):
 
     Reference: model-architectures/GRAPE ``model/llama-mha-grape-m-ctx.py`` (``MSGRAPEContextType1``).
     """
+
+    learned = True
+    drifts = True  # ω ≥ 0: every increment has the sign of its pair's frequency
+    reads = ("ladder_base",)
+
+    @classmethod
+    def regularity(cls, cfg: SchemeConfig) -> str:
+        """A drift: the slow pairs stay coherent, the condition fails by construction (without a mixing floor)."""
+        return "fails"
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> None:
         super().__init__()

@@ -35,6 +35,11 @@ class PathRotation(RotationPart):
     """PaTH's rotation part: ``householder(x, tokens) -> (w [B, H, T, D] unit rows, beta [B, H, T])``."""
 
     kind = "path"
+    accumulates = True  # H_t ⋯ H_{s+1}: a product of per-token Householder factors
+    commutes = False
+    learned = True
+    reads = ("beta_max", "path_rank", "chunk_size", "path_kernel", "conv_size", "learned_init_std")
+    unread = ("block_size",)  # its chunked walk takes the far-mass bias itself: the biased kernel never runs
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)

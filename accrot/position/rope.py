@@ -27,6 +27,7 @@ class RoPE(SO2Rotation):
     """
 
     kind = "so2"
+    reads = ("rope_base",)
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)
@@ -34,6 +35,13 @@ class RoPE(SO2Rotation):
         self.omega = rope_frequencies(self.head_dim, cfg.rope_base)  # [P] float64
         self.scaling = None  # an evaluation-time length extension (accrot.position.rope_scaling), off in training
         self._tables: dict[tuple[torch.device, float], torch.Tensor] = {}
+
+    def predicted_coherence(self, distances: torch.Tensor) -> torch.Tensor:
+        """mean_i cos(Δ ω_i): every pair keeps turning, none mixes."""
+        return torch.cos(distances * rope_frequencies(self.head_dim, self.cfg.rope_base)).mean(-1)  # [n]
+
+    def prediction_basis(self) -> str:
+        return "isotropic"
 
     def set_scaling(self, scaling) -> None:
         self.scaling = scaling

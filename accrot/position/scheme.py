@@ -2,7 +2,8 @@
 
 ``build(cfg, d_model, n_heads, layer)`` looks the rotation, the far-mass part and the output gate up in three
 registries, so a new family is one file with a ``@register_rotation`` / ``@register_far_mass`` /
-``@register_output_gate`` class, never a new flag. ``layer`` picks the layer's entry of ``cfg.layer_pattern``.
+``@register_output_gate`` class (an increment source of the accumulated rotation: ``@register_increments``), never a
+new flag. ``layer`` picks the layer's entry of ``cfg.layer_pattern``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from torch import nn
 from accrot.errors import ConfigError
 from accrot.ops.attention import causal_attention
 from accrot.ops.rotary import cos_sin, rotate_pairs_cs, rotate_pairs_many
-from accrot.position.base import FarMassPart, RotationPart
+from accrot.position.base import FarMassPart, IncrementSource, RotationPart
 from accrot.position.config import SchemeConfig
 
 ROTATIONS: dict[str, type[RotationPart]] = {}
 FAR_MASS: dict[str, type[FarMassPart]] = {}
 OUTPUT_GATES: dict[str, type[nn.Module]] = {}
+INCREMENTS: dict[str, type[IncrementSource]] = {}  # the accumulated rotation's increment sources (cfg.increments)
 
 
 def register_rotation(name: str) -> Callable[[type[RotationPart]], type[RotationPart]]:
@@ -34,6 +36,14 @@ def register_rotation(name: str) -> Callable[[type[RotationPart]], type[Rotation
 def register_far_mass(name: str) -> Callable[[type[FarMassPart]], type[FarMassPart]]:
     def deco(cls: type[FarMassPart]) -> type[FarMassPart]:
         FAR_MASS[name] = cls
+        return cls
+
+    return deco
+
+
+def register_increments(name: str) -> Callable[[type[IncrementSource]], type[IncrementSource]]:
+    def deco(cls: type[IncrementSource]) -> type[IncrementSource]:
+        INCREMENTS[name] = cls
         return cls
 
     return deco

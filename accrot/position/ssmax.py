@@ -32,6 +32,9 @@ class ScalableSoftmax(FarMassPart):
     (no bias)."""
 
     additive = False
+    controls_far_mass = False  # no term growing with distance: a row's factor grows with its number of keys
+    scales_logits = True
+    reads = ("ssmax_init", "block_size")
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
         super().__init__(cfg, d_model, n_heads)

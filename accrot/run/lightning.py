@@ -486,7 +486,9 @@ def check_path_kernel(model, device) -> None:
     """``model.scheme.path_kernel=fla`` where it cannot run (no CUDA device, no Triton or fla, a head dim fla lacks):
     one line before any training, instead of an error at the first forward."""
     scheme = getattr(model, "scheme_config", None)
-    if scheme is None or scheme.rotation != "path" or scheme.path_kernel != "fla":
+    from accrot.position.declared import reads
+
+    if scheme is None or "path_kernel" not in reads(scheme) or scheme.path_kernel != "fla":
         return
     from accrot.ops.path import FLA_HEAD_DIMS, fla_problem
 

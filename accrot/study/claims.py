@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from accrot.position import FAR_MASS, facts
 from accrot.study.results import Results, Run, best_at, horizon, ratio, times
 from accrot.study.state import STATE_CHECKS
 from accrot.study.stats import (
@@ -19,15 +20,36 @@ from accrot.study.stats import (
     fmt,
 )
 from accrot.study.theory import THEORY_CHECKS, check_calibration
+from accrot.study.variants import VARIANTS
 
 C2_TOLERANCE = 0.05  # "within a few %": NLL(16×) at most 5 % above NLL(1×)
 C5_TOLERANCE = 0.02  # "flat": no length more than 2 % above NLL(1×)
 HORIZON_TOLERANCE = 0.05  # the extrapolation horizon: the largest m with NLL(m') ≤ 1.05·NLL(1×) for all m' ≤ m
 C4_EXTRAPOLATED = 4.0  # a curve "extrapolated" when its NLL stayed within 5 % of 1× up to 4× L
-# C4: each rotation-only variant and its far-mass-controlled siblings (the same rotation with a bias)
-SIBLINGS = {"PaTH": ("PaTH-FoX",), "accum-learned+values": ("accum-learned+values+forget", "accum-learned+values+alibi"),
-            "accum-random": ("accum-random+alibi",)}
-ROTATION_ONLY = ("accum-random", "accum-token", "accum-learned", "accum-learned+values", "PaTH")
+
+
+def siblings(variants: dict[str, dict] = VARIANTS) -> dict[str, tuple[str, ...]]:
+    """C4's pairs, from the variants' declared facts: each rotation-only variant and its far-mass-controlled
+    siblings, the variants whose overrides equal its own except in the options the far-mass parts read (the same
+    rotation with a bias); only the variants that have one."""
+    far = {"far_mass", *(name for cls in FAR_MASS.values() for name in cls.reads)}
+
+    def rest(over: dict) -> dict:
+        return {k: v for k, v in over.items() if k not in far}
+
+    out = {}
+    for v, over in variants.items():
+        if facts(over).rotation_only:
+            found = tuple(s for s, o in variants.items() if facts(o).controls_far_mass and rest(o) == rest(over))
+            if found:
+                out[v] = found
+    return out
+
+
+SIBLINGS = siblings()
+# C4's local-task note: the rotation-only variants (accumulated transports without far-mass control) whose pairs
+# mix by construction or may by learning (the controls that break the condition are not expected to extrapolate)
+ROTATION_ONLY = tuple(v for v, over in VARIANTS.items() if (f := facts(over)).rotation_only and not f.breaks_condition)
 # N1: the cells the lower bound points to (rotation + far-mass control), the fixed comparators
 ROTATION_CONTROLLED = ("accum-random+alibi", "accum-learned+values+alibi", "accum-learned+values+forget")  # the anchors
 N1_COMPARATOR = "accum-learned+values"  # precision: non-inferior to it at 1×
@@ -161,12 +183,13 @@ def _n1(res: Results) -> Claim:
 
 
 def n1_cells(res: Results) -> list[str]:
-    """N1's candidates: every accumulated rotation with far-mass control that ran (the three anchors, the forget
-    gate at either init, and the field's other designs: scalable softmax, the output gate, NoPE layers)."""
-    from accrot.study.state import controlled, scheme_of
+    """N1's candidates: every accumulated SO(2) rotation with a far-mass design that ran (the three anchors, the
+    forget gate at either init, and the field's other designs: scalable softmax, the output gate, NoPE layers)."""
+    from accrot.study.state import variant_facts
 
     ran = {v for _, v in res.by}
-    found = [v for v in res.variants(res.corpus) if scheme_of(v)["rotation"] == "accum" and controlled(v)]
+    found = [v for v in res.variants(res.corpus)
+             if (f := variant_facts(v)).accumulates and f.commutes and f.far_mass_design]
     return [v for v in dict.fromkeys([*ROTATION_CONTROLLED, *found]) if v in ran] or list(ROTATION_CONTROLLED)
 
 

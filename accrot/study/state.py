@@ -15,8 +15,13 @@ training length, where the far set grows, is what these claims ask:
   cells alone is not enough: on S3 with transpositions the sign is (−1)^(elements so far), which any model that
   counts positions has.
 * **S3** (far-mass control keeps state reads exact at length): on flip-flop at the sparse density, every
-  far-mass-controlled variant reads the last write at the longest length with accuracy above 0.95, where every
-  rotation-only variant falls below it.
+  far-mass-controlled variant with a rotation (a logit term growing with distance: ALiBi, a forget gate) reads the
+  last write at the longest length with accuracy above 0.95, where every rotation-only variant (an accumulated
+  transport without one; an output gate leaves a variant rotation-only) falls below it. The other far-mass designs
+  (scalable softmax; NoPE layers interleaved with RoPE ones, which accumulate nothing) are on neither side: shown in
+  the tables, not counted.
+
+Which variant is which is read off its parts' declared facts (:func:`accrot.position.facts`), never its family name.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from accrot.position import SchemeFacts, facts
 from accrot.study.looks import frame, look
 from accrot.study.results import Results, Run, mean_of, times
 from accrot.study.stats import Claim, Comparison, compare_threshold, compare_variants
@@ -38,20 +44,27 @@ GROUPS = ("s3", "s5", "a5")
 FLIPFLOP = ("flipflop",)
 
 
-def scheme_of(variant: str) -> dict:
+def variant_facts(variant: str) -> SchemeFacts:
+    """The declared facts of a study variant's scheme (its overrides; NoPE's for a name the study does not know)."""
     from accrot.study.variants import VARIANTS
 
-    return {"rotation": "none", "far_mass": "none", **VARIANTS.get(variant, {})}
+    return facts(VARIANTS.get(variant, {}))
 
 
 def controlled(variant: str) -> bool:
-    """A far-mass design: a bias, scalable softmax, an output gate or NoPE layers interleaved."""
-    s = scheme_of(variant)
-    return s["far_mass"] != "none" or s.get("output_gate", "none") != "none" or bool(s.get("layer_pattern"))
+    """Far-mass control: a logit term that grows with distance (ALiBi, a forget gate). Scalable softmax, an output
+    gate and NoPE layers are far-mass designs (:func:`far_mass_design`), not this control."""
+    return variant_facts(variant).controls_far_mass
+
+
+def far_mass_design(variant: str) -> bool:
+    """Any of the field's far-mass designs: a growing bias, scalable softmax, an output gate, NoPE layers."""
+    return variant_facts(variant).far_mass_design
 
 
 def rotation_only(variant: str) -> bool:
-    return scheme_of(variant)["rotation"] in ("accum", "path") and not controlled(variant)
+    """An accumulated transport (accum, PaTH) whose far mass nothing controls (:attr:`SchemeFacts.rotation_only`)."""
+    return variant_facts(variant).rotation_only
 
 
 def mean_accuracy(lo: float, hi: float):
@@ -98,7 +111,7 @@ def s2(res: Results) -> Claim | None:
                    "every comparison must be for")
     at_l, beyond = mean_accuracy(1, 1), mean_accuracy(2, math.inf)
     for task in tasks:
-        so2 = [v for v in res.variants(task) if scheme_of(v)["rotation"] == "accum"]
+        so2 = [v for v in res.variants(task) if (f := variant_facts(v)).accumulates and f.commutes]
         longest = res.longest(task)
         limit = commuting_ceiling(DATASETS[task]["data.init_args.group"]) + S2_MARGIN
         if res.by.get((task, "PaTH")):  # above what any commuting state can hold: the evidence of a non-abelian one
@@ -129,7 +142,7 @@ def s3(res: Results) -> Claim | None:
         longest = res.longest(task)
         for v in res.variants(task):
             values = res.values(task, v, "accuracy", longest)
-            if controlled(v) and scheme_of(v)["rotation"] != "none":
+            if controlled(v) and variant_facts(v).rotates:
                 c.comparisons.append(compare_threshold(f"{task}: {v} exact at {times(longest)}", values, S3_EXACT,
                                                        below_is_for=False, label="accuracy "))
             elif rotation_only(v):

@@ -14,10 +14,13 @@ What each rule reads (every value per seed; the comparisons and corrections: :mo
 * **T3** (the far-mass lower bound): the far mass (attention beyond each head's window, at least L/4) that the
   bound predicts at 64× L from statistics measured at L alone, against the mass measured there: rotation-only
   variants follow the prediction (within ±:data:`T3_AGREEMENT`) and pass 0.5; variants with far-mass control stay
-  under 0.5. NoPE is shown as the negative control (it grows with no rotation at all), not counted.
+  under 0.5. NoPE is shown as the negative control (it grows with no rotation at all), not counted; a scheme whose
+  logit factor grows with the keys (scalable softmax) is neither (the bound's logits do not change scale with the
+  length), so it is shown, not counted, like every variant that does not accumulate.
 * **T4** (value rotation makes far contributions incoherent): the rotated far output norm nearer the random-walk
   prediction than the linear sum.
-* **T5** (concentration gives a score gap): beyond each variant's own window, at 8× and 64× L (both far sets past
+* **T5** (concentration gives a score gap; :data:`SO2_ACCUMULATED`, the accumulated SO(2) rotations that satisfy the
+  regularity condition and have no far-mass design): beyond each variant's own window, at 8× and 64× L (both far sets past
   it), the attention-weighted near score above the far scores' mean (gap in far spreads > 0), the gap kept
   (log(gap(64×) / gap(8×)) within ±log 1.25), and the far spread as concentration predicts, ≈ ‖q‖‖k‖/√D on the
   unscaled scores (ratio in [0.8, 1.25]).
@@ -28,6 +31,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from accrot.errors import ConfigError
+from accrot.position import SchemeFacts, facts
 from accrot.study.results import (
     Results,
     Run,
@@ -40,6 +45,7 @@ from accrot.study.results import (
     times,
 )
 from accrot.study.stats import Claim, Comparison, compare_band, compare_threshold
+from accrot.study.variants import VARIANTS
 
 CALIBRATION_TOLERANCE = 0.10  # share of (layer, head, Δ) points where measured and |φ|^Δ disagree
 CALIBRATION_Z = 3.0  # a point disagrees when |measured − predicted| > this many (honest) standard errors
@@ -51,12 +57,32 @@ T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than
 T5_BAND = math.log(1.25)
 T5_CONCENTRATION = (0.8, 1.25)
 HORIZON_TOLERANCE = 0.05
-SO2_ACCUMULATED = ("accum-random", "accum-token", "accum-learned", "accum-learned+values")
+
+
+
+def so2_accumulated(variants: dict[str, dict] = VARIANTS) -> tuple[str, ...]:
+    """T5's variants: accumulated rotations that commute (SO(2)), where every pair mixes by construction or may by
+    learning (not the controls that break the regularity condition: a spread on RoPE's ladder, a softplus drift),
+    with no far-mass design (the bare rotation whose scores the concentration argument is about)."""
+    return tuple(v for v, over in variants.items()
+                 if (f := facts(over)).accumulates and f.commutes and not f.breaks_condition and not f.far_mass_design)
+
+
+SO2_ACCUMULATED = so2_accumulated()
 
 
 # ---------------------------------------------------------------------------------------------------
 # what a run's diagnostics hold
 # ---------------------------------------------------------------------------------------------------
+def scheme_facts(run: Run) -> SchemeFacts:
+    """The facts of the scheme a run's diagnostics describe (layer 0's ``describe()``); NoPE's where it records
+    none, or none this version can read."""
+    try:
+        return facts(run.diag.get("scheme") or {})
+    except ConfigError:
+        return facts({})
+
+
 def kind(run: Run) -> str:
     """``calibration`` (fresh draws of random position increments), ``own`` (the model's own accumulated
     transport), or ``none`` (no accumulated transport, or no diagnostics)."""
@@ -65,13 +91,13 @@ def kind(run: Run) -> str:
         return "none"
     if any(c.get("instrument") == "fresh draws" for c in coherence):
         return "calibration"
-    return "own" if run.diag.get("scheme", {}).get("rotation") in ("accum", "path") else "none"
+    return "own" if scheme_facts(run).accumulates else "none"
 
 
 def breaks_condition(run: Run) -> bool:
-    """Increments that drift by construction (GRAPE's non-negative softplus rate): the regularity condition fails,
-    so the theory predicts coherent heads (T1's control), not a window."""
-    return run.diag.get("scheme", {}).get("increments") == "softplus"
+    """A transport that breaks the regularity condition by construction (GRAPE's non-negative softplus rate, a
+    drift): the theory predicts coherent heads (T1's control), not a window."""
+    return scheme_facts(run).breaks_condition
 
 
 def variants_of(res: Results, which: str) -> list[str]:
@@ -183,7 +209,7 @@ def exact_prediction(run: Run) -> bool:
     fresh draws is |φ|^Δ whatever q and k (with a spread per pair, the pairs' mixture depends on the model)."""
     scheme = run.diag.get("scheme", {})
     sigma = scheme.get("increment_sigma") or []
-    return (scheme.get("increments") == "random_position" and scheme.get("increment_mean", "zero") == "zero"
+    return (scheme_facts(run).fresh_draws and scheme.get("increment_mean", "zero") == "zero"
             and len(sigma) > 0 and max(sigma) - min(sigma) <= 1e-9 * max(sigma))
 
 
@@ -331,12 +357,13 @@ def t3_rows(res: Results) -> list[dict]:
 
 
 def role(variant: str, run: Run) -> str:
-    """``control`` (NoPE: nothing suppresses far keys), ``bounded`` (a far-mass bias), ``rotation-only``."""
-    scheme = run.diag.get("scheme", {})
-    if scheme.get("far_mass", "none") != "none":
+    """``bounded`` (far-mass control: a logit term growing with distance), ``rotation-only`` (an accumulated
+    transport without it: :attr:`~accrot.position.SchemeFacts.rotation_only`), ``control`` (NoPE: no rotation and no
+    far-mass design) or ``other`` (RoPE, scalable softmax, ...: shown, not counted)."""
+    f = scheme_facts(run)
+    if f.controls_far_mass:
         return "bounded"
-    return "rotation-only" if scheme.get("rotation") in ("accum", "path") else \
-        "control" if scheme.get("rotation") == "none" else "other"
+    return "rotation-only" if f.rotation_only else "control" if not f.rotates and not f.far_mass_design else "other"
 
 
 def t3(res: Results) -> Claim:
@@ -390,7 +417,7 @@ def t4(res: Results) -> Claim:
               "far output norm", rule=f"for when the interval lies below {T4_MIDPOINT:g}")
     for v in res.variants(res.corpus):
         runs = res.diagnosed(v)
-        if runs and runs[0].diag.get("scheme", {}).get("rotate_values"):
+        if runs and scheme_facts(runs[0]).rotates_values:
             c.comparisons.append(compare_threshold(v, res.per_seed(res.corpus, v, lambda r: value_position(r, longest)),
                                                    T4_MIDPOINT, label="position "))
     if not c.comparisons:
