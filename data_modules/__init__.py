@@ -1,7 +1,8 @@
 """LightningDataModules: the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
 corpus shares, prose (the King James Bible from Debian's bible-kjv), the synthetic tasks (offset copy, passkey
 retrieval), the RULER-style retrieval tasks (multi-key needles, multi-value needles, variable tracking) and the
-state-tracking tasks (flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall)."""
+state-tracking tasks (flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall); what the pipeline
+asks of each (:class:`Task`, :class:`AnswerTask`)."""
 
 from accrot.errors import DataError
 from data_modules.hf import HFDataModule
@@ -11,9 +12,11 @@ from data_modules.state import FlipFlopDataModule, ModCountDataModule, NBackData
 from data_modules.stdlib import StdlibDataModule, stdlib_root
 from data_modules.streams import TokenStreamDataModule, TokenStreams, TokenWindows
 from data_modules.synthetic import LocalDependencyDataModule, PasskeyDataModule, SyntheticDataModule
+from data_modules.task import AnswerTask, Task
 from data_modules.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = [
+    "AnswerTask",
     "ByteTokenizer",
     "DataError",
     "FlipFlopDataModule",
@@ -27,6 +30,7 @@ __all__ = [
     "PasskeyDataModule",
     "StdlibDataModule",
     "SyntheticDataModule",
+    "Task",
     "TokenStreamDataModule",
     "TokenStreams",
     "TokenWindows",

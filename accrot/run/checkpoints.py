@@ -7,6 +7,7 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -16,8 +17,11 @@ from accrot.resume import last_checkpoint, read_checkpoint, settings_differences
 from accrot.run.args import check_config_file, data_module_class
 from accrot.run.rundir import RunDirs
 
+if TYPE_CHECKING:
+    from data_modules.task import Task
 
-def load_data_module(config_file: Path, overrides: dict | None = None):
+
+def load_data_module(config_file: Path, overrides: dict | None = None) -> Task:
     """Instantiate the ``data`` section of a run's resolved ``config.yaml`` (or of ``eval --config``, which may name
     another data module); a class that does not exist, an option it does not take or a value it refuses is one
     line naming the config."""

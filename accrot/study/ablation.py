@@ -1,6 +1,6 @@
 """``accrot ablation``: the paper's controlled experiment in one command.
 
-It trains every variant of :data:`VARIANTS` on each data set of :data:`DATASETS` with the same recipe, token
+It trains every variant of :data:`VARIANT_RECORDS` on each data set of :data:`DATASET_RECORDS` with the same recipe, token
 budget, seeds and evaluation blocks, evaluates each run to 64× its training length, runs the theory
 diagnostics on the corpus models, and writes ``<out>/<study>/REPORT.md`` (:mod:`accrot.study.report` builds it): the
 tables, the figures and every claim of the study (accrot/study/CLAIMS.md) marked supported / not supported / inconclusive.
@@ -55,14 +55,12 @@ from accrot.study.tuning import headline as tuning_headline
 from accrot.study.tuning import lr_table, pending, tuned, tuning_doc, tuning_name, with_lrs
 from accrot.study.tuning import summary as lr_summary
 from accrot.study.variants import (
+    DATASET_RECORDS,
     DATASET_VARIANTS,
-    DATASETS,
     DEFAULT_DATASETS,
-    MIN_SEQ_LEN,
     SIZES,
-    VARIANTS,
+    VARIANT_RECORDS,
     WINDOW_FRACTION,
-    WINDOWED,
     Size,
 )
 from accrot.sweep.parent import Terminated, run_sweep
@@ -106,16 +104,18 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
                                  "draws": size.fresh_draws}}
     strata: dict[str, dict[str, Any]] = {}
     for data in datasets:
-        seq_len = max(size.seq_len, MIN_SEQ_LEN.get(data, 0))
+        record = DATASET_RECORDS[data]
+        seq_len = max(size.seq_len, record.min_seq_len)
         budget, own_ckpt = ({}, ckpt) if tokens is None or seq_len == size.seq_len else \
             token_budget(tokens, size, {**common, **settings}, seq_len)
         for label in variants:
             if only and data in only and label not in only[data]:
                 continue
-            over = {f"model.scheme.{k}": v for k, v in VARIANTS[label].items()}
-            if label in WINDOWED:
+            variant = VARIANT_RECORDS[label]
+            over = {f"model.scheme.{k}": v for k, v in variant.scheme.items()}
+            if variant.windowed:
                 over["model.scheme.window"] = WINDOW_FRACTION * seq_len
-            over.update(DATASETS[data])
+            over.update(record.overrides)
             if seq_len != size.seq_len:
                 over["data.init_args.seq_len"] = seq_len
             over.update(budget)
@@ -190,9 +190,9 @@ def _parser():
     parser.add_argument("--out", type=str, default="results", help="results folder")
     parser.add_argument("--study", type=str | None, default=None, help="study name (default: ablation-<size>)")
     # nargs: `--variants NoPE RoPE` as a shell user types it; `--variants '[NoPE, RoPE]'` (YAML) works too
-    parser.add_argument("--variants", type=str, nargs="+", default=None, help=f"subset of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", type=str, nargs="+", default=None, help=f"subset of: {', '.join(VARIANT_RECORDS)}")
     parser.add_argument("--datasets", type=str, nargs="+", default=None,
-                        help=f"any of: {', '.join(d for d in DATASETS if d != 'hf')}, hf:NAME_OR_FILES (default: "
+                        help=f"any of: {', '.join(d for d in DATASET_RECORDS if d != 'hf')}, hf:NAME_OR_FILES (default: "
                              f"{', '.join(DEFAULT_DATASETS)})")
     parser.add_argument("--corpus", type=str, default="stdlib",
                         help="the data set the claims are read on: stdlib, prose, text or hf:NAME_OR_FILES")

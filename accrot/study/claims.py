@@ -237,7 +237,7 @@ def n1_summary(res: Results, cell: str, comps: Sequence[Comparison], datasets: S
 def _c1_extended(res: Results) -> Claim | None:
     """C1 against RoPE's best evaluation-time extension at each length (only when those rows exist)."""
     d = res.corpus
-    extended = [v for v in res.variants(d) if v.startswith("RoPE+") and "eval-time extension" in v]
+    extended = [v for v in res.variants(d) if res.is_extension(v)]
     if not extended:
         return None
     c = Claim("C1-ext", "... and better than RoPE with its best eval-time length extension",

@@ -11,36 +11,37 @@ import json
 from pathlib import Path
 
 from accrot.study.results import Results, Run, final_lengths
-from accrot.study.variants import EXTENSIONS
+from accrot.study.variants import DATASET_RECORDS, EXTENSION_RECORDS
 
 
 def extension_runs(res: Results, console=None) -> list[Run]:
     """A :class:`Run` per RoPE run × extension, from ``<run>/eval-<kind>/extrapolation.json``, evaluated once (a
     report built again, or an ablation resumed, reads the files it finds)."""
     out = []
-    from accrot.study.variants import STATE_TASKS
-
     # the state-tracking tasks read accuracy against S1–S3, which compare no RoPE extension
-    rope = [r for r in res.runs if r.variant == "RoPE" and r.dataset not in STATE_TASKS]
+    state = {d.name for d in DATASET_RECORDS.values() if d.state}
+    evaluated = {e.of for e in EXTENSION_RECORDS}  # RoPE
+    rope = [r for r in res.runs if r.extension is None and r.variant in evaluated and r.dataset not in state]
     for i, run in enumerate(rope):
         trained = json.loads((Path(run.run_dir) / "extrapolation.json").read_text())["final"]["step"]
-        for label, kind in EXTENSIONS.items():
+        for ext in (e for e in EXTENSION_RECORDS if e.of == run.variant):
+            kind = ext.kind
             path = Path(run.run_dir) / f"eval-{kind}" / "extrapolation.json"
             if not path.is_file():
                 if console is not None:
-                    console.print(f"eval-time extensions: {kind} of RoPE {run.dataset} seed {run.seed} "
+                    console.print(f"eval-time extensions: {kind} of {run.variant} {run.dataset} seed {run.seed} "
                                   f"({i + 1} of {len(rope)})", highlight=False)
                 _evaluate(run, kind)
             doc = json.loads(path.read_text())
             if doc["final"].get("step") != trained:  # another model than the row it would be compared with
                 if console is not None:
-                    console.print(f"eval-time extensions: {kind} of RoPE {run.dataset} seed {run.seed} left out: "
+                    console.print(f"eval-time extensions: {kind} of {run.variant} {run.dataset} seed {run.seed} left out: "
                                   f"its checkpoint is from step {doc['final'].get('step')}, the run's evaluation "
                                   f"from step {trained}", highlight=False)
                 continue
-            out.append(Run(dataset=run.dataset, variant=label, seed=run.seed, run_dir=run.run_dir,
-                           lengths=final_lengths(doc),
-                           train_length=int(doc["train_length"]), diagnostics=None))
+            out.append(Run(dataset=run.dataset, variant=ext.label, seed=run.seed, run_dir=run.run_dir,
+                           lengths=final_lengths(doc), train_length=int(doc["train_length"]), diagnostics=None,
+                           extension=kind))
     return out
 
 

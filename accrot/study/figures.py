@@ -17,6 +17,7 @@ from accrot.study.claims import HORIZON_TOLERANCE
 from accrot.study.looks import FAMILIES, by_family, frame, look
 from accrot.study.results import Results, Run, diag_layers, horizon, mean_of, times
 from accrot.study.theory import kind, measured_far_mass, predicted_far_mass
+from accrot.study.variants import DATASET_RECORDS, extension_of
 
 
 def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]], faint: bool = False) -> None:
@@ -128,9 +129,8 @@ def plot_rise(res: Results, dataset: str, path: Path) -> Path | None:
 
 
 def dataset_title(dataset: str) -> str:
-    from accrot.study.variants import DATASET_TITLES
-
-    return DATASET_TITLES.get(dataset, dataset)
+    record = DATASET_RECORDS.get(dataset)
+    return record.title if record else dataset
 
 
 def plot_per_position(res: Results, dataset: str, path: Path) -> Path | None:
@@ -243,7 +243,8 @@ def plot_depth_heatmap(res: Results, dataset: str, path: Path) -> Path | None:
                     ax.text(j, i, f"{acc:.2f}", ha="center", va="center", fontsize=6,
                             color="black" if acc > 0.6 else "white")
         seeds = len(res.by.get((dataset, v), []))
-        name = v.replace(" (eval-time extension)", "\n(eval-time extension)")
+        ext = extension_of(v)
+        name = f"{ext.name}\n(eval-time extension)" if ext else v
         ax.set_title(f"{name}, {seeds} seed{'s' if seeds != 1 else ''}", fontsize=8)
         frame(ax, look(v).color)
         if k >= len(panels) - cols:  # the bottom panel of its column

@@ -18,13 +18,12 @@ from accrot.run.args import config_path
 from accrot.study.results import CORPUS
 from accrot.study.tuning import tuned, without_lrs
 from accrot.study.variants import (
-    DATASETS,
+    DATASET_RECORDS,
     DEFAULT_DATASETS,
     DEFAULT_VARIANTS,
     SIZES,
-    STATE_TASKS,
     STATE_VARIANTS,
-    VARIANTS,
+    VARIANT_RECORDS,
     Size,
 )
 from accrot.sweep.spec import NAME, RESERVED_KEYS
@@ -61,11 +60,11 @@ def check_args(args) -> tuple[Size, int, list[str], list[str]]:
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
     datasets = datasets_of(args)
-    state_only = all(d in STATE_TASKS for d in datasets)
+    state_only = all(DATASET_RECORDS[d].state for d in datasets)
     variants = args.variants or list(STATE_VARIANTS if state_only else DEFAULT_VARIANTS)
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in VARIANT_RECORDS]
     if unknown:
-        raise UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANTS)}")
+        raise UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANT_RECORDS)}")
     if len(set(variants)) != len(variants):
         raise UsageError(f"a variant is listed twice: {', '.join(variants)}")
     _check_data(datasets, args)
@@ -101,14 +100,14 @@ def datasets_of(args) -> list[str]:
         if d.startswith("hf:"):
             sources.append(d[3:])
             d = "hf"
-        if d not in DATASETS or (d == "hf" and not sources):
-            known = ", ".join(x for x in DATASETS if x != "hf")
+        if d not in DATASET_RECORDS or (d == "hf" and not sources):
+            known = ", ".join(x for x in DATASET_RECORDS if x != "hf")
             hint = "; the hf data set is hf:NAME_OR_FILES" if d == "hf" else ""
             raise UsageError(f"unknown data set {d!r}; choose from {known}, hf:NAME_OR_FILES{hint}")
         datasets.append(d)
     if len(set(datasets)) != len(datasets):
         raise UsageError(f"a data set is listed twice: {', '.join(given)}")
-    state_only = args.datasets and all(d in STATE_TASKS for d in datasets)
+    state_only = args.datasets and all(DATASET_RECORDS[d].state for d in datasets)
     if args.corpus_data not in datasets and not state_only:  # a state-tracking study reads S1–S3 only
         datasets.insert(0, args.corpus_data)
     if len(set(sources)) > 1:
@@ -131,7 +130,7 @@ def _check_data(datasets: list[str], args) -> None:
 
         args.text_root = str(Path(args.text_root).expanduser().resolve())
         try:  # lists and splits its files
-            StdlibDataModule(root=args.text_root, glob=DATASETS["text"]["data.init_args.glob"])
+            StdlibDataModule(root=args.text_root, glob=DATASET_RECORDS["text"].overrides["data.init_args.glob"])
         except DataError as err:  # the data module's advice names its glob and split options, which the ablation lacks
             if "match glob" in str(err):
                 raise UsageError(f"--text_root {args.text_root!r} holds no .txt files (at any depth); pass a folder of "

@@ -316,7 +316,7 @@ def _budget_lines(scope: Mapping[str, Any], res: Results) -> list[str]:
     data = res.corpus if res.corpus in tokens else next(iter(tokens))
     for v in res.variants(data):
         params = {r.params for r in res.by.get((data, v), []) if r.params}
-        if len(params) == 1 and "eval-time extension" not in v:
+        if len(params) == 1 and not res.is_extension(v):
             ratios[v] = tokens[data] / params.pop()
     line = (f"- budget: {per_data} training tokens per run ({scope['steps']} steps × {scope['batch']} sequences × L); "
             f"precision {scope.get('precision', '32-true')}")

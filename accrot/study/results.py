@@ -28,6 +28,8 @@ class Run:
     diagnostics: dict | None = None
     params: int | None = None  # trainable parameters (run.json)
     lr: float | None = None  # the learning rate it trained at (run.json's hparams)
+    # an eval-time extension row: the rope_scaling kind its trained run (``run_dir``, of RoPE) was evaluated again with
+    extension: str | None = None
 
     def value(self, field_: str, mult: float) -> float | None:
         row = self.lengths.get(float(mult))
@@ -50,20 +52,31 @@ class Results:
         self._pools: dict[tuple[str, float], object] = {}
         for r in self.runs:
             self.by.setdefault((r.dataset, r.variant), []).append(r)
+        # the eval-time extension rows: label -> rope_scaling kind
+        self.extensions = {r.variant: r.extension for r in self.runs if r.extension is not None}
 
     def trained(self) -> int:
         """Runs that were trained (not RoPE's eval-time extension rows, which are evaluations of trained runs)."""
-        return sum("eval-time extension" not in r.variant for r in self.runs)
+        return sum(r.extension is None for r in self.runs)
+
+    def is_extension(self, variant: str) -> bool:
+        """Whether ``variant`` names eval-time extension rows (evaluations of trained runs), not a trained variant."""
+        return variant in self.extensions
 
     def datasets(self) -> list[str]:
         return sorted({r.dataset for r in self.runs}, key=lambda d: (d != self.corpus, d))
 
     def variants(self, dataset: str) -> list[str]:
-        from accrot.study.variants import VARIANTS
+        """The variants run on ``dataset``, each once, in the study's order; the eval-time extension rows right
+        after the variant they evaluate (RoPE); names the study does not define last."""
+        from accrot.study.variants import EXTENSION_RECORDS, VARIANT_RECORDS
 
         present = {v for d, v in self.by if d == dataset}
-        extensions = sorted(v for v in present if v.startswith("RoPE+"))  # eval-time extensions: right after RoPE
-        known = [e for v in VARIANTS if v in present for e in ([v, *extensions] if v == "RoPE" else [v])]
+        of = {e.kind: e.of for e in EXTENSION_RECORDS}
+        after: dict[str, list[str]] = {}
+        for label in sorted(present & set(self.extensions)):
+            after.setdefault(of.get(self.extensions[label], ""), []).append(label)  # an unknown kind: last
+        known = [e for v in VARIANT_RECORDS if v in present for e in (v, *after.get(v, []))]
         return known + sorted(present - set(known))
 
     def multipliers(self, dataset: str) -> list[float]:
@@ -106,7 +119,7 @@ class Results:
         key = (dataset, float(mult))
         if key not in self._pools:
             table = {v: self.seeded_values(dataset, v, "nll", mult) for v in self.variants(dataset)
-                     if "eval-time extension" not in v}
+                     if not self.is_extension(v)}
             self._pools[key] = Pool.fit({v: t for v, t in table.items() if t})
         return self._pools[key]
 

@@ -175,6 +175,41 @@ def test_report_resolves_a_clear_difference_either_way(tmp_path):
     assert [c.verdict for c in check_claims(worse) if c.id == "C1"] == [NOT_SUPPORTED]
 
 
+def test_a_trained_rope_variant_is_listed_once_and_the_extension_rows_follow_rope(tmp_path, monkeypatch):
+    """RoPE+ssmax is a trained variant whose name starts as the extension rows' do: it is listed once, at its own
+    place in the study's order, in the variant list, the tables and the figures; the extension row (its run says it
+    is one) sits right after RoPE and is not counted as a trained run."""
+    from dataclasses import replace
+
+    from accrot.study import figures
+
+    yarn = "RoPE+YaRN (eval-time extension)"
+    runs = []
+    for seed in (0, 1):
+        runs.append(fake_run("RoPE", seed, {1: 2.0, 2: 2.2, 4: 2.5 + 0.01 * seed}))
+        runs.append(fake_run("accum-random", seed, {1: 2.0, 2: 2.05, 4: 2.1 + 0.01 * seed}))
+        runs.append(fake_run("RoPE+ssmax", seed, {1: 2.0, 2: 2.1, 4: 2.3 + 0.01 * seed}))
+        runs.append(replace(fake_run(yarn, seed, {1: 2.0, 2: 2.15, 4: 2.4 + 0.01 * seed}), extension="yarn",
+                            params=None))
+    res = Results(runs)
+    assert res.variants("corpus") == ["RoPE", yarn, "accum-random", "RoPE+ssmax"]
+    assert res.trained() == 6 and res.is_extension(yarn) and not res.is_extension("RoPE+ssmax")
+    drawn = {}
+    save = figures.atomic_savefig
+    monkeypatch.setattr(figures, "atomic_savefig", lambda fig, path: (save(fig, path), drawn.update({path.name: fig})))
+    text = write_report(res, tmp_path, {"command": "test", "size": "tiny", "seeds": 2, "started": time.time()}).read_text()
+    assert [ln.split(" | ")[0] for ln in text.splitlines() if ln.startswith("| RoPE+")] == ["| RoPE+YaRN (eval-time "
+                                                                                          "extension)", "| RoPE+ssmax"]
+    horizon = [t.get_text() for t in drawn["horizon_corpus.png"].axes[0].get_yticklabels()]
+    assert horizon == ["RoPE", yarn, "accum-random", "RoPE+ssmax"]
+    for ax in drawn["nll_corpus.png"].axes:  # each panel's legend names a variant once
+        legend = ax.get_legend()
+        labels = [t.get_text() for t in legend.get_texts()] if legend else []
+        assert len(labels) == len(set(labels)), labels
+    assert sum(t.get_text() == "RoPE+ssmax" for ax in drawn["nll_corpus.png"].axes if ax.get_legend()
+               for t in ax.get_legend().get_texts()) == 1
+
+
 @pytest.mark.parametrize("values_far, verdict", [(2.3, SUPPORTED), (2.7, NOT_SUPPORTED), (2.5, INCONCLUSIVE)],
                          ids=["values-lower", "values-higher", "inside-the-spread"])
 def test_value_rotation_claim_reads_lower_as_better(values_far, verdict):
@@ -456,7 +491,8 @@ def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
 def test_extension_rows_come_only_from_the_model_the_rope_row_evaluated(tmp_path, ckpt_step, rows):
     """An eval-time extension row is RoPE's own model rescaled: a checkpoint from another step than the run's
     evaluation (a last.ckpt older than the end of training) would compare two models, and is left out."""
-    from accrot.study.extensions import EXTENSIONS, extension_runs
+    from accrot.study.extensions import extension_runs
+    from accrot.study.variants import EXTENSIONS
 
     run_dir = tmp_path / "run"
     lengths = [{"multiplier": 1.0, "length": 128, "nll": 2.0}]
@@ -470,6 +506,7 @@ def test_extension_rows_come_only_from_the_model_the_rope_row_evaluated(tmp_path
     printed = []
     out = extension_runs(Results([rope]), console=SimpleNamespace(print=lambda m, **_: printed.append(m)))
     assert len(out) == rows and sorted(r.variant for r in out) == (sorted(EXTENSIONS) if rows else [])
+    assert all(r.extension == EXTENSIONS[r.variant] for r in out)  # each row says which evaluation it is
     assert len(printed) == 3 - rows and all("from step 100, the run's evaluation from step 150" in m for m in printed)
 
 

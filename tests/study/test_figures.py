@@ -142,7 +142,7 @@ def _curve_run(variant: str, seed: int, rise: float, dataset: str = "corpus", di
     for c in (entry for layer in (d or {}).get("layers", []) for entry in layer["coherence"]):
         top = c["distances"][-1]  # a measured curve that dips below 0 far out, as noisy heads' do (wider ticks)
         c["curve"] = [[y - 0.3 * x / top for x, y in zip(c["distances"], head)] for head in c["curve"]]
-    return Run(dataset, variant, seed, f"/runs/{dataset}/{variant}/{seed}", rows, L, d)
+    return Run(dataset, variant, seed, f"/runs/{dataset}/{variant}/{seed}", rows, L, d, extension=EXTENSIONS.get(variant))
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,8 @@ def test_the_rise_figure_is_drawn_only_where_runs_recorded_the_same_targets(stud
     assert plot_rise(study, "corpus", tmp_path / "rise.png") == tmp_path / "rise.png"
     without = Results([Run(r.dataset, r.variant, r.seed, r.run_dir,
                            {m: {k: v for k, v in row.items() if not k.startswith("same_target")}
-                            for m, row in r.lengths.items()}, r.train_length) for r in study.runs])
+                            for m, row in r.lengths.items()}, r.train_length, extension=r.extension)
+                       for r in study.runs])
     assert plot_rise(without, "corpus", tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
 
 

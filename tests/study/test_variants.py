@@ -1,6 +1,7 @@
-"""The study's variants as data (accrot/study/variants.py): each builds, each has its one sentence for the report,
-the reference parameterisations are what the variants name, and the regularity controls stand where their
-descriptions say (RoPE+jitter mixes like accum-random; accum-random-ladder leaves slow pairs coherent)."""
+"""The study's variants as data (accrot/study/variants.py): one record per variant and per data set, the lists the
+ablation reads derived from them; each variant builds, each has its one sentence for the report, the reference
+parameterisations are what the variants name, and the regularity controls stand where their descriptions say
+(RoPE+jitter mixes like accum-random; accum-random-ladder leaves slow pairs coherent)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,26 @@ from accrot.model import ModelConfig, Transformer
 from accrot.position import SchemeConfig, build
 from accrot.study.ablation import build_spec
 from accrot.study.variants import (
+    ANSWER_TASKS,
+    DATASET_RECORDS,
+    DATASET_VARIANTS,
+    DATASETS,
+    DEFAULT_DATASETS,
     DEFAULT_VARIANTS,
     DESCRIPTIONS,
+    EXTENSION_RECORDS,
+    EXTENSIONS,
     OPTIONAL,
     SIZES,
+    STATE_TASKS,
+    STATE_VARIANTS,
+    VARIANT_RECORDS,
     VARIANTS,
     WINDOW_FRACTION,
     WINDOWED,
+    Variant,
+    by_name,
+    extension_of,
 )
 
 STUDY = SIZES["study"]
@@ -41,6 +55,76 @@ def test_every_variant_builds_and_has_one_sentence():
     assert set(OPTIONAL) <= set(VARIANTS) and not set(OPTIONAL) & set(DEFAULT_VARIANTS)
     for label in VARIANTS:
         build(scheme_of(label), D_MODEL, N_HEADS)
+
+
+def test_records_are_named_once_and_the_derived_views_follow_them():
+    """A name is one record (a second of the same name is an error, not a silent overwrite); every view the ablation
+    reads is its records' field, in the records' order."""
+    with pytest.raises(ValueError, match="two study records are named 'NoPE'"):
+        by_name([Variant("NoPE", {}, "a."), Variant("NoPE", {"rotation": "rope"}, "b.")])
+    assert all(k == r.name for k, r in VARIANT_RECORDS.items()) and all(k == d.name for k, d in DATASET_RECORDS.items())
+    assert list(VARIANTS) == list(VARIANT_RECORDS) and list(DATASETS) == list(DATASET_RECORDS)
+    assert all(VARIANTS[n] == dict(r.scheme) and DESCRIPTIONS[n] == r.description for n, r in VARIANT_RECORDS.items())
+    assert DEFAULT_VARIANTS == [n for n in VARIANTS if n not in OPTIONAL]
+    assert set(WINDOWED) == {n for n, r in VARIANT_RECORDS.items() if r.windowed}
+    # the records are read-only: a consumer's copy is its own
+    with pytest.raises(TypeError):
+        VARIANT_RECORDS["RoPE"].scheme["rotation"] = "none"  # type: ignore[index]
+    VARIANTS["RoPE"]["rope_base"] = 1.0
+    try:
+        assert "rope_base" not in VARIANT_RECORDS["RoPE"].scheme
+    finally:
+        del VARIANTS["RoPE"]["rope_base"]
+
+
+def test_the_default_selections_are_the_documented_ones_in_order():
+    """The default study's 14 variants and the data sets' own selections (the README lists them), in the study's
+    order: the order the spec queues the runs in and the tables print them in."""
+    assert DEFAULT_VARIANTS == ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-random-ladder", "accum-token",
+                                "accum-learned", "accum-learned+values", "accum-grape", "PaTH", "PaTH-FoX",
+                                "accum-learned+values+forget", "accum-learned+values+alibi", "accum-random+alibi"]
+    assert DEFAULT_DATASETS == ("corpus", "local")
+    local = DATASET_VARIANTS["local"]
+    assert len(local) == 11 and local == [v for v in DEFAULT_VARIANTS if v in local]  # the study's order
+    assert not {"accum-random-ladder", "accum-token", "accum-grape"} & set(local)  # read on the corpus's diagnostics
+    base = DATASET_VARIANTS["parity"]
+    assert STATE_VARIANTS == DATASET_VARIANTS["flipflop"] == DATASET_VARIANTS["flipflop-dense"]
+    assert STATE_VARIANTS[:len(base)] == base and base == [v for v in VARIANTS if v in base]
+    assert set(DATASET_VARIANTS) == {"local", *STATE_TASKS}
+    assert ANSWER_TASKS == tuple(d for d in DATASETS if d in ANSWER_TASKS) and ANSWER_TASKS[0] == "local"
+
+
+@pytest.mark.parametrize("name", list(DATASET_RECORDS))
+def test_every_data_set_record_is_consistent(name):
+    """What a data set runs by default exists; a state task scores its answers only; what it overrides selects a
+    data module by its dotted path (the corpus: the recipe's own)."""
+    d = DATASET_RECORDS[name]
+    assert d.title and d.min_seq_len >= 0
+    if d.variants is not None:
+        assert d.variants and set(d.variants) <= set(VARIANT_RECORDS) and len(set(d.variants)) == len(d.variants)
+    assert d.answers_only or not d.state
+    assert set(d.overrides) <= {"data"} | {k for k in d.overrides if k.startswith("data.init_args.")}
+    assert d.overrides.get("data", "data_modules.").startswith("data_modules.")
+
+
+def test_every_default_variant_builds_a_scheme_config_and_only_random_increments_are_windowed():
+    """A variant is model.scheme overrides only: each default one a valid SchemeConfig as the spec writes it; the
+    spec sets a mixing window on exactly the random increments (a window is what their spread is chosen by)."""
+    for name in DEFAULT_VARIANTS:
+        assert isinstance(scheme_of(name), SchemeConfig)
+    for name, r in VARIANT_RECORDS.items():
+        assert r.windowed == str(r.scheme.get("increments", "")).startswith("random"), name
+
+
+def test_extension_records_are_rope_scalings_of_a_trained_variant():
+    from accrot.position.rope_scaling import SCALINGS
+
+    assert EXTENSIONS == {e.label: e.kind for e in EXTENSION_RECORDS}
+    for e in EXTENSION_RECORDS:
+        assert e.kind in SCALINGS and e.of in VARIANT_RECORDS and e.label not in VARIANT_RECORDS
+        assert e.label.startswith(e.name) and "eval-time extension" in e.label  # what the row is, where printed
+        assert extension_of(e.label) == e
+    assert extension_of("RoPE+ssmax") is None and extension_of("RoPE") is None
 
 
 def test_reference_variants_and_their_plain_ablations():

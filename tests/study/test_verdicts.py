@@ -19,7 +19,7 @@ from accrot.diagnostics.inputs import SCHEMA
 from accrot.study.claims import check_calibration, check_claims
 from accrot.study.results import Results, Run
 from accrot.study.stats import INCONCLUSIVE, NOT_SUPPORTED, SUPPORTED, Comparison, case_verdict, holm
-from accrot.study.variants import VARIANTS
+from accrot.study.variants import EXTENSIONS, VARIANTS
 
 L = 128
 H = 4
@@ -112,7 +112,8 @@ def study(nll: dict[str, Curve], diag: dict[str, dict | list] | None = None, jit
                 acc = nll_curve((accuracy or {}).get(variant, (0.99, 0.0)), j / 10)
                 rows = {float(m): {"multiplier": m, "length": int(L * m), "nll": v, "accuracy": acc[m],
                                    "last_window_nll": v} for m, v in nll_curve(spec, j).items()}
-                runs.append(Run(dataset, variant, seed, f"/runs/{dataset}/{variant}/{seed}", rows, L, d))
+                runs.append(Run(dataset, variant, seed, f"/runs/{dataset}/{variant}/{seed}", rows, L, d,
+                                extension=EXTENSIONS.get(variant)))  # an extension row says so, as extension_runs'
     return Results(runs)
 
 
