@@ -58,7 +58,7 @@ def test_line_mode_never_wraps_a_line():
     """A log file has no width: at rich's default 80 columns a long run name split `NLL` from its number."""
     out = io.StringIO()
     console = Console(file=out)  # not a terminal: rich assumes 80 columns
-    what = "accum/learned+values → runs/demo/accum_learned_values/version_0 " * 2
+    what = "accum-learned+values → runs/demo/accum-learned_values/version_0 " * 2
     RunDisplay("demo", 1, console, near="1×", far="32×").update(
         done=1, finished=[Finished(what, near=2.218, far=2.5, seconds=9)])
     (line,) = out.getvalue().splitlines()

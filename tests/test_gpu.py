@@ -27,7 +27,7 @@ from tests.helpers.fla import needs_fla
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-CELLS = [*grid()[0], Cell("accum", "none", False, "random_token"), Cell("accum", "forget", True, "random_token")]
+CELLS = [*grid(), Cell("accum", "none", False, "random_token"), Cell("accum", "forget", True, "random_token")]
 GPU = ["--trainer.accelerator=gpu", "--trainer.devices=1"]
 QUICK = ["--trainer.enable_progress_bar=false", "--wandb=disabled", "--extrapolation.budget_tokens=2048",
          "--trainer.limit_val_batches=1"]

@@ -79,23 +79,24 @@ GATED = (Cell("none", output_gate="elementwise"), Cell("none", output_gate="head
 INTERLEAVED = (Cell("rope", layer_pattern=("cell", "none")),)
 
 
-def grid() -> tuple[list[Cell], list[str]]:
-    """Every built cell, NoPE first, and a note per scheme family that is not registered yet."""
-    from accrot.position import FAR_MASS, OUTPUT_GATES, ROTATIONS
+def grid() -> list[Cell]:
+    """Every cell the registries build, NoPE first: each registered rotation (each accum increment source the bench
+    times itself, :attr:`IncrementSource.timed_as`) × none and each registered far-mass part × value transport where
+    the rotation is SO(2), then :data:`GATED` and :data:`INTERLEAVED`. A newly registered family is benchmarked
+    without an edit here."""
+    from accrot.position import FAR_MASS, INCREMENTS, ROTATIONS, facts
 
-    rotations = [r for r in ("none", "rope", "accum", "path") if r in ROTATIONS]
-    far_masses = ["none"] + [f for f in ("alibi", "forget", "ssmax") if f in FAR_MASS]
-    notes = [f"rotation {r!r} is not built yet" for r in ("rope", "accum", "path") if r not in ROTATIONS]
-    notes += [f"far_mass {f!r} is not built yet" for f in ("alibi", "forget", "ssmax") if f not in FAR_MASS]
+    rotations = sorted(ROTATIONS, key=lambda r: r != "none")  # NoPE first: every ratio is to it
+    far_masses = ["none", *FAR_MASS]
+    timed = [name for name, source in INCREMENTS.items() if source.timed_as is None]
     cells = []
     for rotation in rotations:
-        kinds: list[str | None] = ["random_position", "learned"] if rotation == "accum" else [None]
-        for increments in kinds:
+        for increments in timed if rotation == "accum" else [None]:  # only accum takes increments (the config says so)
+            so2 = facts(Cell(rotation, increments=increments).scheme())
             for far_mass in far_masses:
-                for values in (False, True) if rotation in ("rope", "accum") else (False,):
+                for values in (False, True) if so2.rotates and so2.commutes else (False,):
                     cells.append(Cell(rotation, far_mass, values, increments))
-    cells += [c for c in GATED + INTERLEAVED if c.rotation in ROTATIONS and c.output_gate in ("none", *OUTPUT_GATES)]
-    return cells, notes
+    return cells + list(GATED + INTERLEAVED)
 
 
 def size_shape(size: str) -> dict[str, int]:

@@ -199,9 +199,7 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
         raise UsageError(f"batch has a bad entry {bad[0]!r}; give sizes {', '.join(SIZES)} positive integers")
     dev = parse_device(device)
     started = time.perf_counter()
-    cells, notes = grid()
-    for note in notes:
-        log(f"note: {note}; its cells are skipped")
+    cells = grid()
     train = {size: time_training(cells, size, T, batch[size], repeats, dev, seed, log) for size in sizes}
     plan = eval_plan(cells, list(eval_lengths), eval_all)
     evals = measure_eval(plan, eval_repeats, dev, seed, log)
@@ -253,7 +251,7 @@ def run_schemes(sizes: Sequence[str], T: int, eval_lengths: Sequence[int], repea
                      "eval_skipped": {str(ln): [c.name for c in cells if c not in plan[ln]] for ln in plan},
                      "memory_method": "cuda max_memory_allocated" if dev.type == "cuda"
                      else "forked child: ru_maxrss after − /proc/self/statm RSS before"},
-        "notes": notes, "rows": rows, "subnormals": subnormals, "wall_s": time.perf_counter() - started,
+        "rows": rows, "subnormals": subnormals, "wall_s": time.perf_counter() - started,
     }
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from accrot.diagnostics.inputs import FAR_SUMS, ROW_BUDGET
 from accrot.ops.rotary import cos_sin, rotate_pairs_cs
-from accrot.position import explicit
+from accrot.position import explicit, facts
 
 
 # -- attention rows, far mass and value transport ------------------------------------------------------------------
@@ -68,7 +68,8 @@ def scheme_far_sums(
         raise ValueError(f"window={window} must be >= 0")
     rows_all = torch.arange(max(0, T - n_queries), T, device=q.device)
     chunk = max(1, ROW_BUDGET // max(1, B * H * T))
-    so2 = scheme.rotation.kind == "so2"
+    declared = facts(scheme.cfg)
+    so2 = declared.rotates and declared.commutes  # a rotation by angles: its far output norms are defined
     out = {name: torch.zeros(H, dtype=torch.float64) for name in FAR_SUMS}
     out["far_mass_blocks"] = torch.zeros(B, H, dtype=torch.float64)
     z_near, e_far_q = [], []

@@ -350,6 +350,7 @@ class RandomTokenIncrements(IncrementSource):
 
     random = True
     reads = ("increment_mean", "increment_spread", "increment_family", "seed", "vocab_size")
+    timed_as = "random_position"  # a table lookup in place of a draw, then the same rotation kernels
     law = RandomPositionIncrements.law  # the same distribution options
 
     @classmethod

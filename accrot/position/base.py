@@ -219,7 +219,9 @@ class IncrementSource(nn.Module):
     * ``fresh_draws``: δ is drawn anew per position, so no one draw is the model's transport and its coherence is
       measured under fresh draws of the distribution (random_position: a calibration of the instrument);
     * ``reads``: the options the source reads beyond the rotation's own;
-    * :meth:`regularity`: where it stands on the condition that every pair mixes.
+    * :meth:`regularity`: where it stands on the condition that every pair mixes;
+    * ``timed_as``: another source whose cost stands for this one's in ``accrot bench`` (the same kernels and a
+      projection of the same size), or None: the bench times every cell of this source itself.
     """
 
     random = False
@@ -227,6 +229,7 @@ class IncrementSource(nn.Module):
     drifts = False
     fresh_draws = False
     reads: tuple[str, ...] = ()
+    timed_as: str | None = None
 
     @classmethod
     def create(cls, cfg: SchemeConfig, d_model: int, n_heads: int, head_dim: int) -> IncrementSource:

@@ -108,6 +108,8 @@ class SoftplusIncrements(IncrementSource):
     Reference: model-architectures/GRAPE ``model/llama-mha-grape-m-ctx.py`` (``MSGRAPEContextType1``).
     """
 
+    timed_as = "learned"  # one scalar rate per token: a smaller projection than learned, the same rotations
+
     learned = True
     drifts = True  # ω ≥ 0: every increment has the sign of its pair's frequency
     reads = ("ladder_base",)

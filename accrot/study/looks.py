@@ -69,14 +69,19 @@ class Look:
 
 
 def family_of(scheme: Mapping[str, Any]) -> str:
-    """The family of a variant's ``model.scheme`` overrides (a key of :data:`FAMILIES`)."""
-    rotation = scheme.get("rotation", "none")
-    if rotation == "path":
-        return "path"
-    if rotation != "accum":
+    """The family of a variant's ``model.scheme`` overrides (a key of :data:`FAMILIES`), from what its parts declare:
+    ``baseline`` (nothing accumulates: NoPE, RoPE, ALiBi), ``path`` (a product that does not commute), ``cell`` (an
+    accumulated rotation with a far-mass design on its logits or output) and ``so2`` (an accumulated rotation
+    alone)."""
+    from accrot.position import facts
+
+    declared = facts(dict(scheme))
+    if not declared.accumulates:
         return "baseline"
-    controlled = scheme.get("far_mass", "none") != "none" or scheme.get("output_gate", "none") != "none"
-    return "cell" if controlled else "so2"
+    if not declared.commutes:
+        return "path"
+    cell = declared.controls_far_mass or declared.scales_logits or declared.gates_output
+    return "cell" if cell else "so2"
 
 
 def _study_looks() -> dict[str, Look]:

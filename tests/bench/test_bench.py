@@ -3,7 +3,6 @@ bad input is one line and exit status 2. No timing assertions."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -26,26 +25,42 @@ from accrot.cli import main as cli_main
 from accrot.position import FAR_MASS, ROTATIONS
 
 
-def test_grid_has_every_built_cell_once_nope_first():
-    cells, notes = grid()
+def test_grid_has_every_registered_cell_once_nope_first():
+    """The bench enumerates the registries: every rotation, every far-mass part and every increment source the
+    bench times itself (the others name the source whose timing stands for theirs) appear, so a newly registered
+    family is benchmarked without an edit to the grid."""
+    from accrot.position import INCREMENTS
+
+    cells = grid()
     names = [c.name for c in cells]
     assert names[0] == "none/none" and len(set(names)) == len(names)
-    far = 1 + len(FAR_MASS)  # none + the built far-mass parts
-    per_rotation = {"none": 1, "rope": 2, "accum": 4, "path": 1}  # × rotate_values, × increments (accum)
+    timed = {name for name, source in INCREMENTS.items() if source.timed_as is None}
+    assert timed == {"random_position", "learned"}
+    assert all(INCREMENTS[s.timed_as].timed_as is None for s in INCREMENTS.values() if s.timed_as)
+    far = 1 + len(FAR_MASS)  # none + the registered far-mass parts
+    per_rotation = {"none": 1, "rope": 2, "accum": 2 * len(timed), "path": 1}  # × rotate_values, × increments
     plain = [c for c in cells if c.plain]
-    assert len(plain) == far * sum(per_rotation[r] for r in ROTATIONS)
+    assert set(ROTATIONS) == set(per_rotation)
+    assert len(plain) == far * sum(per_rotation.values())
+    assert {c.far_mass for c in plain} == {"none", *FAR_MASS} and {c.rotation for c in plain} == set(ROTATIONS)
     # beyond the grid: the output gate once per rotation kind (and headwise on NoPE), NoPE/RoPE interleaving
     extra = [c.name for c in cells if not c.plain]
     assert extra == ["none/none+gate", "none/none+headgate", "rope/none+gate", "accum:learned/none+values+gate",
                      "path/none+gate", "rope/none(cell,none)"]
     assert all(c.rotation in ("rope", "accum") for c in cells if c.rotate_values)
-    assert {c.increments for c in cells if c.rotation == "accum"} <= {"random_position", "learned"}
+    assert {c.increments for c in cells if c.rotation == "accum"} == timed
     for c in cells:
         c.scheme()  # every cell is a valid config
-    assert len(notes) == 6 - (len(ROTATIONS) - 1) - len(FAR_MASS)
-    # the evaluation children get a cell as JSON: a pattern comes back as a list and is a tuple again
-    back = Cell(**json.loads(json.dumps(dataclasses.asdict(cells[-1]))))
-    assert back == cells[-1] and hash(back) == hash(cells[-1])
+
+
+def test_a_newly_registered_far_mass_part_is_benchmarked_without_an_edit_to_the_grid(monkeypatch):
+    from accrot.position import scheme as registry
+    from accrot.position.alibi import ALiBi
+
+    monkeypatch.setitem(registry.FAR_MASS, "alibi2", ALiBi)
+    monkeypatch.setattr("accrot.position.config.check_choice", lambda *a, **k: None)
+    names = [c.name for c in grid()]
+    assert "rope/alibi2" in names and "accum:learned/alibi2+values" in names
 
 
 @pytest.mark.slow
@@ -56,7 +71,7 @@ def test_quick_schemes_report(tmp_path):
                  "512", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["machine"]["kernels"] == doc["rotation_kernels"] and doc["machine"]["threads"] == doc["threads"]
-    cells, _ = grid()
+    cells = grid()
     assert [r["variant"] for r in doc["rows"]] == [c.name for c in cells]
     lengths = [str(ln) for ln in doc["settings"]["eval_lengths"]]
     for row in doc["rows"]:
@@ -349,7 +364,7 @@ def test_subnormal_table_runs_each_side_in_its_own_float_mode():
 
     from accrot.bench.subnormals import run_subnormals, subnormal_cells, subnormals_table
 
-    cells, _ = grid()
+    cells = grid()
     doc = run_subnormals(cells, {"B": 1, "H": 2, "T": 32, "D": 8}, repeats=1, seed=0, log=lambda _: None)
     chosen = [c.name for c in subnormal_cells(cells)]
     assert doc["cells"] == chosen and chosen[0] == "none/none"

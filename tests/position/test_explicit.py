@@ -23,7 +23,7 @@ H, D = 2, 8
 def _cell_configs() -> dict[str, tuple[SchemeConfig, int]]:
     """``name -> (cfg, layer)``: every cell of the grid (each layer of a layer pattern), with chunks and blocks
     smaller than T so the kernels' chunked and blocked paths run."""
-    cells, _ = grid()
+    cells = grid()
     out = {}
     for cell in cells:
         cfg = dataclasses.replace(cell.scheme(), chunk_size=4, block_size=4)

@@ -66,6 +66,6 @@ def test_the_registries_build_exactly_the_config_s_vocabulary():
 def test_the_bench_names_each_cell_apart_by_its_scheme_s_label():
     from accrot.bench.grid import grid
 
-    cells, _ = grid()
+    cells = grid()
     names = [c.name for c in cells]
     assert len(set(names)) == len(cells) and "accum:learned/forget+values" in names  # not the bench's own "+v"

@@ -213,12 +213,10 @@ def _demo_and_eval(res: Results, tmp: Path) -> None:
     from accrot.evaluation import plot_curves
     from accrot.study.demo import VARIANTS as DEMO
 
-    study_name = {"accum/random_position": "accum-random", "accum/learned": "accum-learned",
-                  "accum/learned+values": "accum-learned+values"}
-    curves = {n: [r for _, r in sorted(res.by[("corpus", study_name.get(n, n))][0].lengths.items())] for n in DEMO}
+    curves = {n: [r for _, r in sorted(res.by[("corpus", n)][0].lengths.items())] for n in DEMO}
     plot_curves(curves, L, tmp / "demo.png", title="accrot demo",
                 styles={n: look_of_scheme(DEMO[n]).line() for n in DEMO})
-    plot_curves({"accum/learned (learned increments)": curves["accum/learned"]}, L, tmp / "extrapolation.png",
+    plot_curves({"accum-learned (learned increments)": curves["accum-learned"]}, L, tmp / "extrapolation.png",
                 title="/runs/corpus/accum-learned/0/checkpoints/last.ckpt")
 
 
