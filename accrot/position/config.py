@@ -31,6 +31,7 @@ IncrementMean = Literal["zero", "rope"]
 IncrementSpread = Literal["constant", "ladder"]
 IncrementFamily = Literal["gaussian", "uniform"]
 PathKernel = Literal["chunked", "recurrent", "fla"]
+PathBeta = Literal["learned", "reflection"]
 OutputGate = Literal["none", "elementwise", "headwise"]
 LayerKind = Literal["cell", "none"]  # a layer_pattern entry: the cell's own rotation, or no rotation (NoPE)
 LearnedForm = Literal["selective", "plain"]
@@ -97,7 +98,11 @@ class SchemeConfig:
         forget_bias_init: initial bias of the forget gate; None = as ``forget_init`` says.
         forget_init: ``fox`` (FoX's default linear init: weight N(0, 0.02), bias 0, f ≈ 1/2 at init) or
             ``alibi`` (weight 0, bias such that the gate starts as ALiBi's slopes exactly).
-        beta_max: PaTH's β_j = beta_max · sigmoid(·), in (0, 2].
+        beta_max: PaTH's β_j = beta_max · sigmoid(·), in (0, 2]; 1 makes every factor a contraction only
+            (eigenvalue 1 − β ∈ (0, 1) along w, as DeltaNet without negative eigenvalues).
+        path_beta: ``learned`` (β_j = beta_max · sigmoid(linear(x_j)), fla's PaTH) or ``reflection`` (β_j = 2 for
+            every token: each factor I − 2 w wᵀ is a reflection, orthogonal, the Householder products the theory's
+            premise describes; no β projection, beta_max unread).
         path_rank: rank of PaTH's w projection's bottleneck; 0 = one full-rank projection. None: the reference's
             (32).
         chunk_size: PaTH chunk length c.
@@ -143,6 +148,7 @@ class SchemeConfig:
     path_rank: int | None = None
     chunk_size: int = 32
     path_kernel: PathKernel = "chunked"
+    path_beta: PathBeta = "learned"
     # kernels
     block_size: int = 128
     # scalable softmax, output gate, per-layer pattern
@@ -176,6 +182,7 @@ class SchemeConfig:
         check_choice("increment_spread", self.increment_spread, IncrementSpread)
         check_choice("increment_family", self.increment_family, IncrementFamily)
         check_choice("path_kernel", self.path_kernel, PathKernel)
+        check_choice("path_beta", self.path_beta, PathBeta)
         check_choice("learned_form", self.learned_form, LearnedForm)
         check_choice("forget_init", self.forget_init, ForgetInit)
         if self.learned_ladder is not None and not isinstance(self.learned_ladder, bool):
@@ -222,6 +229,9 @@ class SchemeConfig:
             raise ConfigError(f"window_eps={self.window_eps!r} is not valid; it must lie in (0, 1)")
         if not 0.0 < self.beta_max <= 2.0:
             raise ConfigError(f"beta_max={self.beta_max!r} is not valid; it must lie in (0, 2]")
+        if self.path_beta == "reflection" and self.beta_max != 2.0:
+            raise ConfigError(f"beta_max={self.beta_max!r} does nothing with path_beta='reflection' (every β is 2); "
+                              "drop beta_max, or use path_beta='learned'")
         if self.window is not None and self.sigma is not None:
             raise ConfigError("window and sigma both set; set the spread by one of them")
         if self.window is not None and self.window > MAX_WINDOW:

@@ -28,7 +28,8 @@ def settings(cfg: SchemeConfig) -> list[str]:
     """The settings that make ``cfg`` another scheme than its cell's reference implementation, in a fixed order:
     ``mean_rope``, ``spread_ladder``, ``family_uniform`` (random increments), ``plain``, ``rank0``, ``conv0``,
     ``noladder``, ``ladder10000`` (a learned or PaTH projection), ``torchinit`` / ``init0.5`` (its init),
-    ``alibi_init`` (the forget gate), ``base500000`` (RoPE's base); empty for a reference cell."""
+    ``alibi_init`` (the forget gate), ``reflection`` / ``betamax1`` (PaTH's β), ``base500000`` (RoPE's base);
+    empty for a reference cell."""
     from accrot.position.config import REFERENCE
 
     out = []
@@ -46,6 +47,10 @@ def settings(cfg: SchemeConfig) -> list[str]:
         out.append("torchinit" if cfg.learned_init_std is None else f"init{cfg.learned_init_std:g}")
     if cfg.far_mass == "forget" and cfg.forget_init != "fox":
         out.append(f"{cfg.forget_init}_init")
+    if cfg.rotation == "path" and cfg.path_beta != "learned":
+        out.append(cfg.path_beta)
+    if cfg.rotation == "path" and cfg.beta_max != 2.0:
+        out.append(f"betamax{cfg.beta_max:g}")
     if cfg.rotation == "rope" and cfg.rope_base != 10000.0:
         out.append(f"base{cfg.rope_base:g}")
     return out

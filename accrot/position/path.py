@@ -9,7 +9,9 @@ sigmoid(linear(x_j)) ∈ (0, beta_max], beta_max = 2; every weight starts N(0, 0
 ``_init_weights``; ``learned_init_std``), so β ≈ 1 at init. ``path_rank=0, conv_size=0, learned_init_std=null``
 is accrot's earlier, plain form: one full-rank projection of x_j alone (w_j is then a function of one token)
 with PyTorch's default init. With β ∈ (0, 2) H_j contracts along w_j; at β = 2 it is a reflection (orthogonal,
-H² = I).
+H² = I). ``beta_max=1`` keeps every β in (0, 1): contractions only (eigenvalue 1 − β ∈ (0, 1) along w, no
+negative eigenvalue); ``path_beta="reflection"`` fixes β = 2 for every token (no β projection): pure reflections,
+the orthogonal Householder products the theory's premise is about.
 
 w and β are computed in float32 (or wider, for a float64 model) with autocast disabled, whatever the autocast
 dtype. The attention itself is :func:`accrot.ops.path.path_attention` (chunked UT/WY algorithm, ``PATH.md``).
@@ -38,7 +40,7 @@ class PathRotation(RotationPart):
     accumulates = True  # H_t ⋯ H_{s+1}: a product of per-token Householder factors
     commutes = False
     learned = True
-    reads = ("beta_max", "path_rank", "chunk_size", "path_kernel", "conv_size", "learned_init_std")
+    reads = ("beta_max", "path_beta", "path_rank", "chunk_size", "path_kernel", "conv_size", "learned_init_std")
     unread = ("block_size",)  # its chunked walk takes the far-mass bias itself: the biased kernel never runs
 
     def __init__(self, cfg: SchemeConfig, d_model: int, n_heads: int) -> None:
@@ -51,7 +53,8 @@ class PathRotation(RotationPart):
             self.w_proj = nn.Sequential(nn.Linear(d_model, r, bias=False), nn.Linear(r, HD, bias=False))
         # depthwise over time, one filter per channel; causal by left padding only
         self.w_conv = nn.Conv1d(HD, HD, cfg.conv_size, groups=HD, bias=False) if cfg.conv_size else None
-        self.beta_proj = nn.Linear(d_model, n_heads, bias=True)
+        # β from the input (fla's PaTH), or none at all: with path_beta='reflection' every factor reflects (β = 2)
+        self.beta_proj = nn.Linear(d_model, n_heads, bias=True) if cfg.path_beta == "learned" else None
         init_weights(self, cfg.learned_init_std)
 
     def householder(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,12 +71,16 @@ class PathRotation(RotationPart):
                 w = F.conv1d(w, self.w_conv.weight.to(dt), groups=self.w_conv.groups)  # [B, H·D, T]
                 w = F.silu(w).transpose(1, 2)  # [B, T, H·D]
             w = F.normalize(w.view(B, T, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, T, H, D]
-            beta = self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))  # [B, T, H]
+            if self.beta_proj is None:  # reflections: H_j = I − 2 w_j w_jᵀ, orthogonal
+                beta = x.new_full((B, T, self.n_heads), 2.0)  # [B, T, H]
+            else:
+                beta = self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))  # [B, T, H]
         return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, T, D], [B, H, T]
 
     def describe(self) -> dict:
         return {
             "beta_max": self.cfg.beta_max,
+            "path_beta": self.cfg.path_beta,
             "path_rank": self.cfg.path_rank,
             "conv_size": self.cfg.conv_size,
             "learned_init_std": self.cfg.learned_init_std,

@@ -130,6 +130,14 @@ VARIANT_RECORDS: dict[str, Variant] = by_name((
             "default init.", optional=True),
     Variant("PaTH-FoX", {"rotation": "path", "far_mass": "forget"},
             "PaTH with FoX's forget gate (default linear init, as fla builds PaTH-FoX)."),
+    # contraction apart from rotation: β ∈ (0, 1) has no negative eigenvalue (it cannot flip a state), β = 2 only
+    # reflects (orthogonal, nothing contracts); run with --variants, e.g. on the state-tracking tasks
+    Variant("PaTH-contract", {"rotation": "path", "beta_max": 1.0},
+            "PaTH with β ∈ (0, 1): every factor only contracts along w (eigenvalues in (0, 1], none negative), as "
+            "DeltaNet without negative eigenvalues.", optional=True),
+    Variant("PaTH-reflect", {"rotation": "path", "path_beta": "reflection"},
+            "PaTH with β = 2 for every token: pure reflections, orthogonal Householder products (no β projection).",
+            optional=True),
     # the cells the lower bound points to: accumulated rotations with far-mass control
     Variant("accum-learned+values+forget", {**_LEARNED_VALUES, "far_mass": "forget"},
             "accum-learned+values with FoX's forget gate at its default init (f ≈ 1/2)."),

@@ -37,6 +37,8 @@ def _cell_configs() -> dict[str, tuple[SchemeConfig, int]]:
                                             rotate_values=True),
         "path-plain/forget+headgate": dict(rotation="path", path_rank=0, conv_size=0, learned_init_std=None,
                                            far_mass="forget", output_gate="headwise", chunk_size=4),
+        "path-reflection/forget": dict(rotation="path", path_beta="reflection", far_mass="forget", chunk_size=4),
+        "path-contract/none": dict(rotation="path", beta_max=1.0, chunk_size=4),
     }
     out.update({name: (SchemeConfig(**options), 0) for name, options in extra.items()})
     return out

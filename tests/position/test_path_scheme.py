@@ -39,6 +39,8 @@ VARIANTS = {
     "plain": {"path_rank": 0, "conv_size": 0, "learned_init_std": None},
     "rank4-conv3": {"path_rank": 4, "conv_size": 3},
     "conv1-beta0.5": {"conv_size": 1, "beta_max": 0.5},
+    "contract": {"beta_max": 1.0},
+    "reflection": {"path_beta": "reflection"},
 }
 
 
@@ -149,11 +151,12 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
-@pytest.mark.parametrize("far_mass", ["none", "forget"])
-def test_forward_is_path_attention_of_the_exposed_quantities(far_mass, device):
+@pytest.mark.parametrize("far_mass, beta", [("none", "learned"), ("forget", "learned"), ("none", "reflection"),
+                                            ("forget", "reflection")])
+def test_forward_is_path_attention_of_the_exposed_quantities(far_mass, beta, device):
     """The scheme's forward is the chunked kernel of its own w, β (and log f); on CUDA the same module on the GPU
     against the float64 recurrence twin on the CPU, outputs and the gradients of q, k, v, x."""
-    cfg = SchemeConfig(rotation="path", far_mass=far_mass, path_rank=4, conv_size=3, chunk_size=8)
+    cfg = SchemeConfig(rotation="path", far_mass=far_mass, path_rank=4, conv_size=3, chunk_size=8, path_beta=beta)
     scheme = build(cfg, D_MODEL, N_HEADS).eval()
     if device != "cpu":
         scheme = scheme.to(device)
@@ -174,6 +177,36 @@ def test_forward_is_path_attention_of_the_exposed_quantities(far_mass, device):
     fast_grads = torch.autograd.grad(out, (q, k, v, x), g.to(device, out.dtype))
     for name, a, b in zip("q k v x".split(), torch.autograd.grad(ref, twin_in, g), fast_grads):
         assert_close(a, b, 1e-4, name)
+
+
+def test_reflection_cell_reflects_every_token_and_keeps_norms():
+    """path_beta='reflection': β = 2 for every token and no β projection, so each factor I − 2 w wᵀ is orthogonal
+    (the transport keeps |k_s| at every distance), where the learned β (about 1 at init) contracts; β ∈ (0, 1)
+    (beta_max=1) contracts along w with no negative eigenvalue."""
+    _, _, _, x, tokens = layer_inputs()
+    reflect = build(SchemeConfig(rotation="path", path_beta="reflection"), D_MODEL, N_HEADS).double().eval()
+    learned = build(SchemeConfig(rotation="path"), D_MODEL, N_HEADS).double().eval()
+    assert reflect.rotation.beta_proj is None and torch.equal(reflect.householder(x.double(), tokens)[1],
+                                                              torch.full((B, N_HEADS, T), 2.0, dtype=torch.float64))
+    n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n_params(learned) - n_params(reflect) == D_MODEL * N_HEADS + N_HEADS  # only the β projection is gone
+
+    def transported_norms(scheme):
+        w, beta = scheme.householder(x.double(), tokens)  # [B, H, T, D], [B, H, T]
+        k = torch.randn(B, N_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+        norms = []
+        for t in range(T):  # k_0 carried through H_1 ... H_t
+            if t:
+                k = k - beta[:, :, t, None] * (w[:, :, t] * k).sum(-1, keepdim=True) * w[:, :, t]
+            norms.append(k.norm(dim=-1))
+        return torch.stack(norms, -1)  # [B, H, T]
+
+    kept = transported_norms(reflect)
+    assert torch.allclose(kept, kept[..., :1].expand_as(kept), rtol=1e-12)
+    assert bool((transported_norms(learned)[..., -1] < kept[..., -1]).all())  # learned β ≈ 1 at init: contracts
+    contract = build(SchemeConfig(rotation="path", beta_max=1.0), D_MODEL, N_HEADS).eval()
+    beta = contract.householder(x, tokens)[1]
+    assert beta.min() > 0 and beta.max() < 1  # eigenvalue 1 − β along w stays in (0, 1): never a sign flip
 
 
 def test_gradients_reach_every_parameter():
@@ -216,6 +249,8 @@ def test_angles_is_not_defined_for_path():
         pytest.param({"path_rank": -1}, "path_rank", id="path_rank-neg"),
         pytest.param({"path_kernel": "triton"}, "path_kernel", id="path_kernel"),
         pytest.param({"conv_size": -1}, "conv_size", id="conv_size-neg"),
+        pytest.param({"path_beta": "fixed"}, "path_beta", id="path_beta"),
+        pytest.param({"path_beta": "reflection", "beta_max": 1.0}, "beta_max", id="beta_max-with-reflection"),
     ],
 )
 def test_bad_configs_fail_at_construction(options, field):
