@@ -304,3 +304,86 @@ def _local_rise(res: Results, longest: float) -> str:
         if a and b:
             parts.append(f"{v} {fmt(a)} → {fmt(b)}")
     return "; ".join(parts) + f" (answer NLL, 1× → {times(longest)})" if parts else "not run"
+
+
+# ---------------------------------------------------------------------------------------------------
+# CLAIMS.md's tables, generated from the claim functions (the constants are written once, here)
+# ---------------------------------------------------------------------------------------------------
+DOC_BEGIN = "<!-- generated from accrot/study/claims.py: python -m accrot.study.claims --write -->"
+DOC_END = "<!-- end of the generated tables -->"
+
+
+def specimen_results() -> Results:
+    """A study with every data set a claim reads (the corpus, the local task, parity, the S3 word problem, flip-flop),
+    each data set's default variants, 3 seeds and the study's lengths, and RoPE's eval-time extension rows: what the
+    claim functions need to say what each claim measures and how it is decided. Its values mean nothing."""
+    from accrot.study.variants import DATASET_VARIANTS, DEFAULT_VARIANTS, EXTENSION_RECORDS, SIZES
+
+    lengths = {float(m): {"nll": 2.0, "accuracy": 0.5} for m in SIZES["study"].multipliers}
+    runs = []
+    for dataset in ("corpus", "local", "parity", "s3", "flipflop"):
+        for v in DATASET_VARIANTS.get(dataset, DEFAULT_VARIANTS):
+            runs += [Run(dataset, v, seed, "", dict(lengths), SIZES["study"].seq_len) for seed in range(3)]
+    for ext in EXTENSION_RECORDS:
+        runs += [Run("corpus", ext.label, seed, "", dict(lengths), SIZES["study"].seq_len, extension=ext.kind)
+                 for seed in range(3)]
+    return Results(runs)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def claims_table(res: Results | None = None) -> str:
+    """The claims as :func:`check_claims` states them: id, claim, what is measured, the rule (markdown)."""
+    lines = ["| # | claim | measured as | rule |", "|---|---|---|---|"]
+    for c in check_claims(res or specimen_results()):
+        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.test)} | {_cell(c.rule)} |")
+    return "\n".join(lines)
+
+
+def variant_sets_table() -> str:
+    """The variant sets the claims read, each derived from the parts' declared facts over the study's variants."""
+    from accrot.study.state import controlled, rotation_only
+    from accrot.study.theory import so2_accumulated
+    from accrot.study.variants import DATASET_VARIANTS
+
+    flipflop = DATASET_VARIANTS["flipflop"]
+    rows = [
+        ("C4's pairs", "each rotation-only variant and the variants equal to it but for the far-mass parts' options, "
+                       "which control far mass", "; ".join(f"{v} / {', '.join(s)}" for v, s in SIBLINGS.items())),
+        ("C4's local-task note", "rotation-only, the regularity condition not broken by construction",
+         ", ".join(ROTATION_ONLY)),
+        ("T5's SO(2) accumulations", "an accumulated commuting transport, rotation-only, the condition not broken",
+         ", ".join(so2_accumulated())),
+        ("S3: far-mass control", "a rotation with a logit term growing with distance (flip-flop's variants)",
+         ", ".join(v for v in flipflop if controlled(v))),
+        ("S3: rotation-only", "an accumulated transport without one (an output gate leaves it rotation-only)",
+         ", ".join(v for v in flipflop if rotation_only(v))),
+        ("N1's anchors", "named: the cells the lower bound points to", ", ".join(ROTATION_CONTROLLED)),
+    ]
+    lines = ["| set | what decides membership | members (over every variant of the study; S3: flip-flop's) |", "|---|---|---|"]
+    lines += [f"| {a} | {_cell(b)} | {_cell(c)} |" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def claims_doc() -> str:
+    """CLAIMS.md's generated part, between its markers."""
+    return f"{DOC_BEGIN}\n{claims_table()}\n\nThe variant sets they read:\n\n{variant_sets_table()}\n{DOC_END}"
+
+
+def rewrite_doc(text: str) -> str:
+    """``text`` (CLAIMS.md) with its generated part replaced by :func:`claims_doc`."""
+    start, end = text.index(DOC_BEGIN), text.index(DOC_END) + len(DOC_END)
+    return text[:start] + claims_doc() + text[end:]
+
+
+if __name__ == "__main__":  # python -m accrot.study.claims [--write]: print (or rewrite) CLAIMS.md's tables
+    import sys
+    from pathlib import Path
+
+    doc = Path(__file__).with_name("CLAIMS.md")
+    if "--write" in sys.argv[1:]:
+        doc.write_text(rewrite_doc(doc.read_text()))
+    else:
+        print(claims_doc())
