@@ -71,8 +71,9 @@ ATTENTION = re.compile(r"\bsoftmax\(|scaled_dot_product_attention|"
 # where a scheme's attention is computed: the kernels, the schemes' explicit twin, and the benches that time the
 # kernels against a public peer
 ATTENTION_HOMES = ("accrot/ops/", "accrot/position/", "accrot/bench/")
-# the coherence measure pairs q with k itself (its raw pairings, without and with the transport), not yet through
-# the parts' transported scores: at most these, so that none is added
+# the coherence measure's two GEMMs: the raw pairing q·k and the pairing of the pair the rotation part hands it
+# (factored_pairs: its transport, one transform per position); PaTH's pairings come from the part's walk. At most
+# these, so that none is added
 ATTENTION_KNOWN = {"accrot/diagnostics/coherence.py": 2}
 
 

@@ -9,13 +9,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from accrot.diagnostics.inputs import (
-    ROW_BUDGET,
-    check_distances,
-    path_walk,
-    spread_indices,
-)
-from accrot.ops.rotary import rotate_pairs
+from accrot.diagnostics.inputs import ROW_BUDGET, check_distances, spread_indices
 from accrot.position.accum import mix_seed
 
 # -- coherence ---------------------------------------------------------------------------------------------------
@@ -48,7 +42,6 @@ def scheme_coherence_sums(
     B, H, T, D = q.shape
     dist = check_distances(distances, T)
     q, k = q.float().contiguous(), k.float().contiguous()
-    kind = scheme.rotation.kind
     out = {name: torch.zeros(B, H, dist.numel(), dtype=torch.float64) for name in ("num", "den", "msq", "count")}
 
     def add(cols: slice | int, lm: torch.Tensor, li: torch.Tensor, dims: tuple[int, ...]) -> None:
@@ -56,33 +49,26 @@ def scheme_coherence_sums(
         out["den"][..., cols] = (li * li).sum(dims).cpu()
         out["msq"][..., cols] = (lm * lm).sum(dims).cpu()
 
-    if kind == "path":
-        w, beta = scheme.householder(x, tokens)  # [B, H, T, D], [B, H, T]
-        w, beta = w.float().contiguous(), beta.float().contiguous()
+    rotation = scheme.rotation
+    factored = rotation.factored_pairs(q, k, x, tokens, theta)  # (q', k') with q'·k' = q_tᵀ M_ts k_s, or None
+    if factored is None:  # a transport that does not factor per position (PaTH): its per-query walk
         # one query set (each Δ uses those with t ≥ Δ); the walk is a step per distance over every row, so past
         # 2048 tokens fewer rows keep its cost that of 2048 (the blocks, not the rows, are the replicates)
         n_rows = None if max_queries is None else max(64, max_queries * min(T, PATH_ROW_TOKENS) // T)
         rows = spread_indices(0, T, n_rows, q.device)
         column = {int(d): i for i, d in enumerate(dist.tolist())}
-        for d, start, lm in path_walk(q, k, w, beta, rows, int(dist.max()), wanted=set(column)):
+        for d, start, lm in rotation.walked_pairs(q, k, x, tokens, rows, int(dist.max()), wanted=set(column)):
             if d in column:
                 r = rows[start:]
                 li = (q[:, :, r] * k[:, :, r - d]).sum(-1).double()  # [B, H, R']
                 add(column[d], lm.double(), li, (2,))
                 out["count"][..., column[d]] = r.numel()
         return out
-    draws = 1
-    if kind == "so2":
-        theta = scheme.angles(x, tokens) if theta is None else theta  # [B|1 or draws·B, H, T, P]
-        if theta.shape[0] > B:  # several draws at once, draw-major: replicate r = d·B + b pairs θ_d with block b
-            if theta.shape[0] % B:
-                raise ValueError(f"theta has {theta.shape[0]} rows, not a multiple of the batch {B}")
-            draws = theta.shape[0] // B
-            out = {name: torch.zeros(draws * B, H, dist.numel(), dtype=torch.float64) for name in out}
-        qr, kr = (q, k) if draws == 1 else (q.repeat(draws, 1, 1, 1), k.repeat(draws, 1, 1, 1))
-        qm, km = rotate_pairs(qr, theta), rotate_pairs(kr, theta)  # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ M_ts k_s
-    else:
-        qm, km = q, k
+    qm, km = factored
+    transported = qm is not q  # without a rotation the pairing is the raw one
+    draws = qm.shape[0] // B  # fresh draws of the angles, draw-major: replicate r = d·B + b
+    if draws > 1:
+        out = {name: torch.zeros(draws * B, H, dist.numel(), dtype=torch.float64) for name in out}
     dist = dist.to(q.device)
     rows = spread_indices(0, T, max_queries, q.device)  # [R] one query set; each Δ uses the queries with t ≥ Δ
     keys = rows[:, None] - dist[None, :]  # [R, n] key s = t − Δ of each (query, distance)
@@ -97,7 +83,7 @@ def scheme_coherence_sums(
         idx, ok = keys[r0 : r0 + chunk], valid[r0 : r0 + chunk].double()  # [R', n]
         li = (q[:, :, r] @ k[:, :, :upto].transpose(-1, -2)).gather(-1, idx.expand(B, H, -1, -1))  # [B, H, R', n]
         li = li.double() * ok
-        lm = li if kind == "none" else (qm[:, :, r] @ km[:, :, :upto].transpose(-1, -2)).gather(
+        lm = li if not transported else (qm[:, :, r] @ km[:, :, :upto].transpose(-1, -2)).gather(
             -1, idx.expand(qm.shape[0], H, -1, -1)).double() * ok
         li = li.repeat(draws, 1, 1, 1)  # the same for every draw
         out["num"] += (lm * li).sum(2).cpu()

@@ -115,6 +115,21 @@ class RotationPart(nn.Module):
         q, k = _working(q), _working(k)
         return (q[:, :, rows] @ k.transpose(-1, -2)).double() * q.shape[-1] ** -0.5  # [B, H, R, T]
 
+    def factored_pairs(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                       theta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(q', k')`` whose plain dot products are the transported pairings q_tᵀ M_{t,s} k_s (unscaled), where the
+        transport factors into one transform per position; None where it does not (PaTH: :meth:`walked_pairs`).
+        Without a rotation q and k themselves (the same objects). ``theta``: SO(2) angles to transport with instead
+        of the part's own (fresh draws, draw-major rows)."""
+        return q, k
+
+    def walked_pairs(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                     rows: torch.Tensor, max_distance: int, wanted: set[int] | None = None):
+        """For a transport that does not factor per position: ``(Δ, start, ℓ [B, H, R − start])`` per distance Δ ≤
+        ``max_distance``, ℓ the unscaled pairing of query ``rows[start:]`` with the key Δ before it
+        (:func:`accrot.position.walk.path_walk`)."""
+        raise NotImplementedError(f"{type(self).__name__}'s transport factors per position: use factored_pairs")
+
     def transported_values(self, a: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
                            rows: torch.Tensor) -> torch.Tensor:
         """Σ_s a_ts M^v_{t,s} v_s for query ``rows [R]``: attention weights ``a [B, H, R, T]`` and values
@@ -146,6 +161,17 @@ class SO2Rotation(RotationPart):
         # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ R(θ_s − θ_t) k_s
         q, k = rotate_pairs(_working(q), theta), rotate_pairs(_working(k), theta)  # [B, H, T, D] each
         return super().transported_scores(q, k, x, tokens, rows)
+
+    def factored_pairs(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                       theta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        theta = self.angles(x, tokens) if theta is None else theta  # [B|1 or draws·B, H, T, P]
+        B = q.shape[0]
+        if theta.shape[0] > B:  # several draws at once, draw-major: replicate r = d·B + b pairs θ_d with block b
+            if theta.shape[0] % B:
+                raise ValueError(f"theta has {theta.shape[0]} rows, not a multiple of the batch {B}")
+            draws = theta.shape[0] // B
+            q, k = q.repeat(draws, 1, 1, 1), k.repeat(draws, 1, 1, 1)
+        return rotate_pairs(q, theta), rotate_pairs(k, theta)  # (R(θ_t) q_t)·(R(θ_s) k_s) = q_tᵀ M_ts k_s
 
     def transported_values(self, a: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
                            rows: torch.Tensor) -> torch.Tensor:

@@ -107,6 +107,16 @@ class PathRotation(RotationPart):
         return scores.double() * D**-0.5
 
 
+    def factored_pairs(self, q, k, x, tokens, theta=None) -> None:
+        return None  # H_t ⋯ H_{s+1} is no product of one transform per position: walk it (walked_pairs)
+
+    def walked_pairs(self, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+                     rows: torch.Tensor, max_distance: int, wanted: set[int] | None = None):
+        w, beta = self.householder(x, tokens)  # [B, H, T, D], [B, H, T]
+        w, beta = w.to(q.dtype).contiguous(), beta.to(q.dtype).contiguous()
+        yield from path_walk(q, k, w, beta, rows, max_distance, wanted=wanted)
+
+
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Apply a Linear (or a Sequential of Linears) with its weights cast to x's dtype (float32 under any autocast)."""
     for layer in module if isinstance(module, nn.Sequential) else (module,):
