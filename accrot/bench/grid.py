@@ -58,10 +58,22 @@ class Cell:
         """The scheme's one name (:meth:`SchemeConfig.label`), e.g. ``accum:learned/forget+values``."""
         return self.scheme().label()
 
+    @functools.cached_property
+    def facts(self):
+        """What the cell's parts declare (:func:`accrot.position.facts`): the benchmarks pick their cells by it."""
+        from accrot.position import facts
+
+        return facts(self.scheme())
+
     @property
     def plain(self) -> bool:
         """No output gate and no layer pattern: a cell of rotation × far_mass × rotate_values alone."""
-        return self.output_gate == "none" and self.layer_pattern is None
+        return not self.facts.gates_output and not self.facts.position_free_layers
+
+    @property
+    def far_mass_free(self) -> bool:
+        """No far-mass part: neither a logit term growing with distance nor a logit factor."""
+        return not (self.facts.controls_far_mass or self.facts.scales_logits)
 
     def scheme(self):
         from accrot.position import SchemeConfig
@@ -77,6 +89,7 @@ GATED = (Cell("none", output_gate="elementwise"), Cell("none", output_gate="head
          Cell("rope", output_gate="elementwise"), Cell("accum", "none", True, "learned", output_gate="elementwise"),
          Cell("path", output_gate="elementwise"))
 INTERLEAVED = (Cell("rope", layer_pattern=("cell", "none")),)
+PATH_FOX = Cell("path", "forget")  # the cell PATH_FORGET_LIMIT was set for
 
 
 def grid() -> list[Cell]:
@@ -90,12 +103,12 @@ def grid() -> list[Cell]:
     far_masses = ["none", *FAR_MASS]
     timed = [name for name, source in INCREMENTS.items() if source.timed_as is None]
     cells = []
-    for rotation in rotations:
-        for increments in timed if rotation == "accum" else [None]:  # only accum takes increments (the config says so)
-            so2 = facts(Cell(rotation, increments=increments).scheme())
-            for far_mass in far_masses:
+    for name in rotations:
+        for source in timed if ROTATIONS[name].takes_increments else [None]:
+            so2 = facts(Cell(name, increments=source).scheme())
+            for far in far_masses:
                 for values in (False, True) if so2.rotates and so2.commutes else (False,):
-                    cells.append(Cell(rotation, far_mass, values, increments))
+                    cells.append(Cell(name, far, values, source))
     return cells + list(GATED + INTERLEAVED)
 
 

@@ -234,8 +234,8 @@ def eval_plan(cells: Sequence[Cell], lengths: Sequence[int], eval_all: bool) -> 
         if T <= LONG_EVAL or eval_all:
             plan[T] = list(cells)
         else:
-            plan[T] = [c for c in cells if c.rotation == "none" or (c.plain and (
-                c.rotation == "path" or (c.far_mass == "none" and not c.rotate_values)))]
+            plan[T] = [c for c in cells if not c.facts.rotates or (c.plain and (
+                not c.facts.commutes or (c.far_mass_free and not c.facts.rotates_values)))]
     return plan
 
 

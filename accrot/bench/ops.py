@@ -29,8 +29,8 @@ def op_cells(cells: Sequence[Cell]) -> list[Cell]:
     """The cells whose op is measured at the evaluation length: one per attention kernel and increment kind
     (NoPE, ALiBi, FoX, ssmax, the gates on NoPE, rope, accum random and learned, PaTH with each far mass); the
     others add O(T·D) rotations (or a gate) to one of these. A layer pattern's op is its first layer's."""
-    return [c for c in cells if c.rotation == "none" or (c.plain and (c.rotation == "path" or (
-        not c.rotate_values and c.far_mass == "none")))]
+    return [c for c in cells if not c.facts.rotates or (c.plain and (not c.facts.commutes or (
+        not c.facts.rotates_values and c.far_mass_free)))]
 
 
 def build_op(cell: Cell, H: int, D: int, seed: int, device: torch.device):

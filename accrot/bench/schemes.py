@@ -20,6 +20,7 @@ from accrot.bench.grid import (
     OP_FAR_MASS_LIMIT,
     PATH_EVAL_LIMIT,
     PATH_FORGET_LIMIT,
+    PATH_FOX,
     PATH_TRAIN_LIMIT,
     ROTATION_LIMIT,
     ROTATION_VALUES_LIMIT,
@@ -90,7 +91,7 @@ def time_training(cells: Sequence[Cell], size: str, T: int, batch: int, repeats:
     models = {c.name: build_model(c, shape, seed, device).train() for c in cells}
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, shape["vocab_size"], (batch, T + 1), generator=g).to(device)  # [B, T+1]
-    learned = next((models[c.name] for c in cells if c.increments == "learned"), None)
+    learned = next((models[c.name] for c in cells if c.facts.learned and c.facts.commutes), None)
     x = torch.randn(batch, T, shape["d_model"], generator=g).to(device).requires_grad_()  # [B, T, d_model]
     names = list(models) + ([PROJECTION] if learned is not None else [])
 
@@ -112,7 +113,7 @@ def learned_floor(cell: Cell, train: dict[str, dict[str, Any]]) -> dict[str, flo
     learned increments does at least both; None when either was not measured."""
     rope = train.get(Cell("rope", rotate_values=cell.rotate_values).name)
     projection = train.get(PROJECTION)
-    if cell.increments != "learned" or rope is None or projection is None:
+    if not (cell.facts.learned and cell.facts.commutes) or rope is None or projection is None:
         return None
     return {"ratio": rope["ratio"] + projection["ratio"], "ratio_of_min": rope["ratio_of_min"] +
             projection["ratio_of_min"], "rope": rope["ratio"], "projection": projection["ratio"]}
@@ -144,17 +145,18 @@ def _step_targets(cell: Cell, row: dict[str, Any]) -> list[dict[str, Any]]:
     checks = []
     if not cell.plain:
         return checks
-    if cell.far_mass == "none" and cell.rotation in ("rope", "accum"):
-        if cell.increments == "learned":
+    f = cell.facts
+    if cell.far_mass_free and f.rotates and f.commutes:  # an SO(2) rotation alone
+        if f.learned:
             limit = LEARNED_VALUES_LIMIT if cell.rotate_values else LEARNED_LIMIT
         else:
             limit = ROTATION_VALUES_LIMIT if cell.rotate_values else ROTATION_LIMIT
         for size, res in row["train"].items():
             checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], limit, res.get("floor")))
-    if cell.rotation == "path" and cell.far_mass == "none":
+    if not f.commutes and cell.far_mass_free:  # PaTH alone
         for size, res in row["train"].items():
             checks.append(_check(f"train {size}", res["ratio"], res["ratio_of_min"], PATH_TRAIN_LIMIT[size]))
-    if cell.rotation == "none" and cell.far_mass != "none" and row["eval"]:
+    if not f.rotates and not cell.far_mass_free and row["eval"]:  # a far-mass part alone
         lengths = [int(k) for k in row["eval"]]  # the anchors are measured at every length
         T = TARGET_EVAL_LENGTH if TARGET_EVAL_LENGTH in lengths else max(lengths)
         res = row["eval"][str(T)]
@@ -169,13 +171,13 @@ def _op_targets(cell: Cell, row: dict[str, Any], rows: dict[str, dict[str, Any]]
     op = row.get("op") or {}
     if not cell.plain:
         return checks
-    if cell.rotation == "none" and cell.far_mass != "none" and op.get("train"):
+    if not cell.facts.rotates and not cell.far_mass_free and op.get("train"):
         checks.append(_check("op", op["train"]["ratio"], op["train"]["ratio_of_min"], OP_FAR_MASS_LIMIT))
     path = (rows or {}).get(Cell("path").name, {}).get("op", {}).get("train")
-    if cell.rotation == "path" and cell.far_mass == "forget" and op.get("train") and path:
+    if cell == PATH_FOX and op.get("train") and path:  # the target set for PaTH-FoX
         checks.append(_check("op / PaTH's", op["train"]["ratio"] / path["ratio"],
                              op["train"]["ratio_of_min"] / path["ratio_of_min"], PATH_FORGET_LIMIT))
-    if cell.rotation == "path" and cell.far_mass in ("none", "forget") and op.get("eval"):
+    if cell in (Cell("path"), PATH_FOX) and op.get("eval"):
         checks.append(_check(f"op eval {op['eval']['T']}", op["eval"]["ratio"], op["eval"]["ratio_of_min"],
                              PATH_EVAL_LIMIT))
     return checks

@@ -35,10 +35,9 @@ MODES = ("keep", "flush")  # ACCROT_DENORMALS of each side: IEEE (the library's 
 def subnormal_cells(cells: Sequence[Cell]) -> list[Cell]:
     """NoPE, and the cells whose weights can underflow: one per far-mass kernel (a bias on NoPE, each PaTH walk)
     and the accumulated rotation with values and a forget gate (its own rotations around the biased kernel)."""
-    picked = [c for c in op_cells(cells) if c.rotation == "none" and c.far_mass == "none" and c.plain]
-    picked += [c for c in op_cells(cells) if c.far_mass in ("alibi", "forget") or c.rotation == "path"]
-    picked += [c for c in cells if c.plain and c.rotation == "accum" and c.increments == "learned"
-               and c.rotate_values and c.far_mass == "forget"]
+    picked = [c for c in op_cells(cells) if c == Cell("none")]
+    picked += [c for c in op_cells(cells) if c.facts.controls_far_mass or not c.facts.commutes]
+    picked += [c for c in cells if c == Cell("accum", "forget", True, "learned")]
     return [c for i, c in enumerate(picked) if c not in picked[:i]]
 
 

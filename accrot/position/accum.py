@@ -437,6 +437,7 @@ class AccumulatedRotation(SO2Rotation):
     """
 
     kind = "so2"
+    takes_increments = True  # its δ_j come from an increment source (INCREMENTS, cfg.increments)
     accumulates = True  # θ_t − θ_s = Σ_{j=s+1..t} δ_j: a product of per-token rotations
     reads = ("rope_base", "window", "sigma", "window_eps")  # the window (or spread) of the draws or the floor
 

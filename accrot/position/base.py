@@ -57,6 +57,7 @@ class RotationPart(nn.Module):
     """
 
     kind = "none"
+    takes_increments = False  # True where the rotation's steps come from an accum increment source (INCREMENTS)
     accumulates = False
     commutes = True
     random = False
