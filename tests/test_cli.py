@@ -537,9 +537,10 @@ def test_scheme_options_the_scheme_ignores_are_one_warning_line(tmp_path, caplog
 def test_ignored_scheme_options_follow_who_reads_them():
     """Known truth per option: what a scheme reads is never reported, what it cannot read always is."""
     from accrot.position import SchemeConfig
+    from accrot.position import ignored as unread
 
     def ignored(**kw) -> list[str]:
-        return [name for name, _ in SchemeConfig(**kw).ignored()]
+        return [name for name, _ in unread(SchemeConfig(**kw))]
 
     assert ignored(rotation="accum", increments="random_position", window=96) == []
     assert ignored(rotation="accum", increments="learned", window=96, max_increment=2.0) == []  # the mixing floor

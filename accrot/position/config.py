@@ -23,8 +23,11 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from accrot.errors import ConfigError, check_choice
+from accrot.position.reference import REFERENCE
 
 Rotation = Literal["none", "rope", "accum", "path"]
+# the rotations by angles (rotate_values transports values along them); the config imports no part, so it names them
+SO2_ROTATIONS = ("rope", "accum")
 FarMass = Literal["none", "alibi", "forget", "ssmax"]
 Increments = Literal["random_position", "random_token", "learned", "softplus"]
 IncrementMean = Literal["zero", "rope"]
@@ -39,24 +42,6 @@ ForgetInit = Literal["fox", "alibi"]
 
 
 MAX_WINDOW = 1 << 24  # the longest mixing window accepted, in tokens
-
-# The reference value of each option left None, per part in use ("learned", "softplus" increments; "path"):
-# Selective RoPE's SelectiveRoPE defaults (phi_proj_rank=16, d_conv=4, temp_type="rope", temp_theta=500000),
-# fla's PaTHAttention (w_proj rank 32, ShortConvolution(kv_dim, 3)); the softplus ladder's base is RoPE's
-# (GRAPE initialises its learnable frequencies from base 10 000, the rope_base default: filled in from rope_base).
-REFERENCE: dict[str, dict[str, Any]] = {
-    "learned": {"increment_rank": 16, "conv_size": 4, "learned_ladder": True, "ladder_base": 500000.0},
-    "softplus": {},
-    "path": {"path_rank": 32, "conv_size": 3},
-}
-
-
-def _rotation_kind(rotation: str) -> str:
-    """The registered rotation part's ``kind`` (read lazily: the parts import this module)."""
-    from accrot.position.scheme import ROTATIONS
-
-    return ROTATIONS[rotation].kind
-
 
 @dataclass
 class SchemeConfig:
@@ -196,7 +181,7 @@ class SchemeConfig:
                 f"increments={self.increments!r} needs rotation='accum' (got rotation={self.rotation!r}); "
                 "drop increments or set rotation=accum"
             )
-        if self.rotate_values and _rotation_kind(self.rotation) != "so2":
+        if self.rotate_values and self.rotation not in SO2_ROTATIONS:
             raise ConfigError(
                 f"rotate_values=true needs an SO(2) rotation (rope or accum), not rotation={self.rotation!r}"
             )
@@ -253,7 +238,7 @@ class SchemeConfig:
         for entry in pattern:
             check_choice("layer_pattern entry", entry, LayerKind)
         self.layer_pattern = list(pattern)
-        if _rotation_kind(self.rotation) == "none":
+        if self.rotation == "none":
             raise ConfigError(f"layer_pattern={self.layer_pattern!r} needs a rotation to interleave; with "
                               "rotation='none' every layer is position-free already: drop layer_pattern")
         if "none" not in pattern:
@@ -283,14 +268,6 @@ class SchemeConfig:
         from accrot.position.naming import run_name
 
         return run_name(self)
-
-    def ignored(self) -> list[tuple[str, str]]:
-        """``(field, who reads it)`` for every option set to other than its default that this scheme never reads
-        (``window`` with ``rotation='rope'``): the run would silently not be what its config says. What each part
-        reads is its own declaration (:func:`accrot.position.declared.ignored`)."""
-        from accrot.position.declared import ignored
-
-        return ignored(self)
 
     @classmethod
     def of(cls, scheme: Mapping[str, Any] | None) -> SchemeConfig | None:

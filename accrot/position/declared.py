@@ -145,7 +145,8 @@ def readers(option: str) -> str:
 
 def ignored(cfg: SchemeConfig) -> list[tuple[str, str]]:
     """``(field, who reads it)`` for every option set to other than its default that no part of ``cfg`` reads, in
-    the config's field order (:meth:`SchemeConfig.ignored`)."""
+    the config's field order: the run would silently not be what its config says (``window`` with ``rotation='rope'``),
+    so the command warns about each."""
     someone = {name for _, registry in _registries() for cls in registry.values() for name in cls.reads}
     mine = reads(cfg)
     return [(f.name, readers(f.name)) for f in fields(cfg)

@@ -10,10 +10,7 @@ name; a setting that only changes how a scheme is computed (a kernel, a chunk si
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the config imports this module lazily; it is never imported at run time from here
-    from accrot.position.config import SchemeConfig
+from accrot.position.reference import REFERENCE, REFERENCE_INIT_STD
 
 # the output gate's token, and its label suffix: ``+gate`` elementwise (the reference), ``+headgate`` one per head
 GATE_TOKEN = {"none": None, "elementwise": "gate", "headwise": "headgate"}
@@ -21,17 +18,14 @@ GATE_TOKEN = {"none": None, "elementwise": "gate", "headwise": "headgate"}
 # with the value that is the plain cell
 _NAMED_INCREMENT_OPTIONS = {"increment_mean": "zero", "increment_spread": "constant", "increment_family": "gaussian"}
 _SHORT = {"increment_rank": "rank", "path_rank": "rank", "conv_size": "conv", "ladder_base": "ladder"}
-REFERENCE_INIT_STD = 0.02  # learned and PaTH projections: the reference implementations' N(0, 0.02)
 
 
-def settings(cfg: SchemeConfig) -> list[str]:
+def settings(cfg) -> list[str]:
     """The settings that make ``cfg`` another scheme than its cell's reference implementation, in a fixed order:
     ``mean_rope``, ``spread_ladder``, ``family_uniform`` (random increments), ``plain``, ``rank0``, ``conv0``,
     ``noladder``, ``ladder10000`` (a learned or PaTH projection), ``torchinit`` / ``init0.5`` (its init),
     ``alibi_init`` (the forget gate), ``reflection`` / ``betamax1`` (PaTH's β), ``base500000`` (RoPE's base);
     empty for a reference cell."""
-    from accrot.position.config import REFERENCE
-
     out = []
     if cfg.rotation == "accum":
         out += [f"{k.removeprefix('increment_')}_{getattr(cfg, k)}" for k, off in _NAMED_INCREMENT_OPTIONS.items()
@@ -56,7 +50,7 @@ def settings(cfg: SchemeConfig) -> list[str]:
     return out
 
 
-def label(cfg: SchemeConfig) -> str:
+def label(cfg) -> str:
     """``rotation[:increments]/far_mass[+values][+gate][(pattern)][{settings}]``: ``accum:learned/forget+values``,
     ``rope/ssmax``, ``rope/none+gate`` (``+headgate``: one gate per head), ``rope/none(cell,none)`` (every 2nd layer
     NoPE), ``rope/none{base500000}``, ``accum:learned/none{plain,rank0,conv0,noladder}``. Parentheses and braces,
@@ -70,7 +64,7 @@ def label(cfg: SchemeConfig) -> str:
     return name + ("{" + ",".join(extra) + "}" if extra else "")
 
 
-def run_name(cfg: SchemeConfig) -> str:
+def run_name(cfg) -> str:
     """The same tokens as a folder name, joined by ``-``: ``rope-none``, ``accum-learned-forget-values``,
     ``accum-random_position-none-mean_rope``, ``path-none-rank0-conv0-torchinit``, ``rope-none-gate``,
     ``rope-none-layers_cell_none``."""

@@ -467,6 +467,8 @@ def check_devices(trainer_cfg) -> None:
 def start_warnings(model, trainer, data) -> list[str]:
     """One line for each setting that will not do what it says: more CPU processes than cores (each rank also
     trains its own batch), and scheme options the chosen scheme never reads."""
+    from accrot.position import ignored
+
     lines = []
     cores, ranks = usable_cores(), trainer.num_devices
     if trainer.strategy.root_device.type == "cpu" and ranks > cores:
@@ -476,7 +478,7 @@ def start_warnings(model, trainer, data) -> list[str]:
                      f"{'s' if cores != 1 else ''}: they share the cores, and the global batch is {ranks} x "
                      f"data.batch_size{each}; use trainer.devices <= {cores} on this machine")
     scheme = getattr(model, "scheme_config", None)
-    for name, reader in scheme.ignored() if scheme is not None else []:
+    for name, reader in ignored(scheme) if scheme is not None else []:
         lines.append(f"accrot: warning: model.scheme.{name}={getattr(scheme, name)!r} is ignored by "
                      f"{scheme.label()} (only {reader} reads it)")
     return lines

@@ -107,14 +107,16 @@ def test_reads_follow_the_parts_in_use():
 
 
 def test_ignored_options_come_from_the_parts():
+    from accrot.position import ignored as unread
+
     def ignored(**kw) -> list[str]:
-        return [name for name, _ in SchemeConfig(**kw).ignored()]
+        return [name for name, _ in unread(SchemeConfig(**kw))]
 
     assert ignored(rotation="path", learned_init_std=None) == []  # PaTH-plain: its default init, read by PaTH
     assert ignored(far_mass="alibi", forget_init="alibi", ssmax_init=1.0) == ["forget_init", "ssmax_init"]
     assert ignored(rotation="rope", seed=3, vocab_size=17) == []  # filled in by every run
-    assert SchemeConfig(rotation="rope", window=96.0).ignored() == [("window", "rotation='accum'")]
-    assert dict(SchemeConfig(rotation="rope", conv_size=2).ignored())["conv_size"] == (
+    assert unread(SchemeConfig(rotation="rope", window=96.0)) == [("window", "rotation='accum'")]
+    assert dict(unread(SchemeConfig(rotation="rope", conv_size=2)))["conv_size"] == (
         "rotation='path' or increments='learned'")
-    assert dict(SchemeConfig(rotation="path", far_mass="alibi", block_size=64).ignored())["block_size"].endswith(
+    assert dict(unread(SchemeConfig(rotation="path", far_mass="alibi", block_size=64)))["block_size"].endswith(
         "without rotation='path'")
