@@ -119,6 +119,20 @@ class Attention(nn.Module):
         y = self.scheme(q, k, v, x, tokens)  # [B, H, T, D]
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
+    def prefill(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """:meth:`forward` over a prompt and this layer's decoding cache (the scheme's)."""
+        B, T, C = x.shape
+        q, k, v = self.project(x)
+        y, cache = self.scheme.prefill(q, k, v, x, tokens)  # [B, H, T, D]
+        return self.out(y.transpose(1, 2).reshape(B, T, C)), cache
+
+    def step(self, x: torch.Tensor, tokens: torch.Tensor, cache) -> torch.Tensor:
+        """One new position ``x [B, 1, d_model]`` after ``cache`` (extended in place)."""
+        B, T, C = x.shape
+        q, k, v = self.project(x)
+        y = self.scheme.step(q, k, v, x, tokens, cache)  # [B, H, 1, D]
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
@@ -131,6 +145,15 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         # the scheme sees the normalised layer input, the same tensor q, k, v are projected from
         x = x + self.attn(self.attn_norm(x), tokens)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def prefill(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, object]:
+        y, cache = self.attn.prefill(self.attn_norm(x), tokens)
+        x = x + y
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+    def step(self, x: torch.Tensor, tokens: torch.Tensor, cache) -> torch.Tensor:
+        x = x + self.attn.step(self.attn_norm(x), tokens, cache)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -184,3 +207,26 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    # -- cached decoding: a prompt once, then one token per step -------------------------------------------
+    def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, list]:
+        """The forward over a prompt ``tokens [B, T]`` (T ≥ 1) and the cache :meth:`step` continues from:
+        ``(logits [B, T, vocab], cache)``, one entry per layer (its scheme's). In ``eval()``: random increments
+        are then the fixed function of position that decoding reproduces."""
+        if tokens.dim() != 2 or tokens.shape[1] < 1:
+            raise ValueError(f"tokens must be [B, T] with T >= 1, got shape {tuple(tokens.shape)}")
+        x = self.embed(tokens)  # [B, T, d_model]
+        caches = []
+        for block in self.blocks:
+            x, cache = block.prefill(x, tokens)
+            caches.append(cache)
+        return self.head(self.norm(x)), caches
+
+    def step(self, tokens: torch.Tensor, cache: list) -> torch.Tensor:
+        """The next token of every row (``tokens [B]`` or ``[B, 1]``) after ``cache`` (extended in place):
+        ``logits [B, vocab]``, what the forward over the whole sequence so far gives at its last position."""
+        tokens = tokens.reshape(-1, 1)  # [B, 1]
+        x = self.embed(tokens)  # [B, 1, d_model]
+        for block, layer_cache in zip(self.blocks, cache):
+            x = block.step(x, tokens, layer_cache)
+        return self.head(self.norm(x))[:, 0]  # [B, vocab]

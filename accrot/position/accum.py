@@ -560,3 +560,46 @@ class AccumulatedRotation(SO2Rotation):
             window_eps=cfg.window_eps,
         )
         return info
+
+    # cached decoding: the running angle sum (float64, unwrapped, as the forward's cumulative sum) and the sources'
+    # own carries; fixed random_position angles are read off their table at the position
+    def _check_decodable(self) -> None:
+        for source in (self.source, self.floor):
+            if isinstance(source, RandomPositionIncrements) and source.fresh:
+                raise ConfigError("cached decoding reads the fixed (evaluation) random increments, a function of "
+                                  "position: put the model in eval() mode first")
+
+    def decode_state(self, x: torch.Tensor, tokens: torch.Tensor) -> dict:
+        """The carry after a prompt: ``theta`` ``[B|1, H, 1, P]`` float64 (the unwrapped sum of its increments), a
+        learned source's convolution ``tail``, a softplus source's last ``rate`` ``[B, 1]``."""
+        self._check_decodable()
+        state: dict = {}
+        if isinstance(self.source, RandomPositionIncrements):
+            return state  # the fixed angles are a table of position
+        if isinstance(self.source, LearnedIncrements):
+            state["tail"] = self.source.decode_tail(x)
+        elif isinstance(self.source, SoftplusIncrements):
+            state["rate"] = self.source.rates(x)[:, -1:]  # [B, 1] ω_{T−1}, the next position's rate
+        state["theta"] = self.increments(x, tokens).to(torch.float64).sum(-2, keepdim=True)  # [B|1, H, 1, P]
+        return state
+
+    def decode_angles(self, x: torch.Tensor, tokens: torch.Tensor, start: int, state: dict) -> torch.Tensor:
+        """θ of positions ``start..start+n−1`` (``x [B, n, d_model]``), ``[B|1, H, n, P]`` float32."""
+        self._check_decodable()
+        n = tokens.shape[1]
+        if isinstance(self.source, RandomPositionIncrements):
+            return self.source.fixed_angles(start + n, x.device)[:, :, start:]  # [1, H, n, P]
+        if isinstance(self.source, LearnedIncrements):
+            delta, state["tail"] = self.source.decode_increments(x, state.get("tail"))  # [B, H, n, P]
+        elif isinstance(self.source, SoftplusIncrements):
+            rates = self.source.rates(x)  # [B, n]
+            omega = torch.cat((state["rate"], rates[:, :-1]), 1)  # [B, n] exclusive: ω_{t−1}
+            state["rate"] = rates[:, -1:]
+            delta = (omega[:, None, :, None] * self.source.log_freq.float().exp()).expand(-1, self.n_heads, -1, -1)
+        else:
+            delta = self.source(x, tokens)  # [B, H, n, P] the token table's rows
+        if self.floor is not None:
+            delta = delta + self.floor.fixed_increments(start + n, x.device)[:, :, start:]
+        theta = state["theta"] + delta.to(torch.float64).cumsum(-2)  # [B|1, H, n, P]
+        state["theta"] = theta[..., -1:, :]
+        return wrap_angle(theta).to(torch.float32)

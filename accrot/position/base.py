@@ -142,6 +142,22 @@ class RotationPart(nn.Module):
         temperature, RoPE's YaRN extension, overrides it)."""
         return 1.0
 
+    # cached decoding (accrot.position.decode): what a part carries from one position to the next
+    def decode_state(self, x: torch.Tensor, tokens: torch.Tensor) -> dict:
+        """The carry after a prompt (``x [B, T, d_model]``, ``tokens [B, T]``) that the decoding steps read; a part
+        whose quantities at a position depend on that position's input alone carries nothing."""
+        return {}
+
+    def decode_angles(self, x: torch.Tensor, tokens: torch.Tensor, start: int, state: dict) -> torch.Tensor:
+        """θ of the new positions ``start..start+n−1`` (``x [B, n, d_model]``), ``[B|1, H, n, D/2]`` float32, the bits
+        the forward gives there; updates ``state`` (SO(2) kinds)."""
+        raise NotImplementedError(f"{type(self).__name__} has no angles")
+
+    def decode_householder(self, x: torch.Tensor, tokens: torch.Tensor, state: dict
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(w [B, H, n, D], beta [B, H, n])`` of the new positions; updates ``state`` (path)."""
+        raise NotImplementedError(f"{type(self).__name__} has no Householder factors")
+
 
 class SO2Rotation(RotationPart):
     """Base of the SO(2) rotation parts (``kind = "so2"``): a subclass implements ``angles(x, tokens) ->
@@ -208,6 +224,11 @@ class FarMassPart(nn.Module):
 
     def logit_scale(self, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
         """The factor on row t's logits, ``[B|1, H, T]`` float32, or None for none (the additive parts)."""
+        return None
+
+    def decode_logit_scale(self, x: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor | None:
+        """:meth:`logit_scale` of the new positions ``start..start+n−1`` alone, ``[B|1, H, n]``, or None (cached
+        decoding; ``log_decay`` of a position depends on its own input only, so decoding reads it as it is)."""
         return None
 
     def describe(self) -> dict:

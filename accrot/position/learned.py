@@ -90,6 +90,46 @@ class LearnedIncrements(IncrementSource):
             return accumulate_bounded(self.pre_activation(x), c["scale"], None if self.zero_mean else c["mean"],
                                       extra)
 
+    # cached decoding: the short convolution keeps its last conv_size − 1 inputs
+    def _projection(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution's input, ``[B, T, H·P]`` float32: :meth:`pre_activation` before the convolution."""
+        B, T, C = x.shape
+        h = x.float()
+        if self.input_norm:
+            h = F.normalize(h.view(B, T, self.n_heads, C // self.n_heads), dim=-1, eps=1e-6).view(B, T, C)
+        if self.down is not None:
+            h = F.linear(h, self.down.weight.float())  # [B, T, r]
+        return F.linear(h, self.up.weight.float(), None if self.up.bias is None else self.up.bias.float())
+
+    def decode_tail(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The convolution's last ``conv_size − 1`` inputs after ``x [B, T, d_model]`` (zeros before the start),
+        ``[B, conv_size − 1, H·P]``; None without a convolution."""
+        if self.conv is None:
+            return None
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            u = F.pad(self._projection(x), (0, 0, self.conv.kernel_size[0] - 1, 0))  # [B, T + K − 1, H·P]
+        return u[:, u.shape[1] - (self.conv.kernel_size[0] - 1):]
+
+    def decode_increments(self, x: torch.Tensor, tail: torch.Tensor | None
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(δ [B, H, n, P], the new tail)`` of the new positions ``x [B, n, d_model]`` after the inputs ``tail``
+        (:meth:`decode_tail`): the increments :meth:`forward` gives there."""
+        if self.conv is None:
+            return self.forward(x, None), None
+        B, n, _ = x.shape
+        K = self.conv.kernel_size[0]
+        c = self.consts.on(x.device)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            padded = torch.cat((tail, self._projection(x)), 1)  # [B, K − 1 + n, H·P]
+            taps = (self.conv.weight.float() * (1.0 / self.bound))[:, 0].T  # [K, H·P]
+            u = padded[:, K - 1:] * taps[K - 1]  # the order of causal_depthwise_conv's sum
+            for j in range(K - 1):
+                u = u + padded[:, j:j + n] * taps[j]
+            u = u.view(B, n, self.n_heads, self.P).permute(0, 2, 1, 3)  # [B, H, n, P]
+            delta = torch.tanh(u) * c["scale"]
+            delta = delta if self.zero_mean else delta + c["mean"]
+        return delta, padded[:, padded.shape[1] - (K - 1):]
+
 
 SOFTPLUS_INIT_OMEGA = 1e-3  # GRAPE's grape_ctx_init_omega: the phase rate every token starts with
 

@@ -116,6 +116,40 @@ class PathRotation(RotationPart):
         w, beta = w.to(q.dtype).contiguous(), beta.to(q.dtype).contiguous()
         yield from path_walk(q, k, w, beta, rows, max_distance, wanted=wanted)
 
+    # cached decoding: w's short convolution keeps its last conv_size − 1 inputs
+    def decode_state(self, x: torch.Tensor, tokens: torch.Tensor) -> dict:
+        """``{"tail": [B, conv_size − 1, H·D]}``: the last inputs of w's convolution after the prompt (zeros before the
+        start); nothing without a convolution."""
+        if self.w_conv is None:
+            return {}
+        dt = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            w = _linear(self.w_proj, x.to(dt))  # [B, T, H·D]
+        width = self.w_conv.kernel_size[0]
+        padded = F.pad(w, (0, 0, width - 1, 0))  # [B, T + width − 1, H·D]
+        return {"tail": padded[:, padded.shape[1] - (width - 1):]}
+
+    def decode_householder(self, x: torch.Tensor, tokens: torch.Tensor, state: dict
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`householder` of the new positions (``x [B, n, d_model]``) after those ``state`` has seen."""
+        B, n, _ = x.shape
+        dt = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.to(dt)
+            w = _linear(self.w_proj, x)  # [B, n, H·D]
+            if self.w_conv is not None:
+                width = self.w_conv.kernel_size[0]
+                padded = torch.cat((state["tail"].to(dt), w), 1)  # [B, width − 1 + n, H·D]
+                state["tail"] = padded[:, padded.shape[1] - (width - 1):]
+                w = F.conv1d(padded.transpose(1, 2), self.w_conv.weight.to(dt), groups=self.w_conv.groups)
+                w = F.silu(w).transpose(1, 2)  # [B, n, H·D]
+            w = F.normalize(w.reshape(B, n, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, n, H, D]
+            if self.beta_proj is None:  # reflections: β = 2 at every position
+                beta = x.new_full((B, n, self.n_heads), 2.0)  # [B, n, H]
+            else:
+                beta = self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))  # [B, n, H]
+        return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, n, D], [B, H, n]
+
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Apply a Linear (or a Sequential of Linears) with its weights cast to x's dtype (float32 under any autocast)."""

@@ -77,3 +77,12 @@ class RoPE(SO2Rotation):
         if self.scaling is not None:
             info["rope_scaling"] = self.scaling.label()
         return info
+
+    def decode_angles(self, x: torch.Tensor, tokens: torch.Tensor, start: int, state: dict) -> torch.Tensor:
+        """θ of positions ``start..start+n−1``, ``[1, H, n, D/2]``: the entries of :meth:`angles`' table there (the
+        same elementwise float64 product and wrap, so the same bits)."""
+        n = tokens.shape[1]
+        omega, _ = self.frequencies(start + n)
+        t = torch.arange(start, start + n, dtype=torch.float64, device=x.device)  # [n]
+        theta = wrap_angle(t[:, None] * omega.to(x.device)).to(torch.float32)  # [n, P]
+        return theta[None, None].expand(1, self.n_heads, n, -1)  # [1, H, n, P]

@@ -194,6 +194,22 @@ class PositionScheme(nn.Module):
             out = rotate_pairs_cs(out, *cs, theta=th)  # ... and arrives at t rotated by +θ_t
         return out
 
+    # -- cached decoding (accrot.position.decode) -----------------------------------------------------------
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor):
+        """:meth:`forward` over a prompt, and the cache a decoding step reads: ``(out [B, H, T, D], cache)``."""
+        from accrot.position.decode import prefill
+
+        return prefill(self, q, k, v, x, tokens)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
+             cache) -> torch.Tensor:
+        """One new position (``q, k, v [B, H, 1, D]``, ``x [B, 1, d_model]``, ``tokens [B, 1]``) after the cache of
+        :meth:`prefill` (extended in place): the output ``[B, H, 1, D]`` the forward gives at that position, at a
+        cost of O(cache length × D) per head."""
+        from accrot.position.decode import step
+
+        return step(self, q, k, v, x, tokens, cache)
+
 
 def build(cfg: SchemeConfig, d_model: int, n_heads: int, layer: int = 0) -> PositionScheme:
     """Build the scheme module of layer ``layer`` for ``cfg`` (head dim D = d_model // n_heads): the cell itself, or

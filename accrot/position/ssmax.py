@@ -60,3 +60,11 @@ class ScalableSoftmax(FarMassPart):
 
     def describe(self) -> dict:
         return {"ssmax_s": self.s.detach().float().tolist()}
+
+    def decode_logit_scale(self, x: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """s_h·log(t + 1) of positions t = ``start..start+n−1`` alone, ``[1, H, n]`` (the table's entries there)."""
+        n = tokens.shape[1]
+        dt = torch.promote_types(x.dtype, torch.float32)
+        log_n = torch.arange(start + 1, start + n + 1, dtype=torch.float64, device=x.device).log().to(dt)  # [n]
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.s.to(dt)[None, :, None] * log_n[None, None, :]  # [1, H, n]
