@@ -165,9 +165,13 @@ def generation_table(label: str, rows: list[dict], train_length: int):
     table.add_column("depth")
     for row in rows:
         table.add_column(f"{row['length'] / train_length:g}×", justify="right")
-    depths = list(rows[0]["generated_by_depth"] or {}) if rows else []
+    depths = sorted({d for r in rows for d in r["generated_by_depth"] or {}}, key=float)  # a short set lacks some
+
+    def cell(r: dict, depth: str) -> str:
+        got = (r["generated_by_depth"] or {}).get(depth)
+        return "-" if got is None else f"{got:.2f} ({(r['accuracy_by_depth'] or {}).get(depth, 0):.2f})"
+
     for depth in depths:
-        table.add_row(depth, *(f"{r['generated_by_depth'][depth]:.2f} ({(r['accuracy_by_depth'] or {}).get(depth, 0):.2f})"
-                               for r in rows))
+        table.add_row(depth, *(cell(r, depth) for r in rows))
     table.add_row("all", *(f"{r['generated_exact']:.2f} ({r['accuracy']:.2f})" for r in rows), style="bold")
     return table
