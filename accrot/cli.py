@@ -25,6 +25,7 @@ from accrot.errors import (
 # command -> "module:function"; the function takes the command's arguments and returns an exit status
 COMMANDS = {
     "eval": "accrot.run.eval:main",
+    "sample": "accrot.run.sample:main",
     "diagnose": "accrot.run.diagnose:main",
     "demo": "accrot.study.demo:main",
     "bench": "accrot.bench.command:main",
@@ -41,6 +42,7 @@ LIGHTNING_COMMANDS = {"fit": "train a model (a LightningCLI subcommand: --config
 NOT_COMMANDS = {"validate": "the validation split at many lengths", "test": "the held-out split at many lengths",
                 "predict": "the NLL per length"}
 COMMAND_HELP = {"eval": "evaluate a checkpoint at many lengths (JSON + PNG)",
+                "sample": "continue a prompt with a checkpoint (cached decoding; greedy or sampled)",
                 "diagnose": "the theory diagnostics of a checkpoint (coherence, windows, far mass, ...)",
                 "demo": "train the tiny model under several schemes and compare their extrapolation",
                 "bench": "side-by-side timing ratios of the kernels and the pipeline",

@@ -153,7 +153,7 @@ def _schemes_settings(args) -> dict[str, Any]:
     return settings
 
 
-COMMANDS = ("schemes", "path", "pipeline", "all", "storage")
+COMMANDS = ("schemes", "path", "pipeline", "all", "storage", "decode")
 # what `--help` says: plain text (the module docstring above is the reference, with its method and targets)
 HELP = {
     "schemes": "Every cell of the scheme grid (rotation x far_mass x rotate_values, accum with random and learned "
@@ -172,12 +172,15 @@ HELP = {
                "throwaway PostgreSQL server directly and through accrot's gRPC storage proxy, a worker and the proxy "
                "killed and restarted mid-run; trials per second, database connections held and trials lost "
                "(make bench-storage; not part of all).",
+    "decode": "Generation per cell of the grid: tokens per second of cached decoding against recomputing the prefix "
+              "for every token, after prompts of 1x and 16x the training length, measured side by side in rounds "
+              "(not part of all).",
 }
-OVERVIEW = ("usage: accrot bench {schemes,path,pipeline,all,storage} [options]   (accrot bench COMMAND --help for its "
+OVERVIEW = ("usage: accrot bench {schemes,path,pipeline,all,storage,decode} [options]   (accrot bench COMMAND --help for its "
             "options)\n\nSide-by-side benchmarks: every number is a ratio measured in one process on this machine "
             "(ratios from two machines do not compare).\n\n" + "\n".join(f"  {c:<9} {HELP[c]}" for c in HELP))
 DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
-               "all": "bench.json", "storage": "bench_storage.json"}
+               "all": "bench.json", "storage": "bench_storage.json", "decode": "bench_decode.json"}
 QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
 
 
@@ -194,8 +197,10 @@ def _storage_args(parser) -> None:
 
 def _parser(command: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=HELP[command])
-    if command in ("schemes", "path", "all"):
+    if command in ("schemes", "path", "all", "decode"):
         parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+    if command == "decode":
+        _decode_args(parser)
     if command in ("schemes", "all"):
         _schemes_args(parser)
     if command in ("path", "all"):
@@ -221,7 +226,8 @@ QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": 
 QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1, "pipeline_sizes": ["tiny"]}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
               "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round",
-              "storage": "storage: 4 and 8 workers, 60 trials per row"}
+              "storage": "storage: 4 and 8 workers, 60 trials per row",
+              "decode": "decode: 4 new tokens, one round"}
 
 
 def _quick(args, argv: Sequence[str]) -> None:
@@ -252,8 +258,8 @@ def main(argv: list[str]) -> int:
     log = _progress(progress, device, info)
 
     report: dict[str, Any] = {}
-    if command == "storage":
-        return _storage(args, console, log, out)
+    if command in ("storage", "decode"):  # benches of their own, with their own report
+        return {"storage": _storage, "decode": _decode}[command](args, console, log, out)
     if command in ("schemes", "all"):
         report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
         console.print(schemes_table(report["schemes"]))
@@ -321,6 +327,37 @@ def _storage(args, console, log, out: Path) -> int:
     return 0
 
 
+def _decode_args(parser) -> None:
+    parser.add_argument("--size", type=Literal["tiny", "small"], default="tiny", help="the model shape")
+    parser.add_argument("--train_length", type=int, default=128, help="L: the prompts are multiples of it")
+    parser.add_argument("--multipliers", nargs="+", type=int, default=[1, 16], help="prompt lengths in L")
+    parser.add_argument("--new_tokens", type=int, default=None, help="tokens generated per timing (default 16)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 3)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _check_decode(args) -> None:
+    for name in ("train_length", "multipliers", "new_tokens", "repeats"):
+        values = getattr(args, name)
+        if values is not None and any(v < 1 for v in (values if isinstance(values, list) else [values])):
+            raise UsageError(f"--{name} {values} is not valid; it must be positive")
+
+
+def _decode(args, console, log, out: Path) -> int:
+    from accrot.bench.decode import decode_table, run_decode
+
+    quick = {"new_tokens": 4, "repeats": 1} if args.quick else {"new_tokens": 16, "repeats": 3}
+    doc = run_decode(size=args.size, train_length=args.train_length, multipliers=args.multipliers,
+                     new_tokens=args.new_tokens or quick["new_tokens"], repeats=args.repeats or quick["repeats"],
+                     device=args.device, seed=args.seed, log=log)
+    doc["machine"] = machine(args.device)
+    console.print(decode_table(doc))
+    console.print(machine_line(doc["machine"]), highlight=False)
+    atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {out}")
+    return 0
+
+
 def _print_path(console, doc: dict[str, Any]) -> None:
     """The PaTH report's tables: the kernels, the evaluation memory and, on the CPU, the peer (or why it is skipped)."""
     versus = "fla" if doc["device"].startswith("cuda") else "recurrence"
@@ -341,8 +378,8 @@ def _checked_args(command: str, rest: list[str]):
     if not out.parent.is_dir():
         raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")
     _quick(args, rest)
-    if command == "storage":
-        _check_storage(args)
+    if command in ("storage", "decode"):
+        {"storage": _check_storage, "decode": _check_decode}[command](args)
     if hasattr(args, "device"):
         args.device = check_device(args.device)
     if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):

@@ -32,6 +32,7 @@ from accrot.run.checkpoints import (
     output_folder,
     provenance,
 )
+from accrot.run.generate import exact_by_depth, generated_exact
 
 HELP = ("Evaluate a checkpoint of an accrot run at many multiples of its training length, on the fixed evaluation "
         "blocks of its data: writes extrapolation.json and extrapolation.png into --out (default RUN/eval, or "
@@ -62,6 +63,10 @@ def main(argv: list[str]) -> int:
                         help="an evaluation-time RoPE extension: pi, ntk or yarn (RoPE checkpoints only)")
     parser.add_argument("--rope_factor", type=float | None, default=None,
                         help="the extension's factor s (default: s = T / L at each evaluation length T)")
+    parser.add_argument("--generate", type=bool, default=False,
+                        help="retrieval tasks (passkey, multikey, ...): also generate each answer greedily from the "
+                        "block before it and score it exactly, per length and depth, beside the teacher-forced "
+                        "accuracy")
     args = parser.parse_args(argv)
     multipliers, lengths = numbers(args.multipliers, "--multipliers"), numbers(args.lengths, "--lengths")
     if args.same_target_anchors < 0:
@@ -78,6 +83,7 @@ def main(argv: list[str]) -> int:
     lengths = [int(n) for n in lengths] if lengths else sorted({max(1, round(m * train_length)) for m in multipliers})
     scaling = _scaling(args, train_length)
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
+    check_generation(args.generate, dm, sets, scaling)
     apply_rope_scaling(model, scaling)
     folder = Path(args.out) if args.out else run_dir / ("eval" if scaling is None else f"eval-{scaling.kind}")
     with output_folder(folder) as out:
@@ -91,6 +97,7 @@ def main(argv: list[str]) -> int:
                 same = evaluate_same_targets(model, dm.val_stream, lengths, train_length, anchors=anchors,
                                              max_batch_tokens=args.max_batch_tokens, device=device)
         rows = [r.to_dict() for r in results]
+        score_generated(args.generate, model.model, sets, rows, args.max_batch_tokens, device)
         doc = {"schema": SCHEMA, "train_length": train_length, "budget_tokens": args.budget_tokens,
                **provenance("eval", argv, ckpt), "scheme": model.hparams.get("scheme"), "data": dm.describe(),
                "final": {"step": state.get("global_step"), "lengths": rows,
@@ -105,6 +112,8 @@ def main(argv: list[str]) -> int:
         Console().print(rise_table({label: same}, train_length))
     if sets.masks is not None:  # a synthetic task scores answers: their accuracy too
         Console().print(nll_table({label: rows}, train_length, title="answer accuracy per length", field_="accuracy"))
+    if args.generate:
+        Console().print(generation_table(label, rows, train_length))
     print(out / "extrapolation.json")
     return 0
 
@@ -116,3 +125,53 @@ def _scaling(args, train_length: int):
             raise UsageError("--rope_factor needs --rope_scaling (pi, ntk or yarn)")
         return None
     return RopeScaling(args.rope_scaling, train_length, args.rope_factor)
+
+
+def check_generation(generate: bool, dm, sets, scaling) -> None:
+    """With ``generate`` (``--generate``): it needs a task whose one answer ends each block, read back as the model wrote it (passkey and the
+    retrieval tasks), and no RoPE extension (cached decoding has none); a one-line UsageError otherwise."""
+    if not generate:
+        return
+    if scaling is not None:
+        raise UsageError("--generate decodes from the cache, which takes no RoPE extension; drop --rope_scaling")
+    task = getattr(dm, "task", None)
+    if sets.masks is None or sets.depths is None or getattr(task, "hidden_answer", None) is not None:
+        name = getattr(task, "name", type(dm).__name__)
+        raise UsageError(f"--generate scores a retrieval task's answer (passkey, multikey_needle, multivalue_needle, "
+                         f"variable_tracking); this run's data is {name}")
+
+
+def score_generated(generate: bool, model, sets, rows: list[dict], max_batch_tokens: int, device) -> None:
+    """With ``generate``: each length's answers generated greedily and scored exactly, ``generated_exact`` (the share
+    of blocks whose whole answer is right) and ``generated_by_depth`` added to its row."""
+    if not generate:
+        return
+    with Console(stderr=True).status("generating the answers"):
+        _score_generated(model, sets, rows, max_batch_tokens, device)
+
+
+def _score_generated(model, sets, rows: list[dict], max_batch_tokens: int, device) -> None:
+    for row in rows:
+        ln = row["length"]
+        exact = generated_exact(model, sets.blocks[ln], sets.masks[ln], sets.targets[ln], max_batch_tokens, device)
+        row["generated_exact"], row["generated_by_depth"] = exact_by_depth(exact, sets.depths[ln])
+
+
+def generation_table(label: str, rows: list[dict], train_length: int):
+    """Per depth and length: the generated answers' exact accuracy beside the teacher-forced per-token accuracy."""
+    from rich.table import Table
+
+    table = Table(title=f"{label}: answers generated greedily, exact (teacher-forced per-token accuracy)")
+    table.add_column("depth")
+    for row in rows:
+        table.add_column(f"{row['length'] / train_length:g}×", justify="right")
+    depths = sorted({d for r in rows for d in r["generated_by_depth"] or {}}, key=float)  # a short set lacks some
+
+    def cell(r: dict, depth: str) -> str:
+        got = (r["generated_by_depth"] or {}).get(depth)
+        return "-" if got is None else f"{got:.2f} ({(r['accuracy_by_depth'] or {}).get(depth, 0):.2f})"
+
+    for depth in depths:
+        table.add_row(depth, *(cell(r, depth) for r in rows))
+    table.add_row("all", *(f"{r['generated_exact']:.2f} ({r['accuracy']:.2f})" for r in rows), style="bold")
+    return table

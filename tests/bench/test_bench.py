@@ -406,3 +406,20 @@ def test_an_fla_cell_that_raised_makes_the_path_bench_exit_1_with_its_reason(mon
            "float32" in " ".join(err.split())
     rows[1].pop("fla_failed")
     assert command.main(["path", f"--out={out}"]) == 0
+
+
+def test_decode_bench_times_cached_and_recomputed_side_by_side():
+    """The decode table on a tiny shape: every cell and prompt length has both speeds and a speed-up (no timing
+    is asserted: only that each was measured)."""
+    from accrot.bench.decode import decode_table, run_decode
+    from accrot.bench.grid import Cell
+
+    shape = {"d_model": 16, "n_layers": 1, "n_heads": 2, "vocab_size": 256, "recipe_batch": 1}
+    cells = [Cell("none"), Cell("path", "forget"), Cell("accum", "none", True, "learned")]
+    doc = run_decode(cells, train_length=4, multipliers=(1, 4), new_tokens=2, repeats=1, shape=shape,
+                     log=lambda _: None)
+    assert [(r["cell"], r["prompt"]) for r in doc["rows"]] == [(c.name, ln) for c in cells for ln in (4, 16)]
+    for row in doc["rows"]:
+        assert row["cached_tokens_per_s"] > 0 and row["recomputed_tokens_per_s"] > 0 and row["speedup"] > 0
+        assert len(row["samples"]["cached"]) == len(row["samples"]["recomputed"]) == 1
+    assert decode_table(doc).row_count == len(cells)
