@@ -71,11 +71,15 @@ class PathRotation(RotationPart):
                 w = F.conv1d(w, self.w_conv.weight.to(dt), groups=self.w_conv.groups)  # [B, H·D, T]
                 w = F.silu(w).transpose(1, 2)  # [B, T, H·D]
             w = F.normalize(w.view(B, T, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, T, H, D]
-            if self.beta_proj is None:  # reflections: H_j = I − 2 w_j w_jᵀ, orthogonal
-                beta = x.new_full((B, T, self.n_heads), 2.0)  # [B, T, H]
-            else:
-                beta = self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))  # [B, T, H]
+            beta = self._beta(x)  # [B, T, H]
         return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, T, D], [B, H, T]
+
+    def _beta(self, x: torch.Tensor) -> torch.Tensor:
+        """β of every position of ``x [B, n, d_model]`` (in its working dtype), ``[B, n, H]``: beta_max · sigmoid of
+        the β projection, or 2 everywhere for reflections (H_j = I − 2 w_j w_jᵀ, orthogonal)."""
+        if self.beta_proj is None:
+            return x.new_full((*x.shape[:2], self.n_heads), 2.0)
+        return self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))
 
     def describe(self) -> dict:
         return {
@@ -144,10 +148,7 @@ class PathRotation(RotationPart):
                 w = F.conv1d(padded.transpose(1, 2), self.w_conv.weight.to(dt), groups=self.w_conv.groups)
                 w = F.silu(w).transpose(1, 2)  # [B, n, H·D]
             w = F.normalize(w.reshape(B, n, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, n, H, D]
-            if self.beta_proj is None:  # reflections: β = 2 at every position
-                beta = x.new_full((B, n, self.n_heads), 2.0)  # [B, n, H]
-            else:
-                beta = self.cfg.beta_max * torch.sigmoid(_linear(self.beta_proj, x))  # [B, n, H]
+            beta = self._beta(x)  # [B, n, H]
         return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, n, D], [B, H, n]
 
 
