@@ -55,7 +55,7 @@ def run_decode(cells: Sequence[Cell] | None = None, size: str = "tiny", train_le
                shape: dict[str, int] | None = None) -> dict[str, Any]:
     """The decode report: ``rows`` of (cell, prompt length, tokens/s cached and recomputed, prefill s, speed-up)."""
     device = torch.device(device)
-    cells = list(grid()[0] if cells is None else cells)
+    cells = list(grid() if cells is None else cells)
     shape = shape or size_shape(size)
     models = {c.name: build_model(c, shape, seed, device).eval() for c in cells}
     g = torch.Generator().manual_seed(seed)
