@@ -423,3 +423,15 @@ def test_decode_bench_times_cached_and_recomputed_side_by_side():
         assert row["cached_tokens_per_s"] > 0 and row["recomputed_tokens_per_s"] > 0 and row["speedup"] > 0
         assert len(row["samples"]["cached"]) == len(row["samples"]["recomputed"]) == 1
     assert decode_table(doc).row_count == len(cells)
+
+
+def test_decode_bench_times_the_registries_grid_by_default(monkeypatch):
+    """Without cells of its own the decode bench takes the grid (the registries' cells)."""
+    import accrot.bench.decode as decode
+    from accrot.bench.grid import Cell
+
+    monkeypatch.setattr(decode, "grid", lambda: [Cell("none"), Cell("rope")])
+    shape = {"d_model": 16, "n_layers": 1, "n_heads": 2, "vocab_size": 256, "recipe_batch": 1}
+    doc = decode.run_decode(train_length=4, multipliers=(1,), new_tokens=1, repeats=1, shape=shape,
+                            log=lambda _: None)
+    assert [r["cell"] for r in doc["rows"]] == ["none/none", "rope/none"]
