@@ -60,19 +60,29 @@ class PathRotation(RotationPart):
     def householder(self, x: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Args: x ``[B, T, d_model]``; tokens ``[B, T]`` (unused). Returns ``w [B, H, T, D]`` with unit rows and
         ``beta [B, H, T]`` in (0, beta_max], both float32 (float64 if x is)."""
-        B, T, _ = x.shape
+        return self._factors(x)
+
+    def _factors(self, x: torch.Tensor, state: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(w [B, H, n, D], beta [B, H, n])`` of the positions of ``x [B, n, d_model]``: after zeros (a forward from
+        the start) or, with a decoding ``state``, after the inputs its ``tail`` holds (which it then advances)."""
+        B, n, _ = x.shape
         dt = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             x = x.to(dt)
-            w = _linear(self.w_proj, x)  # [B, T, H·D]
+            w = _linear(self.w_proj, x)  # [B, n, H·D]
             if self.w_conv is not None:
                 width = self.w_conv.kernel_size[0]
-                w = F.pad(w.transpose(1, 2), (width - 1, 0))  # [B, H·D, T + width − 1]
-                w = F.conv1d(w, self.w_conv.weight.to(dt), groups=self.w_conv.groups)  # [B, H·D, T]
-                w = F.silu(w).transpose(1, 2)  # [B, T, H·D]
-            w = F.normalize(w.view(B, T, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, T, H, D]
-            beta = self._beta(x)  # [B, T, H]
-        return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, T, D], [B, H, T]
+                if state is None:  # causal: zeros before the first position
+                    padded = F.pad(w.transpose(1, 2), (width - 1, 0))  # [B, H·D, n + width − 1]
+                else:  # the prompt's last inputs before the new positions
+                    joined = torch.cat((state["tail"].to(dt), w), 1)  # [B, width − 1 + n, H·D]
+                    state["tail"] = joined[:, joined.shape[1] - (width - 1):]
+                    padded = joined.transpose(1, 2)
+                w = F.conv1d(padded, self.w_conv.weight.to(dt), groups=self.w_conv.groups)  # [B, H·D, n]
+                w = F.silu(w).transpose(1, 2)  # [B, n, H·D]
+            w = F.normalize(w.reshape(B, n, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, n, H, D]
+            beta = self._beta(x)  # [B, n, H]
+        return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, n, D], [B, H, n]
 
     def _beta(self, x: torch.Tensor) -> torch.Tensor:
         """β of every position of ``x [B, n, d_model]`` (in its working dtype), ``[B, n, H]``: beta_max · sigmoid of
@@ -136,20 +146,7 @@ class PathRotation(RotationPart):
     def decode_householder(self, x: torch.Tensor, tokens: torch.Tensor, state: dict
                            ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`householder` of the new positions (``x [B, n, d_model]``) after those ``state`` has seen."""
-        B, n, _ = x.shape
-        dt = torch.promote_types(x.dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            x = x.to(dt)
-            w = _linear(self.w_proj, x)  # [B, n, H·D]
-            if self.w_conv is not None:
-                width = self.w_conv.kernel_size[0]
-                padded = torch.cat((state["tail"].to(dt), w), 1)  # [B, width − 1 + n, H·D]
-                state["tail"] = padded[:, padded.shape[1] - (width - 1):]
-                w = F.conv1d(padded.transpose(1, 2), self.w_conv.weight.to(dt), groups=self.w_conv.groups)
-                w = F.silu(w).transpose(1, 2)  # [B, n, H·D]
-            w = F.normalize(w.reshape(B, n, self.n_heads, self.head_dim), dim=-1, eps=1e-6)  # [B, n, H, D]
-            beta = self._beta(x)  # [B, n, H]
-        return w.transpose(1, 2), beta.transpose(1, 2)  # [B, H, n, D], [B, H, n]
+        return self._factors(x, state)
 
 
 def _linear(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
