@@ -71,11 +71,9 @@ ATTENTION = re.compile(r"\bsoftmax\(|scaled_dot_product_attention|"
 # where a scheme's attention is computed: the kernels, the schemes' explicit twin, and the benches that time the
 # kernels against a public peer
 ATTENTION_HOMES = ("accrot/ops/", "accrot/position/", "accrot/bench/")
-# the coherence measure's two GEMMs: the raw pairing q·k and the pairing of the pair the rotation part hands it
-# (factored_pairs: its transport, one transform per position); PaTH's pairings come from the part's walk. At most
-# these, so that none is added. Sampling's softmax is over the vocabulary (the next token's distribution, its
-# docstring and its call), no attention's
-ATTENTION_KNOWN = {"accrot/diagnostics/coherence.py": 2, "accrot/run/generate.py": 2}
+# sampling's softmax is over the vocabulary (the next token's distribution: its docstring and its call), no
+# attention's: at most these, so that none is added
+ATTENTION_KNOWN = {"accrot/run/generate.py": 2}
 
 
 def test_no_attention_is_computed_outside_the_position_package_and_the_kernels():

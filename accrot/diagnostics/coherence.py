@@ -11,6 +11,7 @@ from torch import nn
 
 from accrot.diagnostics.inputs import ROW_BUDGET, check_distances, spread_indices
 from accrot.position.accum import mix_seed
+from accrot.position.explicit import pairings_at
 
 # -- coherence ---------------------------------------------------------------------------------------------------
 PATH_ROW_TOKENS = 2048  # PaTH's per-query walk: rows × length held at most max_queries × this
@@ -74,17 +75,13 @@ def scheme_coherence_sums(
     keys = rows[:, None] - dist[None, :]  # [R, n] key s = t − Δ of each (query, distance)
     valid = keys >= 0
     keys = keys.clamp(min=0)
-    # every query's scores against every key by one GEMM, then the n diagonals Δ picked out of it: the pairs
-    # needed are a sliver of the product, but a GEMM reads q and k once where gathering pairs moves D floats each
+    # the n diagonals Δ of each query row, raw and transported (explicit.pairings_at: one GEMM per chunk of rows)
     chunk = max(1, ROW_BUDGET // max(1, draws * B * H * T))
     for r0 in range(0, rows.numel(), chunk):
         r = rows[r0 : r0 + chunk]
-        upto = int(r.max()) + 1  # keys past the last query are never read
         idx, ok = keys[r0 : r0 + chunk], valid[r0 : r0 + chunk].double()  # [R', n]
-        li = (q[:, :, r] @ k[:, :, :upto].transpose(-1, -2)).gather(-1, idx.expand(B, H, -1, -1))  # [B, H, R', n]
-        li = li.double() * ok
-        lm = li if not transported else (qm[:, :, r] @ km[:, :, :upto].transpose(-1, -2)).gather(
-            -1, idx.expand(qm.shape[0], H, -1, -1)).double() * ok
+        li = pairings_at(q, k, r, idx).double() * ok  # [B, H, R', n]
+        lm = li if not transported else pairings_at(qm, km, r, idx).double() * ok
         li = li.repeat(draws, 1, 1, 1)  # the same for every draw
         out["num"] += (lm * li).sum(2).cpu()
         out["den"] += (li * li).sum(2).cpu()

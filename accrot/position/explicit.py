@@ -55,6 +55,17 @@ def scores(scheme: nn.Module, q: torch.Tensor, k: torch.Tensor, x: torch.Tensor,
     return scheme.rotation.transported_scores(q, k, x, tokens, rows)
 
 
+def pairings_at(q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """The unscaled pairings q_t·k_s of query ``rows [R]`` with the keys ``keys [R, n]`` each (pairs a rotation
+    part's :meth:`~accrot.position.base.RotationPart.factored_pairs` hands out pair to its transported scores),
+    ``[B, H, R, n]`` in q's dtype: every query against every key up to the last row by one GEMM, then each row's keys
+    picked out of it (the pairs needed are a sliver of the product, but a GEMM reads q and k once where gathering
+    pairs moves D floats each)."""
+    upto = int(rows.max()) + 1  # keys past the last query are never read
+    product = q[:, :, rows] @ k[:, :, :upto].transpose(-1, -2)  # [B, H, R, upto]
+    return product.gather(-1, keys.expand(q.shape[0], q.shape[1], -1, -1))  # [B, H, R, n]
+
+
 def logit_factor(scheme: nn.Module, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """The factor c_t on every logit of row t, ``[B|1, H, T]`` float64: the far-mass part's row factor (ones where
     it has none) times the rotation part's factor at this length. Equals ``scheme.logit_scale`` (in float64)."""
