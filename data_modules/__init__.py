@@ -1,10 +1,12 @@
 """LightningDataModules: the embedded stdlib corpus, Hugging Face datasets, the token-stream base every
 corpus shares, prose (the King James Bible from Debian's bible-kjv), the synthetic tasks (offset copy, passkey
 retrieval), the RULER-style retrieval tasks (multi-key needles, multi-value needles, variable tracking) and the
-state-tracking tasks (flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall); what the pipeline
+state-tracking tasks (flip-flop, parity and counting mod n, S5/A5 word problems, N-back recall), the formal languages
+of separate examples (parity, modular arithmetic with and without brackets, with a length curriculum); what the pipeline
 asks of each (:class:`Task`, :class:`AnswerTask`)."""
 
 from accrot.errors import DataError
+from data_modules.formal import FormalLanguageDataModule
 from data_modules.hf import HFDataModule
 from data_modules.prose import KJVDataModule
 from data_modules.retrieval import MultiKeyNeedleDataModule, MultiValueDataModule, VariableTrackingDataModule
@@ -20,6 +22,7 @@ __all__ = [
     "ByteTokenizer",
     "DataError",
     "FlipFlopDataModule",
+    "FormalLanguageDataModule",
     "HFDataModule",
     "KJVDataModule",
     "LocalDependencyDataModule",
