@@ -32,6 +32,7 @@ COMMANDS = {
     "sweep": "accrot.sweep.parent:main",
     "report": "accrot.sweep.report:main",
     "ablation": "accrot.study.ablation:main",
+    "yardstick": "accrot.yardstick.command:main",
     "slurm": "accrot.sweep.slurm:main",
     "storage-proxy": "accrot.sweep.proxy:main",
 }
@@ -49,6 +50,7 @@ COMMAND_HELP = {"eval": "evaluate a checkpoint at many lengths (JSON + PNG)",
                 "sweep": "an Optuna study from a sweep spec (workers, storages, resume)",
                 "report": "the table and figures of a finished sweep",
                 "ablation": "the paper's ablation in one command: every variant, both data sets, the claims",
+                "yardstick": "the field's formal-language and flip-flop protocols, beside the published rows",
                 "slurm": "submit accrot fit or a sweep to SLURM",
                 "storage-proxy": "serve a sweep's database to many workers (Optuna's gRPC proxy + the budget lock)"}
 

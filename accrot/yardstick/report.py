@@ -1,0 +1,296 @@
+"""The yardstick's report: one table per protocol in the papers' form, the published rows beside accrot's, the
+predictions (fixed in :mod:`accrot.yardstick.protocols` before any run) against what came out, and S1/S2 re-read
+with a learnability gate.
+
+Per cell, the rows are the seeds at the chosen learning rate (seed 0's grid run at that rate is seed 0). "Learned"
+counts the seeds whose score at the training lengths reached ``LEARNED``; a claim about length is *not tested* on a
+cell none of whose seeds learned. The outcome "solved beyond" is the mean over the learned seeds of the test score
+reaching ``SOLVED``; a constant or random predictor sits at scaled accuracy 0 ± 2/√N, so the rule can come out
+either way. S1 and S2 compare seeds by an exact rank test (every seed of one cell above every seed of the other:
+p = 1/C(2n, n), 0.05 at 3 seeds); the same rule is evaluated on a pair the claim says carries no difference (RoPE
+against NoPE: neither has a running state) and a rule that reads *for* there is reported as uninformative.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accrot.yardstick.cells import CELLS
+from accrot.yardstick.protocols import LEARNED, SOLVED, Protocol, predict
+from accrot.yardstick.runner import Job, choose_lr, load
+
+
+class Results(dict):
+    """``{protocol name: {cell: CellResult}}``, and ``protocols``: each protocol as the command ran it (its steps
+    and learning-rate grid)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocols: dict[str, Protocol] = {}
+
+
+@dataclass
+class CellResult:
+    cell: str
+    lr: float | None = None
+    runs: list[dict] = field(default_factory=list)  # the seeds at the chosen lr
+    grid: list[dict] = field(default_factory=list)
+    missing: int = 0
+
+    def values(self, group: str) -> list[float]:
+        return [r[group] for r in self.runs]
+
+    @property
+    def params(self) -> int | None:
+        return self.runs[0]["model"]["parameters"] if self.runs else None
+
+
+def collect(out: Path, protocols: list[Protocol], cells: list[str], seeds: int) -> Results:
+    """The finished runs in ``out`` of each protocol (as the command runs it) and cell."""
+    results = Results()
+    for protocol in protocols:
+        p, n_steps = protocol.name, protocol.steps
+        results.protocols[p] = protocol
+        results[p] = {}
+        for c in cells:
+            res = CellResult(c)
+            grid = [load(out, Job(p, c, lr, 0, n_steps)) for lr in protocol.lrs]
+            res.grid = [g for g in grid if g is not None]
+            if len(res.grid) == len(grid):
+                res.lr = choose_lr(protocol, res.grid)
+                for s in range(seeds):
+                    r = load(out, Job(p, c, res.lr, s, n_steps))
+                    (res.runs.append(r) if r is not None else None)
+                res.missing = seeds - len(res.runs)
+            else:
+                res.missing = seeds + len(grid) - len(res.grid)
+            results[p][c] = res
+    return results
+
+
+def _good(protocol: Protocol, value: float, threshold: float) -> bool:
+    if protocol.kind == "flipflop":  # an error rate: "learned" / "solved" when the reads are right 1 − (1 − t) …
+        return value <= 1 - threshold
+    return value >= threshold
+
+
+def outcome(protocol: Protocol, res: CellResult) -> tuple[str, int]:
+    """``(outcome, seeds that learned)``: "not tested" when none learned at the training lengths."""
+    learned = [r for r in res.runs if _good(protocol, r["train"], LEARNED)]
+    if not res.runs:
+        return "not run", 0
+    if not learned:
+        return "not tested", 0
+    beyond = sum(r["test"] for r in learned) / len(learned)
+    return ("solved beyond" if _good(protocol, beyond, SOLVED) else "not beyond"), len(learned)
+
+
+def verdict(prediction: str, result: str) -> str:
+    if result in ("not tested", "not run"):
+        return result
+    if prediction == "open":
+        return "(open)"
+    held = (result == "solved beyond") == (prediction == "yes")
+    return "as predicted" if held else "against the prediction"
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def _best_mean(protocol: Protocol, values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    best = min(values) if protocol.kind == "flipflop" else max(values)
+    return best, sum(values) / len(values)
+
+
+def rank_test(a: list[float], b: list[float], higher: bool = True) -> tuple[str, float]:
+    """("for" | "against" | "unresolved", p): every value of ``a`` beyond every value of ``b`` (or the reverse) is
+    the exact rank test's most extreme outcome, p = 1 / C(n_a + n_b, n_a)."""
+    if not a or not b:
+        return "not tested", math.nan
+    p = 1 / math.comb(len(a) + len(b), len(a))
+    above = min(a) > max(b) if higher else max(a) < min(b)
+    below = max(a) < min(b) if higher else min(a) > max(b)
+    if p > 0.05:
+        return "unresolved (too few seeds)", p
+    return ("for" if above else "against" if below else "unresolved"), p
+
+
+def claims(results: dict) -> list[str]:
+    """S1 on parity (accumulated SO(2) cells above RoPE and NoPE beyond the training lengths) and S2 on modular
+    arithmetic (PaTH above every SO(2) cell), gated on learning, each with its null (RoPE against NoPE)."""
+    lines = []
+    specs = [("S1", "parity", ["accum-learned-plain", "accum-learned", "accum-learned+values"], ["RoPE", "NoPE"],
+              "commuting accumulation carries the abelian parity state beyond the training lengths"),
+             ("S2", "modarith", ["PaTH", "PaTH-reflect"], ["accum-learned-plain", "accum-learned",
+                                                           "accum-learned+values"],
+              "non-commuting accumulation carries more: PaTH tracks the non-abelian automaton beyond them")]
+    for name, p, cells, against, text in specs:
+        if p not in results:
+            continue
+        protocol = results.protocols[p]
+        rows = results[p]
+        lines.append(f"**{name}** ({text}), on {protocol.title.lower()}:")
+        for c in cells:
+            if c not in rows:
+                continue
+            out, n = outcome(protocol, rows[c])
+            if out in ("not tested", "not run"):
+                lines.append(f"- {c}: **{out}** (no seed reached scaled accuracy {LEARNED} at the training lengths)")
+                continue
+            for b in against:
+                if b not in rows:
+                    continue
+                v, pv = rank_test(rows[c].values("test"), rows[b].values("test"))
+                lines.append(f"- {c} above {b} beyond the training lengths: **{v}** (p = {_fmt(pv, 3)}; "
+                             f"{_fmt(_mean(rows[c].values('test')))} vs {_fmt(_mean(rows[b].values('test')))})")
+        if "RoPE" in rows and "NoPE" in rows:
+            v, pv = rank_test(rows["RoPE"].values("test"), rows["NoPE"].values("test"))
+            informative = "uninformative at this size" if v == "for" else "the rule does not read for on its null"
+            lines.append(f"- null (RoPE above NoPE, neither with a state): {v} (p = {_fmt(pv, 3)}): {informative}")
+        lines.append("")
+    return lines
+
+
+def _mean(v: list[float]) -> float | None:
+    return sum(v) / len(v) if v else None
+
+
+def markdown(results: dict, argv: list[str]) -> str:
+    from accrot.io import git_revision
+
+    lines = ["# accrot yardstick: the field's length-generalisation protocols", "",
+             f"`{' '.join(['accrot', *argv[1:]]) if argv else 'accrot yardstick'}` at revision "
+             f"{git_revision(Path(__file__).parent)}.", ""]
+    cost = sum(r["ran"]["seconds"] for p in results.values() for c in p.values() for r in [*c.grid, *c.runs])
+    lines += [f"Worker time of the runs listed: {cost / 60:.0f} min (one thread each).", ""]
+    lines += ["## What the algebra predicts (fixed before any run)", "",
+              "| cell | running state its transport can carry | " + " | ".join(results) + " |",
+              "|---|---|" + "---|" * len(results)]
+    cells = list(next(iter(results.values()))) if results else []
+    for c in cells:
+        row = [predict(results.protocols[p], CELLS[c]).beyond for p in results]
+        lines.append(f"| {c} | {CELLS[c].state} | " + " | ".join(row) + " |")
+    lines.append("")
+    for c in cells:
+        for p in results:
+            pr = predict(results.protocols[p], CELLS[c])
+            if c in ("NoPE", "accum-learned-plain", "PaTH", "PaTH-contract", "accum-token"):
+                lines.append(f"- {c} on {p}: {pr.beyond}: {pr.why}.")
+    lines.append("")
+    for p, rows in results.items():
+        protocol = results.protocols[p]
+        lines += _protocol_table(protocol, rows)
+    lines += ["## S1 and S2 re-read, gated on learning", "", *claims(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _protocol_table(protocol: Protocol, rows: dict[str, CellResult]) -> list[str]:
+    flip = protocol.kind == "flipflop"
+    groups = protocol.groups()
+    where = ("in distribution (FFL(0.8))", "sparse FFL(0.98) and dense FFL(0.1)") if flip else \
+        (f"sizes {', '.join(map(str, groups['train']))}", f"sizes {', '.join(map(str, groups['test']))}")
+    metric = "read error rate" if flip else "scaled accuracy"
+    shape = protocol.shape
+    lines = [f"## {protocol.title}", "",
+             f"Protocol: {protocol.source}. Here: {shape['n_layers']} layers, d_model {shape['d_model']}, "
+             f"{shape['n_heads']} heads, {protocol.steps} steps of batch {protocol.batch_size}, learning rates "
+             f"{', '.join(f'{lr:g}' for lr in protocol.lrs)} on seed 0. {protocol.cut}", "",
+             f"| cell | params | lr | learned (seeds) | {metric} at training: best / mean | {metric} beyond: best / "
+             f"mean | predicted | outcome |", "|---|---|---|---|---|---|---|---|"]
+    for c, res in rows.items():
+        pred = predict(protocol, CELLS[c]).beyond
+        result, n_learned = outcome(protocol, res)
+        tb, tm = _best_mean(protocol, res.values("train"))
+        xb, xm = _best_mean(protocol, res.values("test"))
+        missing = f" ({res.missing} missing)" if res.missing else ""
+        lines.append(f"| {c} | {res.params or '–'} | {_fmt(res.lr, 4) if res.lr else '–'} | "
+                     f"{n_learned}/{len(res.runs)}{missing} | {_fmt(tb)} / {_fmt(tm)} | {_fmt(xb)} / {_fmt(xm)} | "
+                     f"{pred} | {verdict(pred, result)} |")
+    lines += ["", f"Measured on {where[0]} (training) and {where[1]} (beyond)."]
+    if protocol.published:
+        lines += ["", "Published rows:", "", f"| model | {metric}: best | mean | source |", "|---|---|---|---|"]
+        for row in protocol.published:
+            lines.append(f"| {row.model} | {_fmt(row.best)} | {_fmt(row.mean)} | {row.paper}, {row.table} |")
+    lines.append("")
+    return lines
+
+
+def summary_json(results: dict) -> str:
+    doc = {}
+    for p, rows in results.items():
+        protocol = results.protocols[p]
+        doc[p] = {}
+        for c, res in rows.items():
+            result, n = outcome(protocol, res)
+            per_size = _per_key(res)
+            doc[p][c] = {"lr": res.lr, "seeds": [r["settings"]["seed"] for r in res.runs], "learned": n,
+                         "train": res.values("train"), "test": res.values("test"), "outcome": result,
+                         "predicted": predict(protocol, CELLS[c]).beyond, "accuracy_by_size": per_size,
+                         "parameters": res.params, "grid": {str(g["settings"]["lr"]): g["train"] for g in res.grid}}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def _per_key(res: CellResult) -> dict[str, list[float]]:
+    keys = list(res.runs[0]["accuracy"]) if res.runs else []
+    return {k: [r["accuracy"][k] for r in res.runs] for k in keys}
+
+
+_COLOURS = {"none": "0.55", "abelian": "tab:blue", "non-abelian": "tab:red", "contraction": "tab:green"}
+
+
+def figure(results: dict, path: Path) -> None:
+    from accrot.io import atomic_savefig, pyplot
+    from data_modules.examples import scaled_accuracy
+
+    plt = pyplot()
+    panels = list(results)
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.6 * max(1, len(panels)), 4.0), squeeze=False)
+    styles = ["-", "--", ":", "-."]
+    for ax, p in zip(axes[0], panels, strict=False):
+        protocol = results.protocols[p]
+        seen: dict[str, int] = {}
+        for c, res in results[p].items():
+            if not res.runs:
+                continue
+            state = CELLS[c].state
+            k = seen.get(state, 0)
+            seen[state] = k + 1
+            per = _per_key(res)
+            if protocol.kind == "formal":
+                n = 2 if protocol.data.get("task") == "parity" else 5
+                xs = [int(s) for s in per]
+                ys = [[scaled_accuracy(v, n) for v in per[s]] for s in per]
+            else:
+                xs = list(range(len(per)))
+                ys = [[1 - v for v in per[s]] for s in per]
+            mean = [sum(y) / len(y) for y in ys]
+            ax.plot(xs, mean, styles[k % 4], color=_COLOURS[state], marker="o", ms=3, label=c)
+            ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=_COLOURS[state], alpha=0.08)
+        if protocol.kind == "formal":
+            lo, hi = protocol.data["train_lengths"]
+            ax.axvspan(lo, hi, color="0.9", zorder=0, label="training sizes")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("problem size (symbols)")
+            ax.set_ylabel("scaled accuracy (0 = chance)")
+            ax.axhline(0, color="0.3", lw=0.6)
+            ax.set_ylim(-0.3, 1.05)
+        else:
+            ax.set_xticks(range(len(protocol.densities)),
+                          [f"FFL({d:g})" + (" train" if i == 0 else "") for i, d in enumerate(protocol.densities)])
+            ax.set_ylabel("read error rate")
+            ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_title(protocol.title, fontsize=10)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=8, frameon=False)
+    fig.suptitle("accrot yardstick: mean over seeds (band: min–max); grey no state, blue commuting SO(2), red "
+                 "Householder, green contraction only", fontsize=9)
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    atomic_savefig(fig, path)
+    plt.close(fig)
