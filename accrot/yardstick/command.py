@@ -221,16 +221,17 @@ def _finished(future, path: str, console, failed: dict[str, str]) -> None:
 
 def _report(args, protocols, cells, out) -> int:
     from rich.console import Console
-    from rich.markdown import Markdown
 
     from accrot.io import atomic_write_text
-    from accrot.yardstick.report import collect, figure, markdown, summary_json
+    from accrot.yardstick.report import collect, figure, markdown, summary_json, terminal_tables
 
     results = collect(out, protocols, cells, args.seeds)
     text = markdown(results, argv=sys.argv)
     atomic_write_text(out / "report.md", text)
     atomic_write_text(out / "yardstick.json", summary_json(results))
     figure(results, out / "yardstick.png")
-    Console(file=sys.stdout).print(Markdown(text))
+    console = Console(file=sys.stdout)
+    for table in terminal_tables(results):
+        console.print(table)
     print(f"accrot yardstick: {out / 'report.md'}, {out / 'yardstick.json'}, {out / 'yardstick.png'}")
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,13 +102,6 @@ def _fmt(v: float | None, digits: int = 2) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
 
 
-def _best_mean(protocol: Protocol, values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    best = min(values) if protocol.kind == "flipflop" else max(values)
-    return best, sum(values) / len(values)
-
-
 def rank_test(a: list[float], b: list[float], higher: bool = True) -> tuple[str, float]:
     """("for" | "against" | "unresolved", p): every value of ``a`` beyond every value of ``b`` (or the reverse) is
     the exact rank test's most extreme outcome, p = 1 / C(n_a + n_b, n_a)."""
@@ -190,35 +184,82 @@ def markdown(results: dict, argv: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stats(protocol: Protocol, values: list[float]) -> str:
+    """``best / median / mean`` of the seeds (best: the highest accuracy or the lowest error rate)."""
+    if not values:
+        return "–"
+    best = min(values) if protocol.kind == "flipflop" else max(values)
+    return f"{_fmt(best)} / {_fmt(statistics.median(values))} / {_fmt(statistics.fmean(values))}"
+
+
 def _protocol_table(protocol: Protocol, rows: dict[str, CellResult]) -> list[str]:
     flip = protocol.kind == "flipflop"
     groups = protocol.groups()
-    where = ("in distribution (FFL(0.8))", "sparse FFL(0.98) and dense FFL(0.1)") if flip else \
-        (f"sizes {', '.join(map(str, groups['train']))}", f"sizes {', '.join(map(str, groups['test']))}")
-    metric = "read error rate" if flip else "scaled accuracy"
     shape = protocol.shape
     lines = [f"## {protocol.title}", "",
-             f"Protocol: {protocol.source}. Here: {shape['n_layers']} layers, d_model {shape['d_model']}, "
-             f"{shape['n_heads']} heads, {protocol.steps} steps of batch {protocol.batch_size}, learning rates "
-             f"{', '.join(f'{lr:g}' for lr in protocol.lrs)} on seed 0. {protocol.cut}", "",
-             f"| cell | params | lr | learned (seeds) | {metric} at training: best / mean | {metric} beyond: best / "
-             f"mean | predicted | outcome |", "|---|---|---|---|---|---|---|---|"]
+             f"Protocol: {protocol.source}.", "",
+             f"Here: {shape['n_layers']} layer(s), d_model {shape['d_model']}, {shape['n_heads']} heads, "
+             f"{protocol.steps} steps of batch {protocol.batch_size}, learning rates "
+             f"{', '.join(f'{lr:g}' for lr in protocol.lrs)} on seed 0. {protocol.cut}.", ""]
+    if flip:
+        dens = [f"FFL({d:g})" for d in protocol.densities]
+        lines += [f"Read error rate, best / median / mean of the seeds; training on {dens[0]}. Learned: in-distribution "
+                  f"error <= {1 - LEARNED:.2f}; solved beyond: mean of {' and '.join(dens[1:])} <= {1 - SOLVED:.2f}.",
+                  "", f"| cell | params | lr | learned | {' | '.join(dens)} | predicted | outcome |",
+                  "|---|---|---|---|" + "---|" * len(dens) + "---|---|"]
+    else:
+        lines += [f"Scaled accuracy, best / median / mean of the seeds, at the training sizes "
+                  f"({', '.join(map(str, groups['train']))}) and beyond them ({', '.join(map(str, groups['test']))}). "
+                  f"Learned: >= {LEARNED} at the training sizes; solved beyond: the learned seeds' mean >= {SOLVED}.",
+                  "", "| cell | params | lr | learned | at training sizes | beyond | predicted | outcome |",
+                  "|---|---|---|---|---|---|---|---|"]
     for c, res in rows.items():
         pred = predict(protocol, CELLS[c]).beyond
         result, n_learned = outcome(protocol, res)
-        tb, tm = _best_mean(protocol, res.values("train"))
-        xb, xm = _best_mean(protocol, res.values("test"))
         missing = f" ({res.missing} missing)" if res.missing else ""
-        lines.append(f"| {c} | {res.params or '–'} | {_fmt(res.lr, 4) if res.lr else '–'} | "
-                     f"{n_learned}/{len(res.runs)}{missing} | {_fmt(tb)} / {_fmt(tm)} | {_fmt(xb)} / {_fmt(xm)} | "
-                     f"{pred} | {verdict(pred, result)} |")
-    lines += ["", f"Measured on {where[0]} (training) and {where[1]} (beyond)."]
+        if flip:
+            cols = [_stats(protocol, [1 - r["accuracy"][str(d)] for r in res.runs]) for d in protocol.densities]
+        else:
+            cols = [_stats(protocol, res.values("train")), _stats(protocol, res.values("test"))]
+        lines.append(f"| {c} | {res.params or '–'} | {f'{res.lr:g}' if res.lr else '–'} | "
+                     f"{n_learned}/{len(res.runs)}{missing} | {' | '.join(cols)} | {pred} | {verdict(pred, result)} |")
     if protocol.published:
-        lines += ["", "Published rows:", "", f"| model | {metric}: best | mean | source |", "|---|---|---|---|"]
-        for row in protocol.published:
-            lines.append(f"| {row.model} | {_fmt(row.best)} | {_fmt(row.mean)} | {row.paper}, {row.table} |")
+        lines += ["", "Published rows (as printed in the paper):", ""]
+        if flip:
+            lines += ["| model | FFL(0.8) | FFL(0.98) | FFL(0.1) | source |", "|---|---|---|---|---|"]
+            lines += [f"| {r.model} | {_pct(r.a)} | {_pct(r.b)} | {_pct(r.c)} | {r.source} |"
+                      for r in protocol.published]
+        else:
+            lines += ["| model | best | median | source |", "|---|---|---|---|"]
+            lines += [f"| {r.model} | {_fmt(r.a, 3)} | {_fmt(r.b, 3)} | {r.source}{'; ' + r.note if r.note else ''} |"
+                      for r in protocol.published]
     lines.append("")
     return lines
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:g} %"
+
+
+def terminal_tables(results: Results) -> list:
+    """One compact rich table per protocol for the terminal (the full tables are report.md's)."""
+    from rich.table import Table
+
+    tables = []
+    for p, rows in results.items():
+        protocol = results.protocols[p]
+        flip = protocol.kind == "flipflop"
+        t = Table(title=f"{protocol.title}: {'read error rate' if flip else 'scaled accuracy'}, mean of the seeds",
+                  title_justify="left")
+        for col in ("cell", "learned", "training", "beyond", "predicted", "outcome"):
+            t.add_column(col, justify="left" if col in ("cell", "predicted", "outcome") else "right")
+        for c, res in rows.items():
+            pred = predict(protocol, CELLS[c]).beyond
+            result, n = outcome(protocol, res)
+            t.add_row(c, f"{n}/{len(res.runs)}", _fmt(_mean(res.values("train"))), _fmt(_mean(res.values("test"))),
+                      pred, verdict(pred, result))
+        tables.append(t)
+    return tables
 
 
 def summary_json(results: dict) -> str:
@@ -264,18 +305,24 @@ def figure(results: dict, path: Path) -> None:
             per = _per_key(res)
             if protocol.kind == "formal":
                 n = 2 if protocol.data.get("task") == "parity" else 5
-                xs = [int(s) for s in per]
-                ys = [[scaled_accuracy(v, n) for v in per[s]] for s in per]
+                keys = sorted(per, key=int)  # the records' keys are sorted as strings
+                xs = [int(s) for s in keys]
+                ys = [[scaled_accuracy(v, n) for v in per[s]] for s in keys]
             else:
-                xs = list(range(len(per)))
-                ys = [[1 - v for v in per[s]] for s in per]
+                keys = [str(d) for d in protocol.densities]
+                xs = list(range(len(keys)))
+                ys = [[1 - v for v in per[s]] for s in keys]
             mean = [sum(y) / len(y) for y in ys]
             ax.plot(xs, mean, styles[k % 4], color=_COLOURS[state], marker="o", ms=3, label=c)
             ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=_COLOURS[state], alpha=0.08)
         if protocol.kind == "formal":
-            lo, hi = protocol.data["train_lengths"]
+            curriculum = protocol.data_module(0).curriculum
+            lo, hi = curriculum.shortest, curriculum.longest
             ax.axvspan(lo, hi, color="0.9", zorder=0, label="training sizes")
             ax.set_xscale("log", base=2)
+            sizes = sorted({*protocol.train_sizes, *protocol.test_sizes})
+            ax.set_xticks(sizes, [str(v) for v in sizes], fontsize=7)
+            ax.minorticks_off()
             ax.set_xlabel("problem size (symbols)")
             ax.set_ylabel("scaled accuracy (0 = chance)")
             ax.axhline(0, color="0.3", lw=0.6)
@@ -283,8 +330,9 @@ def figure(results: dict, path: Path) -> None:
         else:
             ax.set_xticks(range(len(protocol.densities)),
                           [f"FFL({d:g})" + (" train" if i == 0 else "") for i, d in enumerate(protocol.densities)])
-            ax.set_ylabel("read error rate")
-            ax.set_yscale("symlog", linthresh=1e-3)
+            ax.set_ylabel("read error rate (0.5 = chance)")
+            ax.axhline(0.5, color="0.3", lw=0.6, ls=":")
+            ax.set_ylim(-0.02, 0.6)
         ax.set_title(protocol.title, fontsize=10)
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
