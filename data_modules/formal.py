@@ -85,15 +85,25 @@ def _value(symbols: Sequence[int]) -> int:
     return expr() % MODULUS
 
 
-class ModArithTask:
+class _Arithmetic:
+    """What the two arithmetic tasks share: digits 0..4 as the classes, and the operators drawn."""
+
+    classes = DIGITS
+    min_size = 1
+    default_operators = "+-"
+
+    def __init__(self, operators: str | None = None) -> None:
+        self.operators = tuple(ord(c) for c in (operators or self.default_operators))
+
+    def valid_size(self, size: int) -> int:
+        return size
+
+
+class ModArithTask(_Arithmetic):
     """Modular arithmetic without brackets (module docstring); ``operators`` a subset of ``+-*``."""
 
     name = "modarith"
-    classes = DIGITS
-    min_size = 1
-
-    def __init__(self, operators: str = "+-*") -> None:
-        self.operators = tuple(ord(c) for c in operators)
+    default_operators = "+-*"
 
     def valid_size(self, size: int) -> int:
         return size if size % 2 else size - 1
@@ -108,18 +118,10 @@ class ModArithTask:
         return symbols, DIGITS[_value(symbols)]
 
 
-class ModArithBracketsTask:
+class ModArithBracketsTask(_Arithmetic):
     """Modular arithmetic with brackets: the suite's recursive expressions (module docstring)."""
 
     name = "modarith-brackets"
-    classes = DIGITS
-    min_size = 1
-
-    def __init__(self, operators: str = "+-") -> None:
-        self.operators = tuple(ord(c) for c in operators)
-
-    def valid_size(self, size: int) -> int:
-        return size
 
     def _expression(self, g: torch.Generator, n: int) -> list[int]:
         digit = DIGITS[int(torch.randint(MODULUS, (), generator=g))]
