@@ -16,7 +16,7 @@ from pathlib import Path
 from accrot.errors import UsageError
 
 HELP = {
-    "protocols": "which protocols (default: all)",
+    "protocols": "which protocols (default: every one but the curriculum ones)",
     "cells": "which cells (default: all)",
     "seeds": "seeds per cell (the grid runs on seed 0)",
     "steps": "override every protocol's training steps (a quick look; the report says so)",
@@ -49,9 +49,9 @@ def _parser():
 
 def _check(args) -> tuple[list[str], list[str]]:
     from accrot.yardstick.cells import CELLS
-    from accrot.yardstick.protocols import PROTOCOLS
+    from accrot.yardstick.protocols import DEFAULT_PROTOCOLS, PROTOCOLS
 
-    protocols = args.protocols or list(PROTOCOLS)
+    protocols = args.protocols or list(DEFAULT_PROTOCOLS)
     cells = args.cells or list(CELLS)
     for kind, names, known in (("protocol", protocols, PROTOCOLS), ("cell", cells, CELLS)):
         for name in names:

@@ -225,3 +225,10 @@ def test_published_rows_are_quoted_per_task():
     assert brackets["Transformer"] == 0.067
     flip = {r.model: (r.a, r.b, r.c) for r in PROTOCOLS["flipflop"].published}
     assert flip["RoPE"] == (0.069, 0.403, 0.0001)
+
+
+def test_the_default_selection_leaves_the_curriculum_protocols_out():
+    from accrot.yardstick.command import _check, _parser
+
+    protocols, cells = _check(_parser().parse_args([]))
+    assert protocols == ["parity", "modarith", "modarith-brackets", "flipflop"] and cells == list(CELLS)
