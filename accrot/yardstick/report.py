@@ -160,9 +160,12 @@ def markdown(results: dict, argv: list[str]) -> str:
 
     lines = ["# accrot yardstick: the field's length-generalisation protocols", "",
              f"`{' '.join(['accrot', *argv[1:]]) if argv else 'accrot yardstick'}` at revision "
-             f"{git_revision(Path(__file__).parent)}.", ""]
-    cost = sum(r["ran"]["seconds"] for p in results.values() for c in p.values() for r in [*c.grid, *c.runs])
-    lines += [f"Worker time of the runs listed: {cost / 60:.0f} min (one thread each).", ""]
+             f"{git_revision(Path(__file__).parent)} (the report's code).", ""]
+    records = [r for p in results.values() for c in p.values() for r in [*c.grid, *c.runs]]
+    cost = sum(r["ran"]["seconds"] for r in records)
+    trained = sorted({r["ran"]["revision"][:12] for r in records})
+    lines += [f"Runs trained at revision {', '.join(trained) or '–'}; worker time of the runs listed: {cost / 60:.0f} "
+              "min (one thread each; longer where more processes than cores ran).", ""]
     lines += ["## What the algebra predicts (fixed before any run)", "",
               "| cell | running state its transport can carry | " + " | ".join(results) + " |",
               "|---|---|" + "---|" * len(results)]
