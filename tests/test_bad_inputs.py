@@ -433,7 +433,7 @@ CATALOGUE: list[Row] = [
     Row("misspelt-data-module", "--data=data_modules.MultiKeyNeedelDataModule",
         lambda f: f.fit("--data=data_modules.MultiKeyNeedelDataModule", corpus=False),
         ("data='data_modules.MultiKeyNeedelDataModule' is not a data module; did you mean "
-         "data_modules.MultiKeyNeedleDataModule?", "shipped: FlipFlopDataModule, HFDataModule, KJVDataModule")),
+         "data_modules.MultiKeyNeedleDataModule?", "shipped: FlipFlopDataModule, FormalLanguageDataModule, HFDataModule, KJVDataModule")),
     Row("missing-data", "--data.init_args.root=/nonexistent/accrot",
         lambda f: f.fit("--data.init_args.root=/nonexistent/accrot", corpus=False),
         "data root '/nonexistent/accrot' does not exist"),
