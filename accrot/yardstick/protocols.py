@@ -186,7 +186,7 @@ _GRAZZI = ('Grazzi et al., "Unlocking State-Tracking in Linear RNNs Through Nega
            "10 % warm-up, 100k steps of batch 1024, learning rates 1e-2, 1e-3, 5e-4, 1e-4; parity 2 layers of width "
            "128, modular arithmetic 3 layers")
 _GRAZZI_CUT = ("Cut for 2 cores: 2 000 steps of batch 32 (1/1 600 of the paper's examples), width 64, 2 layers for "
-               "every task, two learning rates; tested at 6 sizes of 128 examples each instead of 8 192 sequences")
+               "every task; tested at 6 sizes of 128 examples each instead of 8 192 sequences")
 _TABLE3, _TABLE5 = "Grazzi et al. 2025, Table 3 (best of 3)", "Table 5 (median of 3)"
 
 
@@ -208,7 +208,7 @@ _MAMBA3 = ('Lahoti et al., "Mamba-3: Improved Sequence Modeling using State Spac
            "log-spaced in [1e-4, 1e-2], the best validation accuracy reported (the stages and the seeds are not "
            "stated)")
 _MAMBA3_CUT = ("The stages are accrot's choice (the paper does not state them): longest 40, 80, 120, 160 in four "
-               "equal stages; cut for 2 cores to 500 steps per stage of batch 32, width 64, two learning rates")
+               "equal stages; cut for 2 cores to 500 steps per stage of batch 32, width 64")
 
 
 def _mamba3(task: int) -> tuple[Published, ...]:

@@ -102,14 +102,13 @@ def _fmt(v: float | None, digits: int = 2) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
 
 
-def rank_test(a: list[float], b: list[float], higher: bool = True) -> tuple[str, float]:
-    """("for" | "against" | "unresolved", p): every value of ``a`` beyond every value of ``b`` (or the reverse) is
+def rank_test(a: list[float], b: list[float]) -> tuple[str, float]:
+    """("for" | "against" | "unresolved", p): every value of ``a`` above every value of ``b`` (or the reverse) is
     the exact rank test's most extreme outcome, p = 1 / C(n_a + n_b, n_a)."""
     if not a or not b:
         return "not tested", math.nan
     p = 1 / math.comb(len(a) + len(b), len(a))
-    above = min(a) > max(b) if higher else max(a) < min(b)
-    below = max(a) < min(b) if higher else min(a) > max(b)
+    above, below = min(a) > max(b), max(a) < min(b)
     if p > 0.05:
         return "unresolved (too few seeds)", p
     return ("for" if above else "against" if below else "unresolved"), p

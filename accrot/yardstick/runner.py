@@ -19,10 +19,9 @@ from pathlib import Path
 
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
+from accrot.study.variants import WINDOW_FRACTION  # accum-token's window: the study's fraction of L
 from accrot.yardstick.cells import CELLS, Cell
 from accrot.yardstick.protocols import PROTOCOLS, Protocol, headline, score
-
-WINDOW_FRACTION = 0.75  # accum-token's mixing window, as a fraction of the training row (the study's choice)
 
 
 @dataclass(frozen=True)
@@ -49,24 +48,19 @@ def scheme_of(cell: Cell, seq_len: int) -> dict:
 
 
 def _count(shape: dict, scheme: dict, mlp_hidden: int | None) -> tuple[int, int]:
+    """``(parameters, the SwiGLU width the model has)`` of the protocol's shape under ``scheme``."""
     from accrot.model import ModelConfig, Transformer
 
     cfg = ModelConfig(vocab_size=256, scheme=scheme, mlp_hidden=mlp_hidden, **shape)
-    model = Transformer(cfg)
-    return sum(p.numel() for p in model.parameters()), cfg.mlp_hidden or _default_hidden(shape["d_model"])
-
-
-def _default_hidden(d: int) -> int:
-    return 32 * math.ceil(8 * d / 3 / 32)
+    return sum(p.numel() for p in Transformer(cfg).parameters()), cfg.hidden
 
 
 def matched_hidden(protocol: Protocol, cell: Cell, seq_len: int) -> tuple[int, int, int]:
     """``(mlp_hidden, parameters, NoPE's parameters)``: the SwiGLU width whose total is nearest NoPE's at the default
     width (a hidden unit costs 3·d_model per layer)."""
     shape = protocol.shape
-    target, _ = _count(shape, {}, None)
+    target, base = _count(shape, {}, None)
     scheme = scheme_of(cell, seq_len)
-    base = _default_hidden(shape["d_model"])
     n, _ = _count(shape, scheme, base)
     per_unit = 3 * shape["d_model"] * shape["n_layers"]
     hidden = max(1, base - round((n - target) / per_unit))
