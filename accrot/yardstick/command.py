@@ -183,9 +183,10 @@ def _train(args, protocols, cells, out) -> int:
                 ready, total, _ = _jobs_for(args, protocols, cells, out)
                 progress.update(bar, total=total)
     except KeyboardInterrupt:
+        workers = list((getattr(executor, "_processes", None) or {}).values())  # gone once shut down
+        for proc in workers:
+            proc.kill()  # a run in progress is lost either way (its record is written only when it ends)
         executor.shutdown(wait=False, cancel_futures=True)
-        for proc in list(getattr(executor, "_processes", {}).values()):
-            proc.terminate()
         print(f"accrot yardstick: interrupted; the finished runs are kept in {out}; the same command continues",
               file=sys.stderr)
         return 130
