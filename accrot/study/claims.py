@@ -6,7 +6,8 @@ predictions: ``accrot/study/CLAIMS.md``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from accrot.position import FAR_MASS, facts
 from accrot.study.results import Results, Run, best_at, horizon, ratio, times
@@ -52,23 +53,89 @@ SIBLINGS = siblings()
 ROTATION_ONLY = tuple(v for v, over in VARIANTS.items() if (f := facts(over)).rotation_only and not f.breaks_condition)
 # N1: the cells the lower bound points to (rotation + far-mass control), the fixed comparators
 ROTATION_CONTROLLED = ("accum-random+alibi", "accum-learned+values+alibi", "accum-learned+values+forget")  # the anchors
-N1_COMPARATOR = "accum-learned+values"  # precision: non-inferior to it at 1×
+N1_COMPARATOR = "accum-learned+values"  # precision, for a cell with no rotation-only sibling: non-inferior at 1×
 N1_MARGIN = 0.01  # nats: the non-inferiority margin, and how much more an NLL curve may rise than ALiBi's
 N1_ACCURACY = 0.02  # answer tasks: the accuracy drop 1× → longest at most ALiBi's + 2 points
 N1_DATASETS = ("local",)  # besides the claims' data set
 
 
-def check_claims(res: Results) -> list[Claim]:
-    """One :class:`Claim` per claim of the study, in order; every multi-comparison claim corrected (Holm)."""
+def check_claims(res: Results, nulls: bool = True) -> list[Claim]:
+    """One :class:`Claim` per claim of the study, in order; every multi-comparison claim corrected (Holm); each
+    claim with a null (:data:`NULLS`) also read, by the same rule, on its null (``nulls=False``: not)."""
     claims: list[Claim] = []
     if res.corpus in res.datasets():  # a state-tracking study alone (no language corpus) reads S1–S3 only
         claims = [check(res) for check in CLAIM_CHECKS]
         extended = _c1_extended(res)  # C1 read against plain RoPE and, where the ablation made them, its extensions
         claims = claims[:1] + [extended] + claims[1:] if extended is not None else claims
     claims += [c for check in STATE_CHECKS if (c := check(res)) is not None]  # where state tasks ran
+    if nulls:
+        for c in claims:
+            if (null := NULLS.get(c.id)) is not None:
+                c.null, c.null_what = null.read(res, c.id), null.what
     for c in claims:
         c.finalize()
     return claims
+
+
+# ---------------------------------------------------------------------------------------------------
+# each claim's null: the same rule where the claim says its effect is absent
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Null:
+    """Where a claim's effect is absent, as data the study already has: ``reads(res)`` gives the relabelling
+    (``{target: source}``, :meth:`~accrot.study.results.Results.relabelled`) that puts a control in the place of
+    the variants the claim is about, or ``swap`` names two variants whose labels are exchanged on every other seed.
+    ``what`` says it in words and why the claim's effect is absent there."""
+
+    what: str
+    reads: Callable[[Results], dict[str, str]] | None = None
+    swap: tuple[str, str] | None = None
+
+    def data(self, res: Results) -> Results:
+        if self.swap is not None:
+            a, b = self.swap
+            return res.relabelled({a: b, b: a}, seeds=res.alternate_seeds(a, b))
+        return res.relabelled(self.reads(res) if self.reads else {})
+
+    def read(self, res: Results, claim_id: str) -> Claim | None:
+        """The claim ``claim_id`` read by its own rule on this null's data (None where that data set did not run)."""
+        data = self.data(res)
+        found = [c for c in check_claims(data, nulls=False) if c.id == claim_id]
+        return found[0] if found else None
+
+
+def rotation_only_of(variants: dict[str, dict] = VARIANTS) -> dict[str, str]:
+    """``{far-mass-controlled variant: the same rotation without it}`` (the inverse of C4's pairs)."""
+    return {s: v for v, found in siblings(variants).items() for s in found}
+
+
+def _swap_text(a: str, b: str) -> str:
+    return f"{a} and {b} exchanged on every other seed (a difference between them cannot survive that)"
+
+
+NULLS: dict[str, Null] = {
+    "C1": Null(_swap_text("accum-random", "RoPE"), swap=("accum-random", "RoPE")),
+    "C1-ext": Null("plain RoPE in accum-random's place: RoPE does not extrapolate better than its own "
+                   "eval-time extensions", reads=lambda res: {"accum-random": "RoPE"}),
+    "C2": Null("RoPE, a rotation that accumulates nothing, in accum-learned's place and NoPE in RoPE's: a position "
+               "rotation is not what keeps near-L perplexity", reads=lambda res: {"accum-learned": "RoPE",
+                                                                                  "RoPE": "NoPE"}),
+    "C3": Null(_swap_text("accum-learned+values", "accum-learned"), swap=("accum-learned+values", "accum-learned")),
+    "C4": Null("each rotation-only variant's far-mass-controlled sibling in its place, and ALiBi in the sibling's: "
+               "far-mass control is what the claim says keeps a curve from degrading",
+               reads=lambda res: {**{v: found[0] for v, found in SIBLINGS.items()},
+                                  **{s: "ALiBi" for found in SIBLINGS.values() for s in found}}),
+    "C5": Null("NoPE, with no bias, in ALiBi's place: the bias is what the claim credits for the flat curve",
+               reads=lambda res: {"ALiBi": "NoPE"}),
+    "N1": Null("each cell's own rotation-only sibling in its place: the lower bound says a rotation without far-mass "
+               "control is not length-stable",
+               reads=lambda res: {c: n1_sibling(c) for c in n1_cells(res)}),
+    "S1": Null(_swap_text("accum-learned", "RoPE"), swap=("accum-learned", "RoPE")),
+    "S2": Null("accum-learned, a commuting accumulation, in PaTH's place: it holds no more than the group's sign, "
+               "so it cannot pass the commuting limit", reads=lambda res: {"PaTH": "accum-learned"}),
+    "S3": Null("each far-mass-controlled variant's rotation-only sibling in its place: without a term growing with "
+               "distance the claim says reads are not exact", reads=lambda res: rotation_only_of()),
+}
 
 
 def compare_nll(res: Results, dataset: str, what: str, a: str, b: str, mult: float, **kwargs) -> Comparison:
@@ -162,8 +229,9 @@ def _n1(res: Results) -> Claim:
     datasets = [d for d in (res.corpus, *N1_DATASETS) if any(res.by.get((d, v)) for v in cells)]
     c = Claim("N1", "rotation + far-mass control is both precise and length-stable (the question the lower "
               "bound leaves open)",
-              f"per rotation + far-mass cell and data set: NLL(1×) − {N1_COMPARATOR}'s (paired), and its maximum rise "
-              f"1× → any length minus ALiBi's (paired; on an answer task the accuracy drop 1× → longest minus "
+              "per rotation + far-mass cell and data set: NLL(1×) − its own rotation-only sibling's (paired), and "
+              "its maximum rise "
+              "1× → any length minus ALiBi's (paired; on an answer task the accuracy drop 1× → longest minus "
               "ALiBi's)",
               rule=f"a cell is precise when the upper end of its NLL(1×) difference lies under {N1_MARGIN:g} nats, "
                    f"flat when the upper end of its extra rise lies under {N1_MARGIN:g} nats ({N1_ACCURACY:.0%} "
@@ -193,13 +261,21 @@ def n1_cells(res: Results) -> list[str]:
     return [v for v in dict.fromkeys([*ROTATION_CONTROLLED, *found]) if v in ran] or list(ROTATION_CONTROLLED)
 
 
+def n1_sibling(cell: str) -> str:
+    """The rotation a cell adds far-mass control to, without it (accum-random+alibi: accum-random): what the cell's
+    precision is read against; :data:`N1_COMPARATOR` for a design that is no sibling of one (scalable softmax, the
+    output gate)."""
+    return rotation_only_of().get(cell, N1_COMPARATOR)
+
+
 def _n1_cell(res: Results, dataset: str, cell: str) -> list[Comparison]:
     from accrot.study.variants import ANSWER_TASKS
 
     if not res.by.get((dataset, cell)):
         return [Comparison(f"{dataset}: {cell}", "not run", "missing")]
-    precise = compare_nll(res, dataset, f"{dataset}: {cell} precise (vs {N1_COMPARATOR} at 1×)", cell,
-                          N1_COMPARATOR, 1.0, margin=N1_MARGIN)
+    sibling = n1_sibling(cell)
+    precise = compare_nll(res, dataset, f"{dataset}: {cell} precise (vs {sibling} at 1×)", cell, sibling, 1.0,
+                          margin=N1_MARGIN)
     if dataset in ANSWER_TASKS:
         drop = _accuracy_drop(res.longest(dataset))
         flat = compare_variants(f"{dataset}: {cell} flat (accuracy drop vs ALiBi's)", cell,
@@ -224,7 +300,7 @@ def n1_summary(res: Results, cell: str, comps: Sequence[Comparison], datasets: S
         for x, name in zip(own, ("precise", "flat")):
             words.append(name if x.outcome == "for" else f"not {name}" if x.outcome == "against"
                          else f"{name}?" if x.outcome == "inside" else f"{name}: missing")
-        delta = [v for v in (res.seeded_values(d, cell, "nll", 1), res.seeded_values(d, N1_COMPARATOR, "nll", 1))]
+        delta = [res.seeded_values(d, cell, "nll", 1), res.seeded_values(d, n1_sibling(cell), "nll", 1)]
         shift = ""
         if all(delta):
             common = sorted(set(delta[0]) & set(delta[1]))
@@ -336,9 +412,11 @@ def _cell(text: str) -> str:
 
 def claims_table(res: Results | None = None) -> str:
     """The claims as :func:`check_claims` states them: id, claim, what is measured, the rule (markdown)."""
-    lines = ["| # | claim | measured as | rule |", "|---|---|---|---|"]
+    lines = ["| # | claim | measured as | rule | its null: the same rule where the effect is absent |",
+             "|---|---|---|---|---|"]
     for c in check_claims(res or specimen_results()):
-        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.test)} | {_cell(c.rule)} |")
+        null = c.null_what or "none yet: the rule is not yet shown able to read otherwise"
+        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.test)} | {_cell(c.rule)} | {_cell(null)} |")
     return "\n".join(lines)
 
 

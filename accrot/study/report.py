@@ -89,10 +89,10 @@ def _cell(text: str) -> str:
 def _claims_md(claims: Sequence[Claim]) -> str:
     """The claims table (claim, the rule in one sentence, the quantity that decides it, verdict, why) and every
     claim's comparisons, each with its numbers and outcome."""
-    lines = ["| # | claim | rule | decided by | verdict | why |", "|---|---|---|---|---|---|"]
+    lines = ["| # | claim | rule | decided by | on its null | verdict | why |", "|---|---|---|---|---|---|---|"]
     for c in claims:
-        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.rule)} | {_cell(c.test)} | **{c.verdict}** | "
-                     f"{_cell(c.why())} |")
+        lines.append(f"| {c.id} | {_cell(c.claim)} | {_cell(c.rule)} | {_cell(c.test)} | {c.null_verdict} | "
+                     f"**{c.verdict}** | {_cell(c.why())} |")
     lines.append("")
     for c in claims:
         lines.append(f"**{c.id} — {c.verdict}.** {c.claim}. Rule: {c.rule}. Decided by: {c.test}.")
@@ -100,6 +100,11 @@ def _claims_md(claims: Sequence[Claim]) -> str:
             lines.append(f"- {comp.line()}")
         if c.note:
             lines.append(f"- {c.note}")
+        if c.null is not None:
+            lines.append(f"- On its null ({c.null_what}): **{c.null.own_verdict}**")
+            lines += [f"  - {comp.line()}" for comp in c.null.comparisons]
+        elif c.null_what == "":
+            lines.append("- No null defined yet: nothing has shown that this rule can read otherwise.")
         lines.append("")
     return "\n".join(lines)
 
@@ -261,7 +266,8 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
     text = "\n".join(head) + "\n" + "\n\n".join(sections) + "\n\n" + "\n".join(claims_md) + "\n"
     atomic_write_text(folder / "results.csv", results_csv(res))
     atomic_write_text(folder / "claims.json", json.dumps(
-        [{**asdict(c), "verdict": c.verdict, "why": c.why()} for c in claims], indent=1))
+        [{**asdict(c), "verdict": c.verdict, "own_verdict": c.own_verdict, "null_verdict": c.null_verdict,
+          "why": c.why()} for c in claims], indent=1))
     atomic_write_text(folder / "REPORT.md", text)
     return folder / "REPORT.md"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,28 @@ class Results:
                      if not self.is_extension(v)}
             self._pools[key] = Pool.fit({v: t for v, t in table.items() if t})
         return self._pools[key]
+
+    def relabelled(self, reads: Mapping[str, str], seeds: Container[int] | None = None) -> Results:
+        """A copy in which each variant ``target`` of ``reads`` (``{target: source}``) holds the runs of ``source``
+        under its own name, on every data set (on ``seeds`` only, where given; elsewhere it keeps its own runs); a
+        source keeps its own runs unless it is itself a target. How a claim's null puts a control in the place of
+        the variant the claim is about (``{"accum-learned": "RoPE"}``) or exchanges two variants' labels on some
+        seeds (``{"a": "b", "b": "a"}, seeds={1}``): the same rule then reads data where its effect is absent."""
+        from dataclasses import replace
+
+        def swapped(seed: int) -> bool:
+            return seeds is None or seed in seeds
+
+        runs = [r for r in self.runs if not (r.variant in reads and swapped(r.seed))]
+        for target, source in reads.items():
+            runs += [replace(r, variant=target) for r in self.runs if r.variant == source and swapped(r.seed)]
+        return Results(runs, self.corpus)
+
+    def alternate_seeds(self, a: str, b: str) -> set[int]:
+        """Every other seed (the 2nd, 4th, ...) of those both ``a`` and ``b`` ran, on any data set: where a label
+        exchange puts the one in the other's place while the rest keep their own."""
+        common = sorted({r.seed for r in self.runs if r.variant == a} & {r.seed for r in self.runs if r.variant == b})
+        return set(common[1::2])
 
     def diagnosed(self, variant: str) -> list[Run]:
         """The variant's runs on the theory's data set that have diagnostics (of the current layout)."""

@@ -25,6 +25,12 @@ case is *against* on some criterion (Holm within the case), inconclusive otherwi
 two seeds rarely resolve anything (t₀.₉₇₅,₁ = 12.7); three or more are what a verdict needs. Every comparison
 left inside the noise says how many seeds would resolve a difference of its observed size and spread with 80 %
 power.
+
+Every claim that has a null is also read, by the same rule, on data where the claim says its effect is absent: a
+control variant in the subject's place (a rotation that accumulates nothing, a model without far-mass control, a
+learned drift that breaks the regularity condition) or the two sides' labels exchanged on every other seed. A rule
+that reads *for* there would read *for* whatever the models did: the claim is then *uninformative at this size*,
+whatever its own comparisons say.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from scipy import stats as sps
 from accrot.metrics import mean_std, pm
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+UNINFORMATIVE = "uninformative at this size"  # the claim's rule reads for on its null: it decides nothing here
 ALPHA = 0.025  # one-sided level of each comparison: the two-sided 95 % interval's tail
 POWER = 0.8
 MAX_SEEDS = 200  # "seeds needed" beyond this reads "> 200"
@@ -212,6 +219,12 @@ def _with_blocks(comp: Comparison, blocks, common, margin: float, lower_is_for: 
     if comp.outcome in agrees and not agrees[comp.outcome]:
         comp.outcome = "inside"
         comp.numbers += ": the text's own noise leaves it unresolved"
+    # the bootstrap can only withhold a side: a p-value of a side it does not confirm no longer counts as evidence
+    # (a claim that reads p-values, such as a one-case-among-several verdict, must not resolve what it overruled)
+    if not agrees["for"]:
+        comp.p_for = 1.0 if comp.p_for is not None else None
+    if not agrees["against"]:
+        comp.p_against = 1.0 if comp.p_against is not None else None
     return comp
 
 
@@ -398,6 +411,8 @@ class Claim:
     note: str = ""
     rule: str = ""
     cases: dict[str, list[Comparison]] = field(default_factory=dict)
+    null: Claim | None = None  # the same rule read where the claim says its effect is absent
+    null_what: str = ""  # that null in words ("" with no null)
 
     def __post_init__(self) -> None:
         self._final = False
@@ -406,10 +421,27 @@ class Claim:
         """Apply the claim's correction once (Holm on the against side; :func:`case_verdict` corrects itself)."""
         if not self._final and not self.cases:
             correct_against(self.comparisons)
+        if self.null is not None:
+            self.null.finalize()
         self._final = True
 
     @property
     def verdict(self) -> str:
+        """The rule's own verdict, or *uninformative at this size* when the same rule reads for on its null."""
+        if self.null is not None and self.null.verdict == SUPPORTED:
+            return UNINFORMATIVE
+        return self.own_verdict
+
+    @property
+    def null_verdict(self) -> str:
+        """What the rule reads on its null (``"no null"`` for a claim without one)."""
+        if self.null is None:
+            return "not read" if self.null_what else "no null"
+        return self.null.verdict
+
+    @property
+    def own_verdict(self) -> str:
+        """The verdict of the claim's comparisons alone, before its null is read."""
         if self.cases:
             return case_verdict(self.cases)
         self.finalize()
@@ -423,7 +455,10 @@ class Claim:
         return INCONCLUSIVE
 
     def why(self) -> str:
-        verdict = self.verdict
+        if self.verdict == UNINFORMATIVE:
+            return (f"its rule reads for on its null ({self.null_what}), so it would read for whatever the models "
+                    f"did; on its own data it reads {self.own_verdict}")
+        verdict = self.own_verdict
         outcomes = [c.outcome for c in self.comparisons]
         if self.cases:
             return {SUPPORTED: "a case is for on every criterion (Holm over the cases)",
@@ -455,7 +490,11 @@ def case_verdict(cases: Mapping[str, Sequence[Comparison]]) -> str:
     p_case = []
     for comps in cases.values():
         ps = [c.p_for for c in comps]
-        p_case.append(None if not comps or any(p is None for p in ps) else max(ps))
+        if not comps or any(p is None for p in ps):
+            p_case.append(None)
+        else:  # a criterion whose outcome is not *for* (an interval the text's noise widened) gives its case no
+            # evidence, and the case still counts in the family Holm corrects over
+            p_case.append(max(ps) if all(c.outcome == "for" for c in comps) else 1.0)
     if any(holm(p_case)):
         return SUPPORTED
     against = []

@@ -156,9 +156,10 @@ def test_report_marks_a_difference_inside_the_spread_inconclusive(tmp_path):
     assert all(c.needed is not None and c.needed > 2 for c in c1.comparisons if c.outcome == "inside")
     assert "| C1 | random accumulated rotations extrapolate much better than RoPE |" in text
     assert "**C1 — inconclusive.**" in text and "→ *inside*" in text
-    # every row of the claims table has its six cells: a |φ|^Δ in a rule must not split it
+    # every row of the claims table has its seven cells (the null's verdict among them): a |φ|^Δ in a rule must
+    # not split it
     rows = [ln for ln in text.splitlines() if ln.startswith(("| C", "| T", "| N"))]
-    assert len(rows) == 11 and all(ln.replace("\\|", "").count("|") == 7 for ln in rows), rows
+    assert len(rows) == 11 and all(ln.replace("\\|", "").count("|") == 8 for ln in rows), rows
     claims = json.loads((tmp_path / "claims.json").read_text())
     assert [c["id"] for c in claims] == ["C1", "C2", "C3", "C4", "C5", "T1", "T2", "T3", "T4", "T5", "N1"]
     assert all(c["verdict"] == INCONCLUSIVE for c in claims if c["id"] != "C1")  # their variants were not run

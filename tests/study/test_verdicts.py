@@ -154,9 +154,10 @@ def _t3(rot: dict, bounded: dict, jitter=JITTER) -> Results:
 
 def _n1(cells: dict[str, float], comparator: float = 2.0, cell_rise: float = 0.0, alibi_rise: float = 0.0,
         jitter=JITTER, acc_drop: float = 0.0) -> Results:
-    """N1's study on the corpus and the local task: the cells' NLL at 1× (flat unless ``cell_rise``), the
-    comparator accum-learned+values and ALiBi, the cells' accuracy drop to the longest length."""
-    nll = {"accum-learned+values": (comparator, 0.05), "ALiBi": (2.3, alibi_rise),
+    """N1's study on the corpus and the local task: the cells' NLL at 1× (flat unless ``cell_rise``), their
+    rotation-only siblings accum-learned+values and accum-random (``comparator`` at 1×, rising 0.05 nats per
+    doubling) and ALiBi, the cells' accuracy drop to the longest length."""
+    nll = {"accum-learned+values": (comparator, 0.05), "accum-random": (comparator, 0.05), "ALiBi": (2.3, alibi_rise),
            **{c: (base, cell_rise) for c, base in cells.items()}}
     acc = {c: (0.99, -acc_drop / 6) for c in cells}
     return study(nll, jitter=jitter, datasets=("corpus", "local"), accuracy=acc)
@@ -206,7 +207,7 @@ CASES = {
            lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"gap": (3.0, 3.0), "concentration": 2.5} for v in SO2}),
            lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"gap": (3.0, 3.7)} for v in SO2},
                          jitter=(-0.3, 0.0, 0.3))),
-    # N1: a cell both precise (1× within 0.01 of accum-learned+values) and flat (no more rise than ALiBi's)
+    # N1: a cell both precise (1× within 0.01 of its rotation-only sibling) and flat (no more rise than ALiBi's)
     "N1": (lambda: _n1({c: 2.0 for c in CELLS}, jitter=(0.0, 0.001, 0.002)),
            lambda: _n1({c: 2.3 for c in CELLS}),
            lambda: _n1({c: 2.01 for c in CELLS}, jitter=(-0.05, 0.0, 0.05))),
@@ -328,7 +329,8 @@ def test_n1_one_cell_precise_and_flat_is_enough_and_an_imprecise_cell_does_not_s
               jitter=(0.0, 0.001, 0.002))
     n1 = verdict(res, "N1")
     assert n1.verdict == SUPPORTED, lines(n1)
-    assert "accum-random+alibi: corpus: not precise, flat (+0.240 nats at 1×)" in n1.note, n1.note
+    # 0.24 nats worse than its sibling accum-random, less the two variants' mean jitters (+0.001 and −0.001)
+    assert "accum-random+alibi: corpus: not precise, flat (+0.238 nats at 1×)" in n1.note, n1.note
     assert "accum-learned+values+forget: corpus: precise, flat" in n1.note, n1.note
     # every cell imprecise: resolved against in each, not supported
     assert verdict(_n1({c: 2.24 for c in CELLS}), "N1").verdict == NOT_SUPPORTED
