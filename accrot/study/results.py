@@ -36,6 +36,23 @@ class Run:
         return None if row is None or row.get(field_) is None else float(row[field_])
 
     @property
+    def same_targets(self) -> bool:
+        """Whether the evaluation scored the same targets at every length it evaluated (then its rise is read)."""
+        return bool(self.lengths) and all(row.get("same_target_nll") is not None for row in self.lengths.values())
+
+    def rise(self, mult: float, relative: bool = True) -> float | None:
+        """How much worse the model is at ``mult`` × L than at L: on the same targets where the evaluation scored
+        them at every length (each target with mult·L tokens before it, against L: paired per anchor, no cold
+        start), else on each length's own blocks; ``relative``: as a fraction of NLL(1×), else in nats."""
+        name = "same_target_nll" if self.same_targets else "nll"
+        a, b = self.value(name, mult), self.value(name, 1)
+        if a is None or b is None:
+            return None
+        if not relative:
+            return a - b
+        return None if b == 0 else a / b - 1.0
+
+    @property
     def diag(self) -> dict:
         """The diagnostics bundle (empty when the run has none, or one of an older layout)."""
         d = self.diagnostics or {}
@@ -183,14 +200,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def horizon(run: Run, tolerance: float = 0.05) -> float | None:
-    """The largest evaluated multiple m whose NLL, and every shorter one's, is within ``tolerance`` of 1×'s."""
-    base = run.value("nll", 1)
-    if base is None:
+    """The largest evaluated multiple m whose NLL, and every shorter one's, is within ``tolerance`` of 1×'s
+    (:meth:`Run.rise`: on the same targets where the evaluation scored them)."""
+    if run.rise(1) is None:
         return None
     best = None
     for m in sorted(run.lengths):
-        value = run.value("nll", m)
-        if value is None or value > base * (1 + tolerance):
+        value = run.rise(m)
+        if value is None or value > tolerance:
             break
         best = m
     return best

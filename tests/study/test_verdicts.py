@@ -439,3 +439,34 @@ def test_a_state_tracking_study_alone_reads_only_its_own_claims():
     res = _state("parity", {"accum-learned": (1.0, 0.0), "accum-learned+values": (1.0, 0.0)})
     assert res.corpus not in res.datasets()
     assert [c.id for c in check_claims(res)] == ["S1"]
+
+
+def _with_same_targets(res: Results, same: dict[str, Curve]) -> Results:
+    """``res`` with each listed variant's same-target NLL per length (its rise: the curve minus its 1× value)."""
+    runs = []
+    for r in res.runs:
+        rows = {m: dict(row) for m, row in r.lengths.items()}
+        if r.variant in same:
+            curve = nll_curve(same[r.variant], 0.0)
+            for m, row in rows.items():
+                row["same_target_nll"] = curve[m]
+                row["same_target_rise"] = curve[m] - curve[1.0]
+        runs.append(Run(r.dataset, r.variant, r.seed, r.run_dir, rows, r.train_length))
+    return Results(runs)
+
+
+def test_the_rises_read_the_same_targets_where_the_evaluation_scored_them():
+    """Per-length blocks read different text at every length: a bounded model there can seem to rise (or fall) by
+    the text alone. Where the same targets were scored at every length, C5, C2's rise and the horizon read them."""
+    blocks_rise = study({"ALiBi": (2.0, 0.2)}, jitter=(0.0, 0.001, 0.002))  # different text per length: "rises"
+    assert verdict(blocks_rise, "C5").verdict == NOT_SUPPORTED
+    same = _with_same_targets(blocks_rise, {"ALiBi": (2.0, 0.0)})  # the same targets: no rise at all
+    assert all(r.same_targets for r in same.runs)
+    assert verdict(same, "C5").own_verdict == SUPPORTED, lines(verdict(same, "C5"))
+    from accrot.study.results import horizon
+
+    assert {horizon(r) for r in blocks_rise.runs} == {1.0} and {horizon(r) for r in same.runs} == {64.0}
+    # and the other way: flat blocks, a real rise on the same targets
+    c2 = _with_same_targets(study({"RoPE": (2.0, 0.3), "accum-learned": (2.0, 0.0)}), {"accum-learned": (2.0, 0.1),
+                                                                                         "RoPE": (2.0, 0.3)})
+    assert verdict(c2, "C2").verdict == NOT_SUPPORTED, lines(verdict(c2, "C2"))
