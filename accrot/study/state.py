@@ -37,6 +37,9 @@ from accrot.study.stats import Claim, Comparison, compare_threshold, compare_var
 from accrot.study.variants import DATASETS
 from data_modules.state import commuting_ceiling, group_table
 
+LEARNED = 0.9  # scaled accuracy (acc − chance) / (1 − chance) at L a variant must reach before its length is read
+GATE = (f"; a variant that did not learn the task at L (scaled accuracy under {LEARNED:g}) is not tested, and "
+        "nothing tested: not tested")
 S2_MARGIN = 0.05  # "at the commuting limit": at most this far above 1/|G'| (data_modules.state.commuting_ceiling)
 S3_EXACT = 0.95  # "reads exactly": 95 % of the reads right at the longest length
 ABELIAN = ("parity", "modcount")
@@ -67,6 +70,31 @@ def rotation_only(variant: str) -> bool:
     return variant_facts(variant).rotation_only
 
 
+def chance(task: str) -> float:
+    """The accuracy of a guess on ``task``'s answers: 1/n mod n, 1/|G| on a word problem, 1/2 on flip-flop."""
+    spec = DATASETS.get(task, {})
+    if "data.init_args.group" in spec:
+        return 1.0 / len(group_table(spec["data.init_args.group"])[0])
+    if "data.init_args.modulus" in spec:
+        return 1.0 / spec["data.init_args.modulus"]
+    return 0.5
+
+
+def untested(res: Results, task: str, variant: str) -> Comparison | None:
+    """The learnability gate: a "not tested" comparison when ``variant`` did not learn ``task`` at L (its mean
+    scaled accuracy over seeds under :data:`LEARNED`): a model that answers at chance at L says nothing about what
+    it carries beyond L. None when it learned (or did not run: its comparisons then say so)."""
+    values = res.values(task, variant, "accuracy", 1.0)
+    if not values:
+        return None
+    c = chance(task)
+    scaled = (sum(values) / len(values) - c) / (1 - c)
+    if scaled >= LEARNED:
+        return None
+    return Comparison(f"{task}: {variant} learned at L", f"scaled accuracy at L {scaled:.2f} < {LEARNED:g} "
+                      f"(chance {c:.3g}): its length is not tested", "not tested")
+
+
 def mean_accuracy(lo: float, hi: float):
     """Per run: the mean answer accuracy over the evaluated multiples in [lo, hi]."""
     def read(run: Run) -> float | None:
@@ -85,11 +113,14 @@ def s1(res: Results) -> Claim | None:
     c = Claim("S1", "commuting accumulation carries abelian state beyond L",
               "parity / counting mod n: mean answer accuracy over 8×–64× L, accum-learned (and +values) against RoPE "
               "and NoPE", rule="for when each accumulated variant's accuracy is resolved above RoPE's and NoPE's "
-                               "(paired over seeds); every comparison must be for")
+                               "(paired over seeds); every comparison must be for" + GATE)
     for task in tasks:
         beyond = mean_accuracy(min(8.0, res.longest(task)), math.inf)  # 8×–64× L (a quick look: its longest)
         for v in ("accum-learned", "accum-learned+values"):
             if not res.by.get((task, v)):
+                continue
+            if (gate := untested(res, task, v)) is not None:
+                c.comparisons.append(gate)
                 continue
             for anchor in ("RoPE", "NoPE"):
                 c.comparisons.append(_accuracy_vs(res, task, f"{task}: {v} vs {anchor}", v, anchor, beyond))
@@ -108,12 +139,15 @@ def s2(res: Results) -> Claim | None:
               rule=f"for when PaTH lies above 1/|G'| + {S2_MARGIN:g} at L (the best a commuting state can do: 1/3 on "
                    "S3, where the sign is all it holds, 1/60 on S5 and A5) and is resolved above each SO(2) "
                    "accumulation at L and beyond, and each of those stays under that limit at the longest length; "
-                   "every comparison must be for")
+                   "every comparison must be for" + GATE)
     at_l, beyond = mean_accuracy(1, 1), mean_accuracy(2, math.inf)
     for task in tasks:
         so2 = [v for v in res.variants(task) if (f := variant_facts(v)).accumulates and f.commutes]
         longest = res.longest(task)
         limit = commuting_ceiling(DATASETS[task]["data.init_args.group"]) + S2_MARGIN
+        if (gate := untested(res, task, "PaTH")) is not None:  # PaTH never learned it: nothing to carry beyond
+            c.comparisons.append(gate)
+            continue
         if res.by.get((task, "PaTH")):  # above what any commuting state can hold: the evidence of a non-abelian one
             c.comparisons.append(compare_threshold(
                 f"{task}: PaTH beyond the commuting limit at L", res.values(task, "PaTH", "accuracy", 1.0), limit,
@@ -137,12 +171,15 @@ def s3(res: Results) -> Claim | None:
     c = Claim("S3", "far-mass control keeps state reads exact at length",
               "flip-flop at the sparse density: the last write's read accuracy at the longest length",
               rule=f"for when every far-mass-controlled variant lies above {S3_EXACT:g} and every rotation-only "
-                   "variant below it; every comparison must be for")
+                   "variant below it; every comparison must be for" + GATE)
     for task in tasks:
         longest = res.longest(task)
         for v in res.variants(task):
             values = res.values(task, v, "accuracy", longest)
-            if controlled(v) and variant_facts(v).rotates:
+            counted = (controlled(v) and variant_facts(v).rotates) or rotation_only(v)
+            if counted and (gate := untested(res, task, v)) is not None:
+                c.comparisons.append(gate)
+            elif controlled(v) and variant_facts(v).rotates:
                 c.comparisons.append(compare_threshold(f"{task}: {v} exact at {times(longest)}", values, S3_EXACT,
                                                        below_is_for=False, label="accuracy "))
             elif rotation_only(v):

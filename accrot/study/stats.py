@@ -44,6 +44,7 @@ from scipy import stats as sps
 from accrot.metrics import mean_std, pm
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
+NOT_TESTED = "not tested"  # a claim about length whose variants never learned the task at L (and a comparison's)
 UNINFORMATIVE = "uninformative at this size"  # the claim's rule reads for on its null: it decides nothing here
 ALPHA = 0.025  # one-sided level of each comparison: the two-sided 95 % interval's tail
 POWER = 0.8
@@ -445,7 +446,10 @@ class Claim:
         if self.cases:
             return case_verdict(self.cases)
         self.finalize()
-        outcomes = [c.outcome for c in self.comparisons]
+        everything = [c.outcome for c in self.comparisons]
+        outcomes = [o for o in everything if o != NOT_TESTED]  # the variants that learned at L decide
+        if everything and not outcomes:
+            return NOT_TESTED
         if not outcomes:
             return INCONCLUSIVE
         if "against" in outcomes:
@@ -459,7 +463,9 @@ class Claim:
             return (f"its rule reads for on its null ({self.null_what}), so it would read for whatever the models "
                     f"did; on its own data it reads {self.own_verdict}")
         verdict = self.own_verdict
-        outcomes = [c.outcome for c in self.comparisons]
+        if verdict == NOT_TESTED:
+            return "no variant it reads learned the task at L: what it carries beyond L is not tested"
+        outcomes = [c.outcome for c in self.comparisons if c.outcome != NOT_TESTED]
         if self.cases:
             return {SUPPORTED: "a case is for on every criterion (Holm over the cases)",
                     NOT_SUPPORTED: "every case is against on some criterion (Holm within each)"}.get(
@@ -478,7 +484,9 @@ class Claim:
             needed = [c.needed for c in self.comparisons if c.outcome == "inside" and c.needed]
             more = f" (the closest would need about {min(needed)} seeds)" if needed else ""
             return "a difference lies inside the seeds' spread" + more
-        return "every comparison is resolved in its favour"
+        skipped = [c.what for c in self.comparisons if c.outcome == NOT_TESTED]
+        return "every comparison is resolved in its favour" + (
+            f" (not tested, never learned at L: {', '.join(skipped)})" if skipped else "")
 
 
 def case_verdict(cases: Mapping[str, Sequence[Comparison]]) -> str:
