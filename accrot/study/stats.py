@@ -30,7 +30,9 @@ Every claim that has a null is also read, by the same rule, on data where the cl
 control variant in the subject's place (a rotation that accumulates nothing, a model without far-mass control, a
 learned drift that breaks the regularity condition) or the two sides' labels exchanged on every other seed. A rule
 that reads *for* there would read *for* whatever the models did: the claim is then *uninformative at this size*,
-whatever its own comparisons say.
+whatever its own comparisons say. A claim about what a model carries beyond L on a task (S1–S3) reads only the
+variants that learned the task at L (scaled accuracy 0.9 or more); the others are *not tested*, and so is the
+claim when none did.
 """
 
 from __future__ import annotations
