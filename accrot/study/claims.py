@@ -13,6 +13,7 @@ from accrot.position import FAR_MASS, facts
 from accrot.study.results import Results, Run, best_at, horizon, times
 from accrot.study.state import STATE_CHECKS
 from accrot.study.stats import (
+    NOT_APPLICABLE,
     Claim,
     Comparison,
     compare_paired,
@@ -192,14 +193,19 @@ def _c4(res: Results) -> Claim:
               f"{HORIZON_TOLERANCE:.0%} of 1×), then NLL(16×) → NLL({times(longest)}) rises, and rises more than "
               "the sibling's" + SAME,
               rule="for a variant when its 4× rise lies under 5 %, its 16× → longest rise above 0 and above its "
-                   "sibling's (paired); every pair must be for")
+                   "sibling's (paired); every pair must be for, over the variants that extrapolated (a 4× rise "
+                   "resolved above 5 %: not applicable; none extrapolated: not tested)")
     notes = []
     for v, siblings in SIBLINGS.items():
         if not res.by.get((d, v)):
             continue
-        c.comparisons.append(compare_threshold(
-            f"{v} extrapolated", res.per_seed(d, v, lambda r: r.rise(C4_EXTRAPOLATED)),
-            HORIZON_TOLERANCE, label="rise to 4× "))
+        extrapolated = compare_threshold(f"{v} extrapolated", res.per_seed(d, v, lambda r: r.rise(C4_EXTRAPOLATED)),
+                                         HORIZON_TOLERANCE, label="rise to 4× ")
+        if extrapolated.outcome == "against":  # never extrapolated: whether it degrades later is not the question
+            c.comparisons.append(Comparison(f"{v}: not applicable", f"never extrapolated ({extrapolated.numbers})",
+                                            NOT_APPLICABLE))
+            continue
+        c.comparisons.append(extrapolated)
         rise = res.seeded(d, v, lambda r: _late_rise(r, longest))
         c.comparisons.append(compare_paired(f"{v} rises 16× → {times(longest)}", list(rise.values()), label="Δ NLL "))
         for s in siblings:

@@ -47,6 +47,7 @@ from accrot.metrics import mean_std, pm
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE = "supported", "not supported", "inconclusive"
 NOT_TESTED = "not tested"  # a claim about length whose variants never learned the task at L (and a comparison's)
+NOT_APPLICABLE = "not applicable"  # a comparison outside the claim's premise (C4: a curve that never extrapolated)
 UNINFORMATIVE = "uninformative at this size"  # the claim's rule reads for on its null: it decides nothing here
 ALPHA = 0.025  # one-sided level of each comparison: the two-sided 95 % interval's tail
 POWER = 0.8
@@ -449,7 +450,7 @@ class Claim:
             return case_verdict(self.cases)
         self.finalize()
         everything = [c.outcome for c in self.comparisons]
-        outcomes = [o for o in everything if o != NOT_TESTED]  # the variants that learned at L decide
+        outcomes = [o for o in everything if o not in (NOT_TESTED, NOT_APPLICABLE)]  # the variants in the premise
         if everything and not outcomes:
             return NOT_TESTED
         if not outcomes:
@@ -460,14 +461,22 @@ class Claim:
             return SUPPORTED
         return INCONCLUSIVE
 
-    def why(self) -> str:
+    def _outside(self) -> str | None:
+        """Why the claim decides nothing, where it does not: its null reads for, or nothing is inside its premise."""
         if self.verdict == UNINFORMATIVE:
             return (f"its rule reads for on its null ({self.null_what}), so it would read for whatever the models "
                     f"did; on its own data it reads {self.own_verdict}")
-        verdict = self.own_verdict
-        if verdict == NOT_TESTED:
+        if self.own_verdict == NOT_TESTED:
+            if any(c.outcome == NOT_APPLICABLE for c in self.comparisons):
+                return "no variant it reads is inside its premise (none extrapolated first): not tested"
             return "no variant it reads learned the task at L: what it carries beyond L is not tested"
-        outcomes = [c.outcome for c in self.comparisons if c.outcome != NOT_TESTED]
+        return None
+
+    def why(self) -> str:
+        if (outside := self._outside()) is not None:
+            return outside
+        verdict = self.own_verdict
+        outcomes = [c.outcome for c in self.comparisons if c.outcome not in (NOT_TESTED, NOT_APPLICABLE)]
         if self.cases:
             return {SUPPORTED: "a case is for on every criterion (Holm over the cases)",
                     NOT_SUPPORTED: "every case is against on some criterion (Holm within each)"}.get(
@@ -486,9 +495,9 @@ class Claim:
             needed = [c.needed for c in self.comparisons if c.outcome == "inside" and c.needed]
             more = f" (the closest would need about {min(needed)} seeds)" if needed else ""
             return "a difference lies inside the seeds' spread" + more
-        skipped = [c.what for c in self.comparisons if c.outcome == NOT_TESTED]
+        skipped = [c.what for c in self.comparisons if c.outcome in (NOT_TESTED, NOT_APPLICABLE)]
         return "every comparison is resolved in its favour" + (
-            f" (not tested, never learned at L: {', '.join(skipped)})" if skipped else "")
+            f" (outside the premise, not counted: {', '.join(skipped)})" if skipped else "")
 
 
 def case_verdict(cases: Mapping[str, Sequence[Comparison]]) -> str:

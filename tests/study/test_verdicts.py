@@ -20,6 +20,7 @@ from accrot.study.claims import check_calibration, check_claims
 from accrot.study.results import Results, Run
 from accrot.study.stats import (
     INCONCLUSIVE,
+    NOT_APPLICABLE,
     NOT_SUPPORTED,
     NOT_TESTED,
     SUPPORTED,
@@ -360,12 +361,18 @@ def test_n1_on_the_local_task_reads_the_accuracy_drop_against_alibi_s():
 
 
 def test_c4_does_not_credit_a_curve_that_never_extrapolated():
-    """A RoPE-like curve, rising from 2× L, rises from 16× to 64× too: the earlier C4 credited it. Now the
-    variant must have extrapolated first (NLL(4×) within 5 % of 1×)."""
+    """A RoPE-like curve, rising from 2× L, rises from 16× to 64× too: the earlier C4 credited it, and the one
+    after counted it against. Now the variant must have extrapolated first (NLL(4×) within 5 % of 1×); one whose
+    4× rise is resolved above that is not applicable, and a C4 with none inside its premise is not tested."""
     rope_like = _c4((2.0, 0.3), (2.0, 0.0))  # every rotation-only variant rises from 2×
     c4 = verdict(rope_like, "C4")
-    assert c4.verdict == NOT_SUPPORTED, lines(c4)
-    assert any("extrapolated" in c.what and c.outcome == "against" for c in c4.comparisons), lines(c4)
+    assert c4.verdict == NOT_TESTED, lines(c4)  # none inside the premise: neither for nor against
+    assert all(c.outcome == NOT_APPLICABLE and "never extrapolated" in c.numbers for c in c4.comparisons), lines(c4)
+    # one variant that never extrapolated does not sink the pairs that show the pattern
+    runs = [r for r in _c4(flat_then_rising(2.0, 16, 0.2), (2.0, 0.0)).runs if r.variant != "PaTH"]
+    mixed = Results(runs + [r for r in rope_like.runs if r.variant == "PaTH"])
+    c4 = verdict(mixed, "C4")
+    assert c4.verdict == SUPPORTED and "outside the premise, not counted: PaTH: not applicable" in c4.why(), lines(c4)
     # RoPE itself is not among C4's variants: its curve never changes the verdict
     both = study({"RoPE": (2.0, 0.3), **{v: flat_then_rising(2.0, 16, 0.2) for v in C4_PAIRS},
                   **{s: (2.0, 0.0) for s in C4_PAIRS.values()}})
