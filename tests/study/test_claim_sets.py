@@ -79,7 +79,9 @@ def test_s3_groups_on_the_state_variants():
 
 
 def _flipflop(variant: str, seed: int, accuracy: float) -> Run:
-    rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 1.0, "accuracy": accuracy} for m in (1.0, 64.0)}
+    """A flip-flop run that learned the reads at L (accuracy 1) and reads ``accuracy`` at 64× L."""
+    rows = {m: {"multiplier": m, "length": int(128 * m), "nll": 1.0, "accuracy": 1.0 if m == 1.0 else accuracy}
+            for m in (1.0, 64.0)}
     return Run("flipflop", variant, seed, f"/runs/{variant}/{seed}", rows, 128)
 
 
