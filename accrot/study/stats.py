@@ -380,6 +380,24 @@ def compare_band(what: str, values: Sequence[float], low: float, high: float, di
     return Comparison(what, numbers, outcome, p_for, p_against, needed)
 
 
+def compare_share(what: str, placed: int, total: int, limit: float, above_is_for: bool = True,
+                  label: str = "") -> Comparison:
+    """A share counted over units (``placed`` of ``total``: every (seed, layer, head)) against ``limit``, with its
+    exact (Clopper–Pearson) 95 % interval: *for* when the interval lies on the claim's side of the limit, *against*
+    when it lies on the other, *inside* when it straddles it; the p-values are the exact one-sided binomial tests."""
+    if total <= 0:
+        return Comparison(what, "not run", "missing")
+    test = sps.binomtest(placed, total, limit)
+    low, high = test.proportion_ci(confidence_level=1 - 2 * ALPHA, method="exact")
+    p_above = sps.binomtest(placed, total, limit, alternative="greater").pvalue
+    p_below = sps.binomtest(placed, total, limit, alternative="less").pvalue
+    p_for, p_against = (p_above, p_below) if above_is_for else (p_below, p_above)
+    outcome = "for" if p_for < ALPHA else "against" if p_against < ALPHA else "inside"
+    numbers = (f"{label}{placed}/{total} = {placed / total:.2f} [{low:.2f}, {high:.2f}] (exact binomial 95 %, every "
+               f"seed × head; limit {limit:g})")
+    return Comparison(what, numbers, outcome, p_for, p_against)
+
+
 def holm(p_values: Sequence[float | None], alpha: float = ALPHA) -> list[bool]:
     """Holm's step-down test: which of the hypotheses (one per p-value; None: not tested) are rejected at
     family-wise level ``alpha``."""

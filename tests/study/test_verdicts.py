@@ -85,7 +85,9 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
         "value_far_norm": [{"length": 64 * L, "rotated": [value + jitter + 1.0], "unrotated": [2.0],
                             "incoherent": [1.0]}] if scheme.get("rotate_values") else [],
     }
-    return {"schema": SCHEMA, "train_length": L, "lengths": lengths, "scheme": scheme, "layers": [layer]}
+    # the study's two layers, alike (T1 counts its units over every seed, layer and head: 3 × 2 × 4)
+    return {"schema": SCHEMA, "train_length": L, "lengths": lengths, "scheme": scheme,
+            "layers": [layer, {**layer, "layer": 1}]}
 
 
 def _log_interp(values: tuple[float, float, float], m: float) -> float:
@@ -501,3 +503,17 @@ def test_a_claim_about_length_is_not_tested_where_its_variants_never_learned_the
                             "RoPE": _decay(1.0, 0.2, 0.5), "NoPE": (0.5, 0.0)})
     s1 = verdict(one, "S1")
     assert s1.verdict == SUPPORTED and "parity: accum-learned+values learned at L" in s1.why(), s1.why()
+
+
+def test_t1_counts_its_share_over_seeds_and_heads_with_an_exact_interval():
+    """Every (seed, layer, head) is one unit: 24 of 24 placed resolves above 0.75 (0.75²⁴ ≈ 0.001), 12 of 12
+    cannot (0.75¹² ≈ 0.03 > 0.025), however clean, and 16 of 24 straddles it."""
+    from accrot.study.stats import compare_share
+
+    assert compare_share("x", 24, 24, 0.75).outcome == "for"
+    assert compare_share("x", 12, 12, 0.75).outcome == "inside"
+    assert compare_share("x", 16, 24, 0.75).outcome == "inside"
+    assert compare_share("x", 2, 24, 0.75).outcome == "against"
+    assert compare_share("x", 2, 24, 0.75, above_is_for=False).outcome == "for"
+    t1 = verdict(CASES["T1"][0](), "T1")
+    assert all("24/24" in c.numbers for c in t1.comparisons), lines(t1)
