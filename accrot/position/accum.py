@@ -115,6 +115,29 @@ def mixing_window(
     return torch.where(log_phi < 0, math.log(eps) / log_phi, torch.full_like(log_phi, math.inf))
 
 
+def unmixable_pairs(cfg: SchemeConfig, head_dim: int, n_tokens: float) -> list[tuple[int, float, float]]:
+    """Learned increments whose bound keeps some pairs from mixing within ``n_tokens``, whatever is learned:
+    ``(pair, its largest step a_i = ℓ_i·M, the shortest window the bound allows)`` for each such pair.
+
+    A step within a ≤ π/2 of its mean keeps |E[e^{iδ}]| ≥ E[cos(δ − μ)] ≥ cos a, so the pair's window
+    log ε / log |E[e^{iδ}]| is at least log ε / log cos a; where that exceeds ``n_tokens`` the pair stays coherent
+    over the whole context, which breaks the regularity condition by construction. Empty for every other source,
+    and with a mixing floor (whose noise makes every pair mix within its window)."""
+    if cfg.increments != "learned" or _has_floor(cfg):
+        return []
+    P = head_dim // 2
+    ladder = (rope_frequencies(head_dim, cfg.ladder_base) if cfg.learned_ladder
+              else torch.ones(P, dtype=torch.float64))
+    out = []
+    for i, a in enumerate((cfg.max_increment * ladder).tolist()):
+        if a >= math.pi / 2:
+            continue  # the bound alone allows |E[e^{iδ}]| = 0: nothing to say
+        shortest = math.log(cfg.window_eps) / math.log(math.cos(a)) if a > 0 else math.inf
+        if shortest > n_tokens:
+            out.append((i, a, shortest))
+    return out
+
+
 def sigma_for_window(window: float, eps: float = 0.05, family: IncrementFamily = "gaussian") -> float:
     """Standard deviation σ whose increments satisfy |E[e^{iδ}]|^window = ε."""
     target = eps ** (1.0 / window)  # |φ| per step

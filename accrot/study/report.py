@@ -257,7 +257,8 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
         f"{'one seed does not exist' if seeds < 2 else 'two seeds is ±12.7 standard errors'}, so the claims this "
         "spread cannot resolve are marked inconclusive. Three seeds or more (`--seeds 3`) are what a verdict "
         "needs.", ""]
-    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _read_on(res), "", _claims_md(claims),
+    claims_md = ["## Claims", "", *_quick_look(meta), *caution, _read_on(res), "", mixing_note(res), "",
+                 _claims_md(claims),
                  _windows_md(res), _far_md(res), _calibration_md(check_calibration(res)), RULES, ""]
     if theory:
         claims_md += [f"![{p.stem}]({p.name})" for p in theory]
@@ -296,6 +297,33 @@ def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[st
     if scope["below"]:
         preset += f"; this study ran below it ({', '.join(scope['below'])}): a quick look, not a result"
     return [*ran, preset]
+
+
+def mixing_note(res: Results) -> str:
+    """Which pairs of each learned rotation cannot mix within the longest evaluated length, from its own bound and
+    ladder (:func:`~accrot.position.accum.unmixable_pairs`): the regularity condition fails for them by
+    construction, so a claim read on that variant tests its ladder, not the claim."""
+    from accrot.position.accum import unmixable_pairs
+    from accrot.position.declared import config_of
+    from accrot.study.variants import VARIANTS
+
+    lines = []
+    for v in res.variants(res.corpus):
+        runs = res.by.get((res.corpus, v), [])
+        if v not in VARIANTS or not runs or runs[0].head_dim is None:
+            continue
+        n = res.longest() * runs[0].train_length
+        slow = unmixable_pairs(config_of(VARIANTS[v]), runs[0].head_dim, n)
+        if slow:
+            first, last = slow[0], slow[-1]
+            lines.append(f"- **{v}**: pairs {first[0]}–{last[0]} of {runs[0].head_dim // 2} cannot mix within "
+                         f"{times(res.longest())} L ({n:,.0f} tokens) whatever it learns: their largest step is at "
+                         f"most {first[1]:.3g} rad, so their shortest window is {first[2]:,.0f} tokens or more.")
+    if not lines:
+        return ""
+    return ("Learned rotations whose own bound keeps pairs coherent over the whole context (the regularity "
+            "condition fails for those pairs by construction; what such a variant shows about C2, C3, T1, T2 and T4 "
+            "is its ladder's, not the claim's):\n\n" + "\n".join(lines))
 
 
 def _read_on(res: Results) -> str:

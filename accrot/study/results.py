@@ -30,6 +30,7 @@ class Run:
     lr: float | None = None  # the learning rate it trained at (run.json's hparams)
     # an eval-time extension row: the rope_scaling kind its trained run (``run_dir``, of RoPE) was evaluated again with
     extension: str | None = None
+    head_dim: int | None = None  # d_model / n_heads (run.json's hparams)
 
     def value(self, field_: str, mult: float) -> float | None:
         row = self.lengths.get(float(mult))
@@ -277,7 +278,9 @@ def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None
     diag_path = run_dir / "diagnostics" / "diagnostics.json"
     record = run_dir / "run.json"
     info = json.loads(record.read_text()) if record.is_file() else {}
-    params, lr = info.get("parameters"), (info.get("hparams") or {}).get("lr")
+    hparams = info.get("hparams") or {}
+    params, lr = info.get("parameters"), hparams.get("lr")
+    d_model, heads = hparams.get("d_model"), hparams.get("n_heads")
     return Run(
         dataset=dataset, variant=variant, seed=seed, run_dir=str(run_dir),
         lengths=final_lengths(doc),
@@ -285,4 +288,5 @@ def read_run(run_dir: Path, dataset: str, variant: str, seed: int) -> Run | None
         diagnostics=json.loads(diag_path.read_text()) if diag_path.is_file() else None,
         params=params if isinstance(params, int) else None,
         lr=float(lr) if isinstance(lr, (int, float)) else None,
+        head_dim=d_model // heads if isinstance(d_model, int) and isinstance(heads, int) and heads else None,
     )
