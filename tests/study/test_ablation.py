@@ -463,7 +463,7 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
     assert all({"nll@1x", "nll@2x"} <= set(t.user_attrs) for t in study.get_trials(states=(TrialState.COMPLETE,)))
     for note in [get_note(study)]:
         assert note.startswith("## t: the study's claims, 4 complete runs so far"), note[:200]
-        assert "| # | claim | rule | decided by | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
+        assert "| # | claim | rule | decided by | on its null | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
 
 
 def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
