@@ -786,8 +786,9 @@ CATALOGUE: list[Row] = [
               "the ablation sets model.scheme.rotation per variant or data set"),
     _ablation("ablation-set-own-option", "--set trainer.max_steps=100",
               "the ablation sets trainer.max_steps itself; use --max_steps or --tokens"),
-    Row("ablation-other-options", "the same --study again with other options (here --seeds 3)",
-        lambda f: ["ablation", "--study=taken-ablation", "--seeds=3", "--variants=[NoPE]", "--datasets=[corpus]",
+    Row("ablation-other-options", "the same --study again with other options (here fewer seeds: --seeds 1; more "
+        "seeds are a second batch, which resumes the first)",
+        lambda f: ["ablation", "--study=taken-ablation", "--seeds=1", "--variants=[NoPE]", "--datasets=[corpus]",
                    f"--out={f.existing_ablation()}"],
         ("holds an ablation with other options (seeds differ)", "pass --study NAME for a new one")),
     # -- checked before anything is created: what a run, a sweep or an ablation would refuse at its start (the

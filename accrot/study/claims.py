@@ -62,6 +62,12 @@ N1_COMPARATOR = "accum-learned+values"  # precision, for a cell with no rotation
 N1_MARGIN = 0.01  # nats: the non-inferiority margin, and how much more an NLL curve may rise than ALiBi's
 N1_ACCURACY = 0.02  # answer tasks: the accuracy drop 1× → longest at most ALiBi's + 2 points
 N1_DATASETS = ("local",)  # besides the claims' data set
+# C2 and C3 are about learned rotations whose pairs can mix within L (a finite window lets suppression learned at
+# L transfer): Selective RoPE's form without its ladder, and the random increments that mix by construction.
+# Selective RoPE's own form (its ladder keeps the slow pairs coherent past 64× L) is read as a labelled row
+C2_LEARNED = "accum-learned-noladder"
+REFERENCE_LEARNED = "accum-learned"
+C3_PAIRS = (("accum-learned-noladder+values", "accum-learned-noladder"), ("accum-random+values", "accum-random"))
 
 
 def check_claims(res: Results, nulls: bool = True) -> list[Claim]:
@@ -89,17 +95,18 @@ def check_claims(res: Results, nulls: bool = True) -> list[Claim]:
 class Null:
     """Where a claim's effect is absent, as data the study already has: ``reads(res)`` gives the relabelling
     (``{target: source}``, :meth:`~accrot.study.results.Results.relabelled`) that puts a control in the place of
-    the variants the claim is about, or ``swap`` names two variants whose labels are exchanged on every other seed.
-    ``what`` says it in words and why the claim's effect is absent there."""
+    the variants the claim is about, or ``swap`` names pairs of variants whose labels are exchanged on every other
+    seed (each pair on its own seeds). ``what`` says it in words and why the claim's effect is absent there."""
 
     what: str
     reads: Callable[[Results], dict[str, str]] | None = None
-    swap: tuple[str, str] | None = None
+    swap: tuple[tuple[str, str], ...] = ()
 
     def data(self, res: Results) -> Results:
-        if self.swap is not None:
-            a, b = self.swap
-            return res.relabelled({a: b, b: a}, seeds=res.alternate_seeds(a, b))
+        if self.swap:
+            for a, b in self.swap:
+                res = res.relabelled({a: b, b: a}, seeds=res.alternate_seeds(a, b))
+            return res
         return res.relabelled(self.reads(res) if self.reads else {})
 
     def read(self, res: Results, claim_id: str) -> Claim | None:
@@ -119,13 +126,13 @@ def _swap_text(a: str, b: str) -> str:
 
 
 NULLS: dict[str, Null] = {
-    "C1": Null(_swap_text("accum-random", "RoPE"), swap=("accum-random", "RoPE")),
+    "C1": Null(_swap_text("accum-random", "RoPE"), swap=(("accum-random", "RoPE"),)),
     "C1-ext": Null("plain RoPE in accum-random's place: RoPE does not extrapolate better than its own "
                    "eval-time extensions", reads=lambda res: {"accum-random": "RoPE"}),
-    "C2": Null("RoPE, a rotation that accumulates nothing, in accum-learned's place and NoPE in RoPE's: a position "
-               "rotation is not what keeps near-L perplexity", reads=lambda res: {"accum-learned": "RoPE",
-                                                                                  "RoPE": "NoPE"}),
-    "C3": Null(_swap_text("accum-learned+values", "accum-learned"), swap=("accum-learned+values", "accum-learned")),
+    "C2": Null(f"RoPE, a rotation that accumulates nothing, in {C2_LEARNED}'s place and NoPE in RoPE's: a "
+               "position rotation is not what keeps near-L perplexity",
+               reads=lambda res: {C2_LEARNED: "RoPE", "RoPE": "NoPE"}),
+    "C3": Null("; ".join(_swap_text(a, b) for a, b in C3_PAIRS), swap=C3_PAIRS),
     "C4": Null("each rotation-only variant's far-mass-controlled sibling in its place, and ALiBi in the sibling's: "
                "far-mass control is what the claim says keeps a curve from degrading",
                reads=lambda res: {**{v: found[0] for v, found in SIBLINGS.items()},
@@ -135,7 +142,7 @@ NULLS: dict[str, Null] = {
     "N1": Null("each cell's own rotation-only sibling in its place: the lower bound says a rotation without far-mass "
                "control is not length-stable",
                reads=lambda res: {c: n1_sibling(c) for c in n1_cells(res)}),
-    "S1": Null(_swap_text("accum-learned", "RoPE"), swap=("accum-learned", "RoPE")),
+    "S1": Null(_swap_text("accum-learned", "RoPE"), swap=(("accum-learned", "RoPE"),)),
     "S2": Null("accum-learned, a commuting accumulation, in PaTH's place: it holds no more than the group's sign, "
                "so it cannot pass the commuting limit", reads=lambda res: {"PaTH": "accum-learned"}),
     "S3": Null("each far-mass-controlled variant's rotation-only sibling in its place: without a term growing with "
@@ -165,24 +172,44 @@ def _c2(res: Results) -> Claim:
     d = res.corpus
     c = Claim("C2", "learned token-dependent rotations keep near-L perplexity far beyond L",
               f"extrapolation horizon (largest m with NLL within {HORIZON_TOLERANCE:.0%} of 1× up to m, per seed; "
-              f"log₂): accum-learned against RoPE; accum-learned's NLL(16×) / NLL(1×) − 1" + SAME,
-              rule=f"for when accum-learned's horizon is resolved above RoPE's and its rise to 16× lies under "
+              f"log₂): {C2_LEARNED} against RoPE; {C2_LEARNED}'s NLL(16×) / NLL(1×) − 1" + SAME,
+              rule=f"for when {C2_LEARNED}'s horizon is resolved above RoPE's and its rise to 16× lies under "
                    f"{C2_TOLERANCE:.0%}")
-    c.comparisons.append(compare_variants(
-        "horizon (log₂ m)", "accum-learned", res.seeded(d, "accum-learned", _log2_horizon),
-        "RoPE", res.seeded(d, "RoPE", _log2_horizon), lower_is_for=False, digits=2))
-    rise = res.per_seed(d, "accum-learned", lambda r: r.rise(16))
-    c.comparisons.append(compare_threshold("NLL 16× vs 1×", rise, C2_TOLERANCE, label="rise "))
+    c.comparisons += _c2_comparisons(res, C2_LEARNED)
+    if res.by.get((d, REFERENCE_LEARNED)):  # the labelled row: read, shown, not counted
+        row = _c2_comparisons(res, REFERENCE_LEARNED)
+        c.note = (f"{REFERENCE_LEARNED} (Selective RoPE's ladder: its slow pairs cannot mix, outside the claim's "
+                  f"premise; not counted): " + "; ".join(f"{x.what} {x.numbers} ({x.outcome})" for x in row))
     return c
+
+
+def _c2_comparisons(res: Results, learned: str) -> list[Comparison]:
+    d = res.corpus
+    horizon_ = compare_variants("horizon (log₂ m)", learned, res.seeded(d, learned, _log2_horizon),
+                                "RoPE", res.seeded(d, "RoPE", _log2_horizon), lower_is_for=False, digits=2)
+    rise = res.per_seed(d, learned, lambda r: r.rise(16))
+    return [horizon_, compare_threshold("NLL 16× vs 1×", rise, C2_TOLERANCE, label="rise ")]
 
 
 def _c3(res: Results) -> Claim:
     d = res.corpus
+    pairs = " and ".join(f"{a} against {b}" for a, b in C3_PAIRS)
     c = Claim("C3", "rotating values helps over q/k alone",
-              "NLL at 16×, 32× and 64× L: accum-learned+values against accum-learned",
-              rule="for at every length when the paired interval of +values − q/k only lies below 0")
-    for m in _lengths(res, d, (16, 32, 64)) or [16.0]:
-        c.comparisons.append(compare_nll(res, d, f"NLL {times(m)}", "accum-learned+values", "accum-learned", m))
+              f"NLL at 16×, 32× and 64× L: {pairs}",
+              rule="for at every length and pair when the paired interval of +values − q/k only lies below 0")
+    lengths = _lengths(res, d, (16, 32, 64)) or [16.0]
+    for a, b in C3_PAIRS:
+        if not (res.by.get((d, a)) or res.by.get((d, b))):
+            continue  # a pair the study did not run (a --variants selection): the other decides
+        for m in lengths:
+            c.comparisons.append(compare_nll(res, d, f"{a}: NLL {times(m)}", a, b, m))
+    if not c.comparisons:
+        c.comparisons.append(Comparison("+values against q/k only", "not run", "missing"))
+    a, b = REFERENCE_LEARNED + "+values", REFERENCE_LEARNED
+    if res.by.get((d, a)) and res.by.get((d, b)):  # the labelled row
+        row = [compare_nll(res, d, f"NLL {times(m)}", a, b, m) for m in lengths]
+        c.note = (f"{a} against {b} (Selective RoPE's ladder: on its slow pairs R ≈ I, so rotated ≈ unrotated; "
+                  "outside the premise, not counted): " + "; ".join(f"{x.what} {x.numbers} ({x.outcome})" for x in row))
     return c
 
 

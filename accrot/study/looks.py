@@ -11,8 +11,9 @@ A hue per family, read off the scheme:
   softmax), the cells the lower bound points to.
 
 Within a family each member takes the next shade and the next marker in the order of ``VARIANTS``, the default
-selection first, so the default variants get the shades farthest apart: any two of them differ by a CIELAB ΔE of
-at least 20 or by their dash pattern (``tests/study/test_figures.py`` holds that)."""
+selection first, so the default variants get the shades farthest apart; a variant that transports its values along
+the rotation is drawn with a long dash, its shades counted apart from the solid lines'. Any two default variants differ by a CIELAB ΔE of at least 20 or by their
+dash pattern (``tests/study/test_figures.py`` holds that)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from accrot.study.variants import DEFAULT_VARIANTS, EXTENSIONS, VARIANTS
 
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")  # the k-th member of a family takes the k-th
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p")  # the k-th member of a family takes the k-th
 
 
 @dataclass(frozen=True)
@@ -84,16 +85,28 @@ def family_of(scheme: Mapping[str, Any]) -> str:
     return "cell" if cell else "so2"
 
 
+VALUE_DASHES = (5.0, 1.5)  # values transported along the rotation: a long dash, in every family
+
+
+def _dashes(scheme: Mapping[str, Any]) -> tuple[float, ...] | None:
+    from accrot.position import facts
+
+    return VALUE_DASHES if facts(dict(scheme)).rotates_values else None
+
+
 def _study_looks() -> dict[str, Look]:
     """Every study variant's look (the default selection first within each family), and the extensions'."""
     looks: dict[str, Look] = {}
-    taken: dict[str, int] = {}
+    taken: dict[tuple[str, tuple[float, ...] | None], int] = {}
+    members: dict[str, int] = {}
     for name in [*DEFAULT_VARIANTS, *(v for v in VARIANTS if v not in DEFAULT_VARIANTS)]:
-        family = family_of(VARIANTS[name])
-        k = taken.get(family, 0)
-        taken[family] = k + 1
+        family, dashes = family_of(VARIANTS[name]), _dashes(VARIANTS[name])
+        k = taken.get((family, dashes), 0)  # solid and dashed lines take their shades apart
+        taken[family, dashes] = k + 1
+        m = members.get(family, 0)  # and the markers in one count over the family
+        members[family] = m + 1
         shades = FAMILIES[family].shades
-        looks[name] = Look(family, shades[k % len(shades)], MARKERS[k % len(MARKERS)])
+        looks[name] = Look(family, shades[k % len(shades)], MARKERS[m % len(MARKERS)], dashes)
     rope = looks["RoPE"]
     for label, kind in EXTENSIONS.items():
         looks[label] = Look(rope.family, rope.color, "x", EXTENSION_DASHES[kind], evaluation_only=True)

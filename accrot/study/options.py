@@ -256,7 +256,17 @@ def check_resumable(path: Path, doc: dict[str, Any]) -> None:
     """Before ``--tune_lr``'s grid runs: an ablation already in ``path``'s folder must have been made with these
     options, its learning rates aside (they are the grid's to choose)."""
     if path.is_file():
-        refuse_other_options(path, yaml.safe_load(path.read_text()), doc, tuned_new=True)
+        old = yaml.safe_load(path.read_text())
+        if tuned(old) and more_seeds(without_lrs(old), without_lrs(doc)):  # a second batch of seeds
+            return
+        refuse_other_options(path, old, doc, tuned_new=True)
+
+
+def more_seeds(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """The same ablation asked with more seeds, the old ones first (``--seeds 3``, then ``--seeds 6``): staged."""
+    a, b = old.get("seeds") or [], new.get("seeds") or []
+    same = {k: v for k, v in old.items() if k != "seeds"} == {k: v for k, v in new.items() if k != "seeds"}
+    return same and len(b) > len(a) and b[:len(a)] == a
 
 
 def refuse_other_options(path: Path, old: dict[str, Any], new: dict[str, Any], tuned_new: bool | None = None) -> None:

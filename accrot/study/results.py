@@ -168,6 +168,28 @@ class Results:
         return [r for r in self.by.get((self.corpus, variant), []) if r.diag]
 
 
+def unmixable(res: Results, variant: str) -> list[tuple[int, float, float]]:
+    """The variant's pairs that cannot mix within the longest evaluated length whatever it learns, from its own bound
+    and ladder (:func:`~accrot.position.accum.unmixable_pairs`; empty where it has none, is no study variant, or ran
+    without a recorded head width): the regularity condition fails there by construction."""
+    from accrot.position.accum import unmixable_pairs
+    from accrot.position.declared import config_of
+    from accrot.study.variants import VARIANTS
+
+    runs = res.by.get((res.corpus, variant), [])
+    if variant not in VARIANTS or not runs or runs[0].head_dim is None:
+        return []
+    return unmixable_pairs(config_of(VARIANTS[variant]), runs[0].head_dim, res.longest() * runs[0].train_length)
+
+
+def outside_premise(res: Results, variant: str) -> str | None:
+    """Why a claim about rotations that mix is not read on ``variant`` (its unmixable pairs), or None."""
+    slow = unmixable(res, variant)
+    if not slow:
+        return None
+    return f"pairs {slow[0][0]}–{slow[-1][0]} cannot mix within {times(res.longest())} L (its ladder)"
+
+
 def times(m: float) -> str:
     return f"{m:g}×"
 

@@ -85,6 +85,7 @@ PLAIN_LEARNED = {"learned_form": "plain", "increment_rank": 0, "conv_size": 0, "
                  "max_increment": 1.0}
 PLAIN_PATH = {"path_rank": 0, "conv_size": 0, "learned_init_std": None}
 _LEARNED_VALUES = {"rotation": "accum", "increments": "learned", "rotate_values": True}
+NO_LADDER = {"learned_ladder": False}
 VARIANT_RECORDS: dict[str, Variant] = by_name((
     Variant("NoPE", {}, "No position scheme: causal attention alone (the negative control)."),
     Variant("RoPE", {"rotation": "rope"},
@@ -117,6 +118,16 @@ VARIANT_RECORDS: dict[str, Variant] = by_name((
             "convolution, no ladder, bounded to ±1 rad.", optional=True),
     Variant("accum-learned+values", _LEARNED_VALUES,
             "accum-learned with values transported along the same rotations."),
+    # the learned rotation the claims on learned increments are read on: Selective RoPE's form without its ladder,
+    # so every pair's bound (π, softly) lets it mix within L; accum-learned stays as the labelled reference row
+    Variant("accum-learned-noladder", {"rotation": "accum", "increments": "learned", **NO_LADDER},
+            "Selective RoPE's learned angles without RoPE's ladder: every pair bounded softly at π, so every pair "
+            "can mix within L (with the ladder, the slow pairs' largest steps keep them coherent past 64× L)."),
+    Variant("accum-learned-noladder+values", {**_LEARNED_VALUES, **NO_LADDER},
+            "accum-learned-noladder with values transported along the same rotations."),
+    Variant("accum-random+values", {"rotation": "accum", "increments": "random_position", "rotate_values": True},
+            "accum-random with values transported along the same rotations: value rotation where every pair mixes "
+            "by construction.", windowed=True),
     # GRAPE's contextual phase: a learned drift (softplus ≥ 0 on a learnable ladder), which should not mix
     Variant("accum-grape", {"rotation": "accum", "increments": "softplus"},
             "GRAPE's contextual phase: a non-negative softplus rate per token on a learnable RoPE ladder (exclusive "

@@ -65,8 +65,13 @@ def create_studies(spec: SweepSpec, storage, infos: Mapping[str | None, StratumI
             with quiet_experimental():
                 study.set_metric_names([o.metric for o in spec.objectives])
         elif attrs.get("fingerprint") != spec.fingerprint():
-            raise UsageError(f"study {name!r} already exists in the storage from a different spec "
-                             "(space, objectives, overrides or seeds changed); rename the spec or use a new storage")
+            if not _more_seeds(spec, attrs):
+                raise UsageError(f"study {name!r} already exists in the storage from a different spec "
+                                 "(space, objectives, overrides or seeds changed); rename the spec or use a new "
+                                 "storage")
+            # staged seeds: the same grid with more seeds; the trials of the first seeds are kept, the rest queued
+            study.set_user_attr("accrot", {**attrs, "fingerprint": spec.fingerprint(), "seeds": spec.seeds,
+                                           "budget": spec.budget_of(name)})
         if spec.shared_study:
             queue_grid(study, spec, strata)
         out.append(study)
@@ -88,7 +93,16 @@ def _study_attrs(spec: SweepSpec, name: str, strata: list, infos: Mapping[str | 
     }
     if spec.shared_study:
         attrs["variants"] = {s.variant: infos[s.variant].context for s in strata}  # each one's `when` context
+        attrs["grid_fingerprint"] = spec.fingerprint(seeds=False)
     return attrs
+
+
+def _more_seeds(spec: SweepSpec, attrs: Mapping) -> bool:
+    """A shared study's grid asked again with the seeds it has and more after them (a second batch of seeds): the
+    same spec but for the seeds, whose list the old one begins."""
+    old = list(attrs.get("seeds") or [])
+    return (spec.shared_study and attrs.get("grid_fingerprint") == spec.fingerprint(seeds=False)
+            and list(spec.seeds[:len(old)]) == old and len(spec.seeds) > len(old))
 
 
 def queue_grid(study, spec: SweepSpec, strata: list) -> int:

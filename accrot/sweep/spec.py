@@ -574,11 +574,12 @@ class SweepSpec:
             p = self.path.parent / p  # relative to the spec file
         return Path(config_path(str(p))).resolve()
 
-    def fingerprint(self) -> str:
-        """What makes trials of a study comparable: a re-run with a changed spec must not join the study."""
+    def fingerprint(self, seeds: bool = True) -> str:
+        """What makes trials of a study comparable: a re-run with a changed spec must not join the study.
+        ``seeds=False``: the same without the seeds, which a shared study's grid may grow by (staged seeds)."""
         doc = {"base": self.base, "objectives": [(o.metric, o.direction) for o in self.objectives],
                "space": {k: vars(p) for k, p in self.space.items()}, "overrides": self.overrides,
-               "variants": self.variants, "seeds": self.seeds}
+               "variants": self.variants, **({"seeds": self.seeds} if seeds else {})}
         if self.shared_study:  # only when set: studies made before the key existed keep their fingerprint
             doc["shared_study"] = True
         return hashlib.sha1(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -214,14 +214,17 @@ def test_a_trained_rope_variant_is_listed_once_and_the_extension_rows_follow_rop
 @pytest.mark.parametrize("values_far, verdict", [(2.3, SUPPORTED), (2.7, NOT_SUPPORTED), (2.5, INCONCLUSIVE)],
                          ids=["values-lower", "values-higher", "inside-the-spread"])
 def test_value_rotation_claim_reads_lower_as_better(values_far, verdict):
-    """C3 says accum-learned+values is at most accum-learned at 16×–64×: lower NLL for +values supports it."""
+    """C3 says a +values variant is at most its q/k-only twin at 16×–64× (learned without the ladder, random
+    increments): lower NLL for +values supports it."""
     runs = []
     for seed, jitter in enumerate((-0.01, 0.0, 0.01)):
         far = {m: 2.5 + jitter for m in (16, 32, 64)}
-        runs.append(fake_run("accum-learned", seed, {1: 2.0, **far}))
-        runs.append(fake_run("accum-learned+values", seed, {1: 2.0, **{m: values_far + jitter for m in far}}))
+        for qk in ("accum-learned-noladder", "accum-random"):
+            runs.append(fake_run(qk, seed, {1: 2.0, **far}))
+            runs.append(fake_run(qk + "+values", seed, {1: 2.0, **{m: values_far + jitter for m in far}}))
     (c3,) = [c for c in check_claims(Results(runs)) if c.id == "C3"]
-    assert [c.what for c in c3.comparisons] == ["NLL 16×", "NLL 32×", "NLL 64×"]
+    assert [c.what for c in c3.comparisons] == [f"{v}+values: NLL {m}×" for v in ("accum-learned-noladder",
+                                                                                  "accum-random") for m in (16, 32, 64)]
     assert c3.verdict == verdict, [c.numbers for c in c3.comparisons]
 
 
@@ -463,7 +466,37 @@ def test_interrupted_ablation_resumes_without_redoing_complete_trials(tmp_path):
     assert all({"nll@1x", "nll@2x"} <= set(t.user_attrs) for t in study.get_trials(states=(TrialState.COMPLETE,)))
     for note in [get_note(study)]:
         assert note.startswith("## t: the study's claims, 4 complete runs so far"), note[:200]
-        assert "| # | claim | rule | decided by | on its null | verdict | why |" in note and "| C1 |" in note and "**inconclusive**" in note
+        assert "| # | claim | rule | decided by | on its null | verdict | why |" in note and "| C1 |" in note
+        assert "**inconclusive**" in note
+    # a second batch of seeds: the same command with --seeds 3 runs seed 2 only, the first two seeds' runs kept
+    more = subprocess.run([*(a if a != "--seeds=2" else "--seeds=3" for a in cmd)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
+    assert more.returncode == 0, more.stdout[-2000:] + more.stderr[-2000:]
+    staged = _complete(url)
+    assert sorted(staged) == [(v, s) for v in ("corpus.NoPE", "corpus.RoPE") for s in (0, 1, 2)], more.stderr[-2000:]
+    assert all(staged[key] == value for key, value in after.items())
+    assert re.search(r"\| NoPE \| \d+ k \| 3 \|", (out / "t" / "REPORT.md").read_text())
+
+
+def test_a_second_batch_of_seeds_resumes_the_first_and_fewer_seeds_are_refused(tmp_path, capsys):
+    """``--seeds 1`` then ``--seeds 2``: one study, its first seed's trial kept and the second's queued (here with no
+    workers, so nothing runs); ``--seeds 1`` again after that asks for other options: one line, exit 2."""
+    from accrot.cli import main
+
+    argv = ["ablation", "--study=s", "--workers=0", "--variants=[NoPE]", "--datasets=[corpus]", f"--out={tmp_path}"]
+    assert main([*argv, "--seeds=1"]) == 0
+    url = f"sqlite:///{tmp_path}/s/study.db"
+    study = optuna.load_study(study_name="s/corpus", storage=open_storage(StorageRef.parse(url, "s", ".")))
+    first = [(t.number, t.user_attrs["seed"]) for t in study.get_trials()]
+    assert first == [(0, 0)]
+    assert main([*argv, "--seeds=2"]) == 0
+    assert [(t.number, t.user_attrs["seed"]) for t in study.get_trials()] == [(0, 0), (1, 1)]
+    assert study.user_attrs["accrot"]["seeds"] == [0, 1]
+    assert yaml.safe_load((tmp_path / "s" / "s.yaml").read_text())["seeds"] == [0, 1]
+    capsys.readouterr()
+    assert main([*argv, "--seeds=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds an ablation with other options (seeds differ)" in err[0], err
 
 
 def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):

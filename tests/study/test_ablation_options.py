@@ -142,8 +142,9 @@ def test_a_tuned_ablation_refuses_other_options_before_its_grid_runs(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(with_lrs(doc, {"corpus.NoPE": 0.009})))
     check_resumable(path, doc)  # the same options: its rates are the grid's, it resumes
-    with pytest.raises(UsageError, match=r"other options \(seeds differ\)"):
-        check_resumable(path, build_spec("r", SIZES["tiny"], 3, ["NoPE"], ["corpus"]))
+    check_resumable(path, build_spec("r", SIZES["tiny"], 3, ["NoPE"], ["corpus"]))  # more seeds: a second batch
+    with pytest.raises(UsageError, match=r"other options \(seeds differ\)"):  # fewer: other options
+        check_resumable(path, build_spec("r", SIZES["tiny"], 1, ["NoPE"], ["corpus"]))
     path.write_text(yaml.safe_dump(doc))  # an ablation made without --tune_lr
     with pytest.raises(UsageError, match=r"other options \(--tune_lr differs\)"):
         check_resumable(path, doc)

@@ -26,10 +26,12 @@ def test_c4_siblings_on_the_default_variants():
 
 
 def test_t5_reads_the_accumulated_so2_rotations_that_satisfy_the_condition():
-    """T5 on the default variants: accum-random, accum-token, accum-learned, accum-learned+values; not the controls
+    """T5 on the default variants: accum-random, accum-token, the learned ones with and without the ladder (each
+    with and without values), accum-random+values; not the controls
     that break the regularity condition (the ladder spread, GRAPE's softplus drift), not PaTH, not a cell with far
     mass control."""
-    assert theory.so2_accumulated(DEFAULT) == ("accum-random", "accum-token", "accum-learned", "accum-learned+values")
+    assert theory.so2_accumulated(DEFAULT) == ("accum-random", "accum-token", "accum-learned", "accum-learned+values",
+                                               "accum-learned-noladder", "accum-learned-noladder+values", "accum-random+values")
     assert {"accum-random-ladder", "accum-grape"} <= {v for v in DEFAULT if facts(DEFAULT[v]).breaks_condition}
     assert set(theory.so2_accumulated(DEFAULT)) <= set(theory.SO2_ACCUMULATED)
 
@@ -37,14 +39,14 @@ def test_t5_reads_the_accumulated_so2_rotations_that_satisfy_the_condition():
 def test_rotation_only_and_controlled_on_the_default_variants():
     rotation_only = [v for v in DEFAULT if state.rotation_only(v)]
     assert rotation_only == ["accum-random", "accum-random-ladder", "accum-token", "accum-learned",
-                             "accum-learned+values", "accum-grape", "PaTH"]
+                             "accum-learned+values", "accum-learned-noladder", "accum-learned-noladder+values", "accum-random+values", "accum-grape", "PaTH"]
     assert [v for v in DEFAULT if state.controlled(v)] == ["ALiBi", "PaTH-FoX", "accum-learned+values+forget",
                                                           "accum-learned+values+alibi", "accum-random+alibi"]
     # C4's local-task note: the rotation-only variants the local task runs
     local = [v for v in claims.ROTATION_ONLY if v in DATASET_VARIANTS["local"]]
     assert local == ["accum-random", "accum-learned", "accum-learned+values", "PaTH"]
     assert [v for v in claims.ROTATION_ONLY if v in DEFAULT] == ["accum-random", "accum-token", "accum-learned",
-                                                                 "accum-learned+values", "PaTH"]
+                                                                 "accum-learned+values", "accum-learned-noladder", "accum-learned-noladder+values", "accum-random+values", "PaTH"]
 
 
 def _run(variant: str, diagnosed: bool = True) -> Run:

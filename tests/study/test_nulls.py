@@ -51,8 +51,8 @@ INFORMATIVE_OR_NOT = {
     "C1-ext": (lambda: study({"RoPE": (2.0, 0.3), YARN: (2.0, 0.1), PI: (2.0, 0.2), "accum-random": (2.0, 0.02)}),
                lambda: study({"RoPE": (2.0, 0.05), YARN: (2.0, 0.2), PI: (2.0, 0.3), "accum-random": (2.0, 0.01)})),
     # C2: RoPE flat to 16× (its horizon above NoPE's) makes the 16× rule blind to what accumulation adds
-    "C2": (lambda: study({"RoPE": (2.0, 0.3), "accum-learned": (2.0, 0.005), "NoPE": (2.0, 0.3)}),
-           lambda: study({"RoPE": flat_then_rising(2.0, 16, 0.3), "accum-learned": (2.0, 0.0),
+    "C2": (lambda: study({"RoPE": (2.0, 0.3), "accum-learned-noladder": (2.0, 0.005), "NoPE": (2.0, 0.3)}),
+           lambda: study({"RoPE": flat_then_rising(2.0, 16, 0.3), "accum-learned-noladder": (2.0, 0.0),
                           "NoPE": (2.0, 0.3)}, jitter=SMALL)),
     # C4: the far-mass-controlled siblings rising after 16× more than ALiBi too (as per-length blocks can make a
     # bounded model "rise"): then the rise is no sign of missing far-mass control
@@ -83,7 +83,8 @@ def test_a_rule_that_reads_for_on_its_null_decides_nothing(claim_id):
 # rules can always come out otherwise; and nulls whose control fails the rule's own threshold part
 ALWAYS_INFORMATIVE = {
     "C1": lambda: study({"RoPE": (2.0, 0.3), "accum-random": (2.0, 0.02)}),
-    "C3": lambda: study({"accum-learned": (2.0, 0.2), "accum-learned+values": (2.0, 0.1)}),
+    "C3": lambda: study({"accum-learned-noladder": (2.0, 0.2), "accum-learned-noladder+values": (2.0, 0.1),
+                         "accum-random": (2.0, 0.2), "accum-random+values": (2.0, 0.1)}),
     "S1": lambda: _state("parity", {"accum-learned": (1.0, 0.0), "accum-learned+values": (1.0, 0.0),
                                     "RoPE": lambda m: max(0.5, 1.0 - 0.2 * math.log2(m)),
                                     "NoPE": (0.5, 0.0)}),

@@ -81,7 +81,8 @@ def test_the_default_selections_are_the_documented_ones_in_order():
     """The default study's 14 variants and the data sets' own selections (the README lists them), in the study's
     order: the order the spec queues the runs in and the tables print them in."""
     assert DEFAULT_VARIANTS == ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-random-ladder", "accum-token",
-                                "accum-learned", "accum-learned+values", "accum-grape", "PaTH", "PaTH-FoX",
+                                "accum-learned", "accum-learned+values", "accum-learned-noladder",
+                                "accum-learned-noladder+values", "accum-random+values", "accum-grape", "PaTH", "PaTH-FoX",
                                 "accum-learned+values+forget", "accum-learned+values+alibi", "accum-random+alibi"]
     assert DEFAULT_DATASETS == ("corpus", "local")
     local = DATASET_VARIANTS["local"]

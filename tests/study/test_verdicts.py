@@ -143,6 +143,14 @@ C4_PAIRS = {"PaTH": "PaTH-FoX", "accum-learned+values": "accum-learned+values+fo
 T3_ALL = (*ROTATION_ONLY, *BOUNDED, "NoPE")
 
 
+LEARNED = "accum-learned-noladder"  # the learned rotation whose pairs can mix: what C2 and C3 read
+C3_PAIRS = ((LEARNED + "+values", LEARNED), ("accum-random+values", "accum-random"))
+
+
+def _c3(qk: Curve, values: Curve, jitter=JITTER) -> Results:
+    return study({v: c for a, b in C3_PAIRS for v, c in ((b, qk), (a, values))}, jitter=jitter)
+
+
 def _c4(rotation: Curve, sibling: Curve, jitter=JITTER) -> Results:
     return study({**{v: rotation for v in C4_PAIRS}, **{s: sibling for s in C4_PAIRS.values()}}, jitter=jitter)
 
@@ -179,12 +187,13 @@ CASES = {
     "C1": (lambda: study({"RoPE": (2.0, 0.3), "accum-random": (2.0, 0.02)}),
            lambda: study({"RoPE": (2.0, 0.02), "accum-random": (2.0, 0.3)}),
            lambda: study({"RoPE": (2.0, 0.05), "accum-random": (2.0, 0.03)}, jitter=NOISY)),
-    "C2": (lambda: study({"RoPE": (2.0, 0.3), "accum-learned": (2.0, 0.005)}),
-           lambda: study({"RoPE": (2.0, 0.005), "accum-learned": (2.0, 0.3)}),
-           lambda: study({"RoPE": (2.0, 0.02), "accum-learned": (2.0, 0.02)}, jitter=(-0.05, 0.0, 0.05))),
-    "C3": (lambda: study({"accum-learned": (2.0, 0.2), "accum-learned+values": (2.0, 0.1)}),
-           lambda: study({"accum-learned": (2.0, 0.1), "accum-learned+values": (2.0, 0.2)}),
-           lambda: study({"accum-learned": (2.0, 0.1), "accum-learned+values": (2.0, 0.11)}, jitter=NOISY)),
+    "C2": (lambda: study({"RoPE": (2.0, 0.3), LEARNED: (2.0, 0.005)}),
+           lambda: study({"RoPE": (2.0, 0.005), LEARNED: (2.0, 0.3)}),
+           lambda: study({"RoPE": (2.0, 0.02), LEARNED: (2.0, 0.02)}, jitter=(-0.05, 0.0, 0.05))),
+    # C3: both pairs (learned without the ladder, random increments), +values below q/k only at every length
+    "C3": (lambda: _c3((2.0, 0.2), (2.0, 0.1)),
+           lambda: _c3((2.0, 0.1), (2.0, 0.2)),
+           lambda: _c3((2.0, 0.1), (2.0, 0.11), jitter=NOISY)),
     # C4: extrapolated (flat to 16×), then rising more than the far-mass-controlled sibling
     "C4": (lambda: _c4(flat_then_rising(2.0, 16, 0.2), (2.0, 0.0)),
            lambda: _c4(flat_then_rising(2.0, 16, -0.1), (2.0, 0.0)),  # improving past 16×: no degradation
@@ -486,8 +495,8 @@ def test_the_rises_read_the_same_targets_where_the_evaluation_scored_them():
 
     assert {horizon(r) for r in blocks_rise.runs} == {1.0} and {horizon(r) for r in same.runs} == {64.0}
     # and the other way: flat blocks, a real rise on the same targets
-    c2 = _with_same_targets(study({"RoPE": (2.0, 0.3), "accum-learned": (2.0, 0.0)}), {"accum-learned": (2.0, 0.1),
-                                                                                         "RoPE": (2.0, 0.3)})
+    c2 = _with_same_targets(study({"RoPE": (2.0, 0.3), LEARNED: (2.0, 0.0)}), {LEARNED: (2.0, 0.1),
+                                                                               "RoPE": (2.0, 0.3)})
     assert verdict(c2, "C2").verdict == NOT_SUPPORTED, lines(verdict(c2, "C2"))
 
 
