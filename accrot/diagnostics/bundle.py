@@ -57,7 +57,8 @@ def diagnose(
     """All diagnostics of one model, JSON-serialisable (lists; null for inf / undefined). Two passes per length:
 
     1. **coherence** at every length, each head's mixing window fitted over 1 ≤ Δ ≤ 7/8 of that length with a
-       jackknife error bar over the blocks (:func:`~accrot.diagnostics.coherence.replicate_window`). The model's
+       jackknife error bar over the blocks (:func:`~accrot.diagnostics.coherence.replicate_window`), and, from
+       the ``window_multiple`` × L length on, also over 1 ≤ Δ ≤ 7/8 of that length at each (one range for all). The model's
        own transport (learned or token increments, PaTH; every block a replicate) — what T1 and T2 judge; or,
        for random position increments, fresh draws of their distribution on the first ``fresh_blocks`` blocks at
        lengths up to ``fresh_max_multiple`` × L: a calibration of the instrument, whose answer |φ|^Δ is known.
@@ -72,7 +73,10 @@ def diagnose(
     "coherence": [{"length", "instrument" ("own transport" | "fresh draws"), "distances", "curve" [H][n],
     "stderr" [H][n], "replicates", "fresh_draws", "fit_range", "window" [H] (null when censored),
     "window_se" [H] (jackknife), "window_censored" [H], "window_method" [H] ("fit" | "envelope"),
-    "window_first_crossing" [H], "window_sustained" [H], "predicted" [H][n] | null}], "predicted": {"distances", "curve", "window", "window_sustained"} | null,
+    "window_first_crossing" [H], "window_sustained" [H], "predicted" [H][n] | null; from the reference length on,
+    also "common_range" [1, 7/8 of the reference], "window_common", "window_common_se", "window_common_censored" [H]:
+    the window fitted over that one range at every such length}], "predicted": {"distances", "curve", "window",
+    "window_sustained"} | null,
     "far_window" [H], "far_window_source" [H], "far": [{"length", "mass" [H], "mass_blocks" [N][H], "near_score",
     "far_score", "far_spread", "gap", "concentration", "concentration_ratio" [H] each}], "far_prediction":
     {"from_length", "e_far" [H], "log_gate" [H], "multiples", "lengths", "mass" [[H] per length]} | null,
@@ -97,18 +101,21 @@ def diagnose(
     for length in sorted(lengths, key=lambda n: n != reference):
         tokens = blocks_by_length[length][:, :length]
         dist, top = default_distances(length), max(1, 7 * length // 8)
+        # T2 compares the windows at two lengths: at every length from the reference on, also fitted over the one
+        # range they all share (1 ≤ Δ ≤ 7/8 of the reference), so a longer range cannot lengthen the window
+        common = max(1, 7 * reference // 8) if length >= reference else None
         coherent = length <= fresh_max_multiple * train_length if fresh else True
         if fresh or windows is None:  # the coherence on its own: a calibration's few blocks, or the windows first
             if coherent:
                 sums = layer_sums(model, tokens[:fresh_blocks] if fresh else tokens, dist, None, n_queries,
                                   max_queries, max_batch_tokens, draws)
-                _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions)
+                _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions, common)
             if windows is None:
                 windows = _far_windows(schemes, layers, predictions, grid, eps, base, reference, train_length)
             sums = layer_sums(model, tokens, None, windows, n_queries, max_queries, max_batch_tokens, draws)
         else:  # one walk over the layers for both
             sums = layer_sums(model, tokens, dist, windows, n_queries, max_queries, max_batch_tokens, draws)
-            _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions)
+            _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions, common)
         _add_far(layers, sums, length)
         if length == near_l:
             at_l = (length, sums)
@@ -143,11 +150,15 @@ def diagnose(
     })
 
 
-def _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions) -> None:
+def _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions, common=None) -> None:
     for i, acc in sums.items():
         if "num" in acc:
-            layers[i]["coherence"].append(_coherence_entry(acc, dist, eps, top, length, schemes[i], draws,
-                                                           predictions[i]))
+            entry = _coherence_entry(acc, dist, eps, top, length, schemes[i], draws, predictions[i])
+            if common is not None:
+                fit = replicate_window(acc, dist, eps, common)
+                entry.update(common_range=[1, common], window_common=fit["window"], window_common_se=fit["window_se"],
+                             window_common_censored=fit["censored"].tolist())
+            layers[i]["coherence"].append(entry)
 
 
 def _add_far(layers, sums, length) -> None:

@@ -12,7 +12,7 @@ What each rule reads (every value per seed; the comparisons and corrections: :mo
   share of (layer, head) whose window, fitted over 1 ≤ Δ ≤ 7/8 of the length, is resolved (finite, placed) at both
   8× and 64× L: at least :data:`T1_SHARE`.
 * **T2** (the window does not depend on the context length): per variant, the mean over heads resolved at both
-  lengths of log(W(64×) / W(8×)), within ±log 1.25.
+  lengths of log(W(64×) / W(8×)), both fitted over one Δ range (1 ≤ Δ ≤ 7/8 of the 8× length), within ±log 1.25.
 * **T3** (the far-mass lower bound): the far mass (attention beyond each head's window, at least L/4) that the
   bound predicts at 64× L from statistics measured at L alone, against the mass measured there: rotation-only
   variants follow the prediction (within ±:data:`T3_AGREEMENT`) and pass 0.5; variants with far-mass control stay
@@ -116,16 +116,19 @@ def window_lengths(run: Run) -> tuple[int, int] | None:
     return (reference, max(lengths)) if reference != max(lengths) else None
 
 
-def head_windows(run: Run, length: int) -> list[tuple[str, float | None, float | None]]:
-    """``(name, window or None when censored, jackknife se)`` of every (layer, head) at ``length``."""
+def head_windows(run: Run, length: int, common: bool = False) -> list[tuple[str, float | None, float | None]]:
+    """``(name, window or None when censored, jackknife se)`` of every (layer, head) at ``length``; ``common``: the
+    window fitted over the range every length from the reference on shares (empty where the diagnostics predate
+    it)."""
     out = []
+    key = "window_common" if common else "window"
     for layer in diag_layers(run):
         for c in layer.get("coherence", []):
-            if c["length"] != length:
+            if c["length"] != length or key not in c:
                 continue
-            censored = c.get("window_censored") or [w is None for w in c["window"]]
-            for h, (w, cen) in enumerate(zip(c["window"], censored)):
-                se = (c.get("window_se") or [None] * len(c["window"]))[h]
+            censored = c.get(key + "_censored") or [w is None for w in c[key]]
+            for h, (w, cen) in enumerate(zip(c[key], censored)):
+                se = (c.get(key + "_se") or [None] * len(c[key]))[h]
                 out.append((f"layer {layer['layer']} head {h}", None if cen or w is None else float(w), se))
     return out
 
@@ -234,12 +237,15 @@ def resolved_heads(run: Run) -> tuple[int, int, list[str]]:
 
 
 def window_drift(run: Run) -> tuple[float | None, str]:
-    """Mean over the heads resolved at both window lengths of log(W(longest) / W(8×)), and how many heads agree
-    within their jackknife intervals (|ΔW| ≤ 1.96 √(se₁² + se₂²))."""
+    """Mean over the heads resolved at both window lengths of log(W(longest) / W(8×)), both fitted over one Δ range
+    (1 ≤ Δ ≤ 7/8 of the 8× length: a longer range would lengthen a mixture of rates' window by itself), and how
+    many heads agree within their jackknife intervals (|ΔW| ≤ 1.96 √(se₁² + se₂²))."""
     pair = window_lengths(run)
     if pair is None:
         return None, "no second window length"
-    a, b = (head_windows(run, n) for n in pair)
+    a, b = (head_windows(run, n, common=True) for n in pair)
+    if not a or len(a) != len(b):
+        return None, "no window fitted over one range at both lengths (diagnostics older than that fit: re-run them)"
     logs, agree = [], 0
     for (_, w1, s1), (_, w2, s2) in zip(a, b):
         if w1 and w2:
@@ -290,7 +296,7 @@ def t1(res: Results) -> Claim:
 def t2(res: Results) -> Claim:
     c = Claim("T2", "a finite mixing window independent of context length",
               "the model's own transports (a ladder that keeps pairs from mixing: a labelled row): mean over heads "
-              "placed at both lengths of log(W(64×) / W(8×))",
+              "placed at both lengths of log(W(64×) / W(8×)), both fitted over one range, 1 ≤ Δ ≤ 7/8 of 8× L",
               rule="for a variant when the interval lies within ±log 1.25; every variant must be for")
     labelled = []
     for v in variants_of(res, "own"):

@@ -259,6 +259,11 @@ def test_diagnose_bundle_is_json_and_consistent():
             assert len(c["curve"]) == 4 and len(c["curve"][0]) == len(c["distances"]) and len(c["window"]) == 4
             assert c["curve"][0][0] == pytest.approx(1.0) and c["stderr"][0][0] == pytest.approx(0.0, abs=1e-6)
             assert max(c["distances"]) <= 7 * c["length"] // 8
+            # from the reference length (the one nearest 8× L: 256) on, also fitted over 1 ≤ Δ ≤ 7/8 of it; at the
+            # reference itself that is its own range, so the same window
+            assert ("window_common" in c) == (c["length"] >= 256)
+            if c["length"] == 256:
+                assert c["common_range"] == [1, 224] and c["window_common"] == c["window"]
         assert layer["predicted"]["window"] == pytest.approx([97.0] * 4, abs=1)  # DEFAULT_WINDOW = 96 at ε
         assert [f["length"] for f in layer["far"]] == [64, 256]
         assert all(len(f["mass_blocks"]) == 2 and len(f["mass_blocks"][0]) == 4 for f in layer["far"])
@@ -343,3 +348,26 @@ def test_diagnose_main_rejects_bad_input(fitted_run, tmp_path, monkeypatch, caps
         diagnose_main(["--ckpt", ckpt, "--eps", "1.5"])
     with pytest.raises(UsageError, match="--multipliers"):
         diagnose_main(["--ckpt", ckpt, "--multipliers", "0"])
+
+
+def test_windows_beyond_the_reference_length_are_also_fitted_over_its_range():
+    """At a length past the reference the window is fitted twice: over 7/8 of that length and over the reference's
+    1 ≤ Δ ≤ 7/8 range, which is what compares like with like across lengths; the common fit sees no Δ beyond it."""
+    from accrot.diagnostics.coherence import replicate_window
+
+    model = tiny(rotation="accum", increments="random_token")
+    blocks = {n: torch.randint(0, 256, (3, n + 1), generator=torch.Generator().manual_seed(n)) for n in (8, 64, 256)}
+    doc = diagnose(model, blocks, train_length=8, eps=0.05)
+    for layer in doc["layers"]:
+        entries = {c["length"]: c for c in layer["coherence"]}
+        assert "window_common" not in entries[8]
+        assert entries[64]["common_range"] == entries[256]["common_range"] == [1, 56]
+        assert entries[256]["fit_range"] == [1, 224] and entries[64]["window_common"] == entries[64]["window"]
+    # and the cut itself: a curve whose points past the range would move the fit leave the common fit unchanged
+    dist = list(range(0, 200))
+    num = torch.tensor([[0.97**d if d <= 112 else 0.999 for d in dist]]).expand(4, 1, -1).double().clone()
+    num += 0.001 * torch.randn(num.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    sums = {"num": num, "den": torch.ones_like(num), "num2": num**2, "den2": torch.ones_like(num), "numden": num}
+    full, cut_fit = replicate_window(sums, dist, 0.05, 199), replicate_window(sums, dist, 0.05, 112)
+    assert float(cut_fit["window"][0]) == pytest.approx(math.log(0.05) / math.log(0.97), rel=0.05)
+    assert bool(full["censored"][0]) or float(full["window"][0]) > 1.2 * float(cut_fit["window"][0])

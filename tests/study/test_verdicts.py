@@ -42,12 +42,14 @@ NOISY = (-0.3, 0.0, 0.3)
 # a synthetic study
 # ---------------------------------------------------------------------------------------------------
 def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), censored: tuple[bool, bool] = (False, False),
+                common: tuple[float, float] | None = None,
                 far: tuple[float, float, float] = (0.3, 0.6, 0.8), predicted: tuple[float, float, float] | None = None,
                 gap: tuple[float, float] = (3.0, 3.0), concentration: float = 1.0, value: float = 0.2,
                 share: float = 0.0, fitted: float = 96.0, jitter: float = 0.0) -> dict:
     """A diagnostics.json of one run with the quantities the rules read set directly: own-transport windows at 8×
-    and 64× L (or, for random position increments, the calibration at L and 8× L: ``share`` of its points 10
-    standard errors off |φ|^Δ and a ``fitted`` window against the predicted 96), far mass at 1×, 8×, 64× L
+    and 64× L, each over its own length's range and over the 8× length's (``common``, default: the same windows)
+    (or, for random position increments, the calibration at L and 8× L: ``share`` of its points 10 standard errors
+    off |φ|^Δ and a ``fitted`` window against the predicted 96), far mass at 1×, 8×, 64× L
     measured and ``predicted`` from L (default: as measured), the score gap at 8× and 64×, the far spread's ratio
     to ‖q‖‖k‖/√D, the value far norm's position."""
     scheme = {"rotation": "none", "far_mass": "none", "rotate_values": False, **VARIANTS[variant]}
@@ -72,6 +74,10 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
                           "curve": curve, "stderr": [[0.01] * len(dist)] * H, "predicted": pred if fresh else None,
                           "fit_range": [1, top], "window": [None if cens else window] * H,
                           "window_se": [None if cens else 0.5] * H, "window_censored": [cens] * H})
+        if not fresh and n >= 8 * L:  # from the 8× length on, also fitted over its range (1 ≤ Δ ≤ 7/8 of 8× L)
+            w = (common or windows)[{8 * L: 0, 64 * L: 1}[n]] * (1 + jitter)
+            coherence[-1].update(common_range=[1, 7 * L], window_common=[None if cens else w] * H,
+                                 window_common_se=[None if cens else 0.5] * H, window_common_censored=[cens] * H)
     predicted = predicted or far
     mass = dict(zip(lengths, far))
     layer = {
@@ -526,3 +532,24 @@ def test_t1_counts_its_share_over_seeds_and_heads_with_an_exact_interval():
     assert compare_share("x", 2, 24, 0.75, above_is_for=False).outcome == "for"
     t1 = verdict(CASES["T1"][0](), "T1")
     assert all("24/24" in c.numbers for c in t1.comparisons), lines(t1)
+
+
+def test_t2_compares_the_windows_fitted_over_one_range_at_both_lengths():
+    """A mixture of rates fitted over 7/8 of each length gets a longer window at 64× by the longer range alone:
+    T2 reads the windows both lengths fit over the 8× length's range. Per-length fits drifting 3× with the common
+    ones equal: supported; the common ones drifting: not supported; diagnostics without the common fit: nothing
+    to read (missing), never the per-length windows."""
+    def t2(common):
+        return verdict(study({v: (2.0, 0.0) for v in OWN}, {v: {"windows": (7.0, 21.0), "common": common}
+                                                            for v in OWN}), "T2")
+
+    assert t2((7.0, 7.2)).verdict == SUPPORTED, lines(t2((7.0, 7.2)))
+    assert t2((7.0, 21.0)).verdict == NOT_SUPPORTED
+    old = study({v: (2.0, 0.0) for v in OWN}, {v: {"windows": (7.0, 7.0)} for v in OWN})
+    for r in old.runs:
+        for layer in (r.diag or {}).get("layers", []):
+            for c in layer["coherence"]:
+                for k in ("common_range", "window_common", "window_common_se", "window_common_censored"):
+                    c.pop(k, None)
+    c = verdict(old, "T2")
+    assert c.verdict != SUPPORTED and "older than that fit" in " ".join(x.numbers for x in c.comparisons), lines(c)
