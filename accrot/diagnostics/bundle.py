@@ -78,7 +78,8 @@ def diagnose(
     the window fitted over that one range at every such length}], "predicted": {"distances", "curve", "window",
     "window_sustained"} | null,
     "far_window" [H], "far_window_source" [H], "far": [{"length", "mass" [H], "mass_blocks" [N][H], "near_score",
-    "far_score", "far_spread", "gap", "concentration", "concentration_ratio" [H] each}], "far_prediction":
+    "far_score", "far_spread", "gap", "concentration", "concentration_ratio", "near_top", "far_max", "top_gap",
+    "far_max_predicted" [H] each}], "far_prediction":
     {"from_length", "e_far" [H], "log_gate" [H], "multiples", "lengths", "mass" [[H] per length]} | null,
     "value_far_norm": [{"length", "rotated", "unrotated", "incoherent"}]}]}``.
     """
@@ -181,7 +182,8 @@ def _far_windows(schemes, layers, predictions, grid, eps, base, reference, train
     return out
 
 
-GAP_STATS = ("near_score", "far_score", "far_spread", "gap", "concentration", "concentration_ratio")
+GAP_STATS = ("near_score", "far_score", "far_spread", "gap", "concentration", "concentration_ratio", "near_top",
+             "far_max", "top_gap", "far_max_predicted")
 
 
 def _coherence_entry(acc, dist, eps, top, length, scheme, draws, prediction) -> dict:

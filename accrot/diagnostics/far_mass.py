@@ -52,7 +52,10 @@ def scheme_far_sums(
     * the score gap (T5), on the transported scores s_ts = D^−1/2 q_tᵀ M_ts k_s without the bias: ``near_as``,
       ``near_a`` (Σ_near a·s and Σ_near a: the attention-weighted near score), ``far_sum``, ``far_sq``,
       ``far_count`` (the far scores' mean and spread) and ``far_norm_sq`` Σ_far (‖q_t‖‖k_s‖/D)² (the spread
-      concentration predicts for incoherent pairs);
+      concentration predicts for incoherent pairs); over the queries with far keys (``top_rows`` of them),
+      ``near_top`` Σ_t max_near s_ts and ``far_top`` Σ_t max_far s_ts (the top near score and the far maximum),
+      and ``far_root_log_n`` Σ_t √(2 ln n_t), n_t the query's far keys (the growth of the maximum of n i.i.d.
+      scores that concentration predicts: μ + σ√(2 ln n));
     * the lower bound's inputs (T3): ``far_exp`` Σ_far e^{c_t s} (the far keys' mean weight before the bias; c_t
       the row's logit factor, 1 but for scalable softmax, where the prediction holds it at L's value),
       ``z_near`` ``[B·R, H]`` Σ_near e^{s + b} per query (its near partition), ``e_far_q`` ``[B·R, H]`` the mean
@@ -116,6 +119,15 @@ def scheme_far_sums(
         var = (scaled.pow(2).sum(-1) / n_far - mu.pow(2)).clamp(min=0)
         e_q = torch.exp((mu + var / 2).clamp(max=700))
         e_far_q.append(torch.where(far_keys.any(-1), e_q, math.nan).transpose(1, 2).cpu())  # [B, R, H]
+        # the top near score and the far maximum, over the queries that have far keys
+        has_far = far_keys.any(-1)  # [H, R]
+        far_top = torch.where(far_keys, scores, -math.inf).amax(-1)  # [B, H, R]
+        near_top = torch.where(near_keys, scores, -math.inf).amax(-1)  # near always holds Δ = 0
+        out["far_top"] += torch.where(has_far, far_top, 0.0).sum((0, 2)).cpu()
+        out["near_top"] += torch.where(has_far, near_top, 0.0).sum((0, 2)).cpu()
+        out["top_rows"] += float(B) * has_far.sum(-1).double().cpu()
+        out["far_root_log_n"] += float(B) * torch.where(has_far, (2 * n_far.log()).clamp(min=0).sqrt(),
+                                                        0.0).sum(-1).cpu()
         norms = q_norm[:, :, rows, None].double() * k_norm[:, :, None, :].double() / D  # [B, H, R, T] ‖q‖‖k‖/D
         out["far_norm_sq"] += (norms.pow(2) * far_keys).sum((0, 2, 3)).cpu()
         if so2:

@@ -19,7 +19,7 @@ LOG_DISTANCES = 32
 ROW_BUDGET = 1 << 22  # elements of one [B, H, rows, T] probability chunk
 # the far pass's per-head sums ([H] each; see far_mass.scheme_far_sums)
 FAR_SUMS = ("far_mass", "rotated", "unrotated", "incoherent", "near_as", "near_a", "far_sum", "far_sq",
-            "far_count", "far_exp", "far_norm_sq")
+            "far_count", "far_exp", "far_norm_sq", "near_top", "far_top", "top_rows", "far_root_log_n")
 
 
 # -- per-layer inputs -------------------------------------------------------------------------------------------

@@ -81,7 +81,10 @@ def far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     ``[N, H]``): far mass, value far norms, and the score gap's pieces — ``near_score`` (attention-weighted),
     ``far_score`` and ``far_spread`` (mean and standard deviation of the far scores), ``gap`` = (near − far) /
     spread, ``concentration`` √E[(‖q‖‖k‖/D)²] over far pairs and ``concentration_ratio`` = spread /
-    concentration (1 for incoherent pairs in high dimension)."""
+    concentration (1 for incoherent pairs in high dimension); over the queries with far keys, ``near_top`` and
+    ``far_max`` (the top near score and the far maximum, each a mean over queries), ``top_gap`` = (near_top −
+    far_max) / spread, and ``far_max_predicted`` = far_score + spread·E[√(2 ln n)] (the maximum of n i.i.d.
+    scores, as concentration predicts it)."""
     names = ("far_mass", "rotated", "unrotated", "incoherent")
     out = {name: acc[name] / acc["far_rows"] for name in names if name in acc}
     if "far_mass_blocks" in acc:
@@ -94,6 +97,10 @@ def far_means(acc: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         conc = ratio(acc["far_norm_sq"], acc["far_count"]).sqrt()
         out.update(near_score=near, far_score=far, far_spread=spread, gap=ratio(near - far, spread),
                    concentration=conc, concentration_ratio=ratio(spread, conc))
+        if "far_top" in acc:
+            near_top, far_max = ratio(acc["near_top"], acc["top_rows"]), ratio(acc["far_top"], acc["top_rows"])
+            out.update(near_top=near_top, far_max=far_max, top_gap=ratio(near_top - far_max, spread),
+                       far_max_predicted=far + spread * ratio(acc["far_root_log_n"], acc["top_rows"]))
     return out
 
 

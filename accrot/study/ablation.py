@@ -125,7 +125,7 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
             if data == "hf":
                 over["data.init_args.path"] = hf_source
             # the theory diagnostics (T1–T4) on the data set the claims are read on
-            over["trainer.callbacks"] = [own_ckpt, diagnostics] if data == corpus else [own_ckpt]
+            over["trainer.callbacks"] = [own_ckpt, diagnostics] if data == corpus and size.diagnose else [own_ckpt]
             strata[f"{data}.{label}"] = over
     return {
         "name": study,

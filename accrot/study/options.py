@@ -59,9 +59,9 @@ def check_args(args) -> tuple[Size, int, list[str], list[str]]:
                          "(no '/'), e.g. --study ablation-long")
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers} is not valid; 0 (create the study only) or more")
-    datasets = datasets_of(args)
+    datasets = datasets_of(args, size)
     state_only = all(DATASET_RECORDS[d].state for d in datasets)
-    variants = args.variants or list(STATE_VARIANTS if state_only else DEFAULT_VARIANTS)
+    variants = args.variants or list(size.variants or (STATE_VARIANTS if state_only else DEFAULT_VARIANTS))
     unknown = [v for v in variants if v not in VARIANT_RECORDS]
     if unknown:
         raise UsageError(f"unknown variant {unknown[0]!r}; choose from {', '.join(VARIANT_RECORDS)}")
@@ -81,10 +81,10 @@ def check_args(args) -> tuple[Size, int, list[str], list[str]]:
 CORPORA = {"stdlib": "corpus", "corpus": "corpus", "prose": "prose", "text": "text"}  # --corpus -> data set
 
 
-def datasets_of(args) -> list[str]:
+def datasets_of(args, size: Size | None = None) -> list[str]:
     """``--datasets`` with ``--corpus`` joined (first, when not listed; by default it replaces the embedded corpus
-    beside the local task); ``hf:SOURCE`` entries become the data set ``hf``. Sets ``args.corpus_data`` and
-    ``args.hf_source``."""
+    beside the local task, or in the size preset's own data sets); ``hf:SOURCE`` entries become the data set
+    ``hf``. Sets ``args.corpus_data`` and ``args.hf_source``."""
     corpus, sources = args.corpus, []
     if corpus.startswith("hf:"):
         args.corpus_data = "hf"
@@ -94,7 +94,8 @@ def datasets_of(args) -> list[str]:
     else:
         raise UsageError(f"--corpus={corpus!r} is not valid; choose stdlib, prose, text (with --text_root) or "
                          "hf:NAME_OR_FILES")
-    given = args.datasets or [args.corpus_data if d == CORPUS else d for d in DEFAULT_DATASETS]
+    defaults = (size.datasets if size is not None else None) or DEFAULT_DATASETS
+    given = args.datasets or [args.corpus_data if d == CORPUS else d for d in defaults]
     datasets = []
     for d in given:
         if d.startswith("hf:"):

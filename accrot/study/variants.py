@@ -290,6 +290,9 @@ class Size:
     diagnostic_blocks: int = 16
     cost: str = ""
     tune_lr: bool = False  # a learning-rate grid per variant before the seeds (`accrot ablation --tune_lr`)
+    variants: tuple[str, ...] | None = None  # the preset's own selection when --variants is not given
+    datasets: tuple[str, ...] | None = None  # and data sets when --datasets is not given
+    diagnose: bool = True  # the theory diagnostics on the claims' data set (off: only the NLL claims are read)
 
 
 # The default, "study", was chosen by measurement on a quiet 2-core machine (earlier variant selections): the

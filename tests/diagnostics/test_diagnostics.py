@@ -371,3 +371,33 @@ def test_windows_beyond_the_reference_length_are_also_fitted_over_its_range():
     full, cut_fit = replicate_window(sums, dist, 0.05, 199), replicate_window(sums, dist, 0.05, 112)
     assert float(cut_fit["window"][0]) == pytest.approx(math.log(0.05) / math.log(0.97), rel=0.05)
     assert bool(full["censored"][0]) or float(full["window"][0]) > 1.2 * float(cut_fit["window"][0])
+
+
+def test_the_far_maximum_grows_with_the_far_keys_as_concentration_predicts_and_not_without_it():
+    """Known truth for T5's instrument. Independent Gaussian q and k (no rotation): each query's far scores are
+    i.i.d., so their maximum grows from n = 256 to 2 048 far keys as μ + σ√(2 ln n) says (the growth within 25 %),
+    and the top near score is a maximum of only W + 1 draws: below the far maximum. Keys drawn from two vectors
+    only: the far scores take two values per query, their maximum reached by the first few keys: it does not grow,
+    where the prediction from their spread does."""
+    from accrot.diagnostics.far_mass import scheme_far_sums
+    from accrot.diagnostics.layers import far_means
+
+    H, D, W = 2, 32, 16
+    scheme = build(SchemeConfig(rotation="none"), H * D, H).eval()
+
+    def stats(n, two_keys=False):
+        q, k, x, tokens = random_inputs(H, D, n + W, B=2, seed=n)
+        if two_keys:
+            pick = torch.randint(0, 2, (n + W,), generator=torch.Generator().manual_seed(n))
+            k = k[:, :, pick]
+        return far_means(scheme_far_sums(scheme, q, k, torch.zeros_like(q), x, tokens, W, n_queries=64))
+
+    def growth(kind):
+        few, many = stats(256, kind), stats(2048, kind)
+        return many["far_max"] - few["far_max"], many["far_max_predicted"] - few["far_max_predicted"], few
+
+    measured, predicted, few = growth(False)
+    assert ((measured / predicted).log().abs() < math.log(1.25)).all(), (measured, predicted)
+    assert (few["top_gap"] < 0).all()  # 17 near draws lose to 256 far ones
+    grown, expected, _ = growth(True)
+    assert (expected > 0.3).all() and (grown.abs() < 0.2 * expected).all(), (grown, expected)

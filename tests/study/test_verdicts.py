@@ -44,13 +44,16 @@ NOISY = (-0.3, 0.0, 0.3)
 def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), censored: tuple[bool, bool] = (False, False),
                 common: tuple[float, float] | None = None,
                 far: tuple[float, float, float] = (0.3, 0.6, 0.8), predicted: tuple[float, float, float] | None = None,
-                gap: tuple[float, float] = (3.0, 3.0), concentration: float = 1.0, value: float = 0.2,
+                gap: tuple[float, float] = (3.0, 3.0), top_gap: float = 1.0, growth: float = 1.0,
+                concentration: float = 1.0, value: float = 0.2,
                 share: float = 0.0, fitted: float = 96.0, jitter: float = 0.0) -> dict:
     """A diagnostics.json of one run with the quantities the rules read set directly: own-transport windows at 8×
     and 64× L, each over its own length's range and over the 8× length's (``common``, default: the same windows)
     (or, for random position increments, the calibration at L and 8× L: ``share`` of its points 10 standard errors
     off |φ|^Δ and a ``fitted`` window against the predicted 96), far mass at 1×, 8×, 64× L
-    measured and ``predicted`` from L (default: as measured), the score gap at 8× and 64×, the far spread's ratio
+    measured and ``predicted`` from L (default: as measured), the attention-weighted score gap at 8× and 64×
+    (shown, never read), the top near score over the far maximum (``top_gap``, in far spreads), the far maximum's
+    growth 8× → 64× over the predicted (``growth``), the far spread's ratio
     to ‖q‖‖k‖/√D, the value far norm's position."""
     scheme = {"rotation": "none", "far_mass": "none", "rotate_values": False, **VARIANTS[variant]}
     lengths = [L, 8 * L, 64 * L]
@@ -83,7 +86,10 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
     layer = {
         "layer": 0, "coherence": coherence,
         "predicted": {"window_sustained": [96.0] * H} if fresh else None,
-        "far": [{"length": n, "mass": [mass[n] + jitter] * H, "gap": [g + jitter] * H,
+        # the far maximum 5 at L and 8×; from 8× to 64× it grows by ``growth`` × the 0.5 concentration predicts
+        "far": [{"length": n, "mass": [mass[n] + jitter] * H, "gap": [g + jitter] * H, "top_gap": [top_gap + jitter] * H,
+                 "far_max": [5.0 + (0.5 * (growth + jitter) if n == 64 * L else 0.0)] * H,
+                 "far_max_predicted": [5.0 + (0.5 if n == 64 * L else 0.0)] * H,
                  "concentration_ratio": [concentration + jitter] * H}
                 for n, g in zip(lengths, (gap[0], gap[0], gap[1]))],
         "far_prediction": {"multiples": list(map(float, MULTS)), "lengths": [int(m * L) for m in MULTS],
@@ -228,10 +234,11 @@ CASES = {
                          {v: {"value": 0.9} for v in ("accum-learned+values", "accum-learned+values+forget")}),
            lambda: study({v: (2.0, 0.0) for v in ("accum-learned+values", "accum-learned+values+forget")},
                          {v: {"value": 0.5} for v in ("accum-learned+values", "accum-learned+values+forget")})),
-    # T5: gap above 0 at 8×, kept to 64× (±log 1.25), far spread ≈ ‖q‖‖k‖/√D
-    "T5": (lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"gap": (3.0, 3.2)} for v in SO2}),
-           lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"gap": (3.0, 3.0), "concentration": 2.5} for v in SO2}),
-           lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"gap": (3.0, 3.7)} for v in SO2},
+    # T5: the top near score above the far maximum at 8×, the maximum growing as concentration predicts, far
+    # spread ≈ ‖q‖‖k‖/√D; fails when the far maximum already wins at 8× (whatever the attention-weighted gap)
+    "T5": (lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"top_gap": 1.0, "growth": 1.0} for v in SO2}),
+           lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"top_gap": -1.0, "gap": (3.0, 3.0)} for v in SO2}),
+           lambda: study({v: (2.0, 0.0) for v in SO2}, {v: {"growth": 1.25} for v in SO2},
                          jitter=(-0.3, 0.0, 0.3))),
     # N1: a cell both precise (1× within 0.01 of its rotation-only sibling) and flat (no more rise than ALiBi's)
     "N1": (lambda: _n1({c: 2.0 for c in CELLS}, jitter=(0.0, 0.001, 0.002)),
