@@ -224,10 +224,12 @@ CASES = {
            lambda: study({v: (2.0, 0.0) for v in OWN}, {v: {"windows": (7.0, 21.0)} for v in OWN}),
            lambda: study({v: (2.0, 0.0) for v in OWN},
                          {v: [{"windows": (7.0, w)} for w in (7.0, 9.0, 11.5)] for v in OWN})),
-    # T3: rotation-only far mass as predicted and past 0.5; controlled under 0.5
-    "T3": (lambda: _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.1)}),
+    # T3: far mass as predicted from L; rotation-only growing 8× → 64×, controlled not (a limit below 1); fails
+    # when the prediction misses, or when a controlled variant's far mass keeps growing; noise: a growth inside
+    # the seeds' spread
+    "T3": (lambda: _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.085)}),
            lambda: _t3({"far": (0.3, 0.6, 0.8), "predicted": (0.3, 0.35, 0.4)}, {"far": (0.05, 0.08, 0.1)}),
-           lambda: _t3({"far": (0.3, 0.45, 0.52)}, {"far": (0.05, 0.08, 0.1)}, jitter=(-0.05, 0.0, 0.05))),
+           lambda: _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.1)}, jitter=(-0.02, 0.0, 0.02))),
     "T4": (lambda: study({v: (2.0, 0.0) for v in ("accum-learned+values", "accum-learned+values+forget")},
                          {v: {"value": 0.1} for v in ("accum-learned+values", "accum-learned+values+forget")}),
            lambda: study({v: (2.0, 0.0) for v in ("accum-learned+values", "accum-learned+values+forget")},
@@ -422,9 +424,34 @@ def test_t1_reads_a_learned_drift_as_the_control_that_keeps_coherent_heads():
 def test_t3_counts_nope_as_a_control_not_as_evidence():
     """NoPE's far mass grows without any rotation: it is shown, never counted (a rotation-only variant's growth
     alone is not specific)."""
-    res = _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.1)})
+    res = _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.085)})
     t3 = verdict(res, "T3")
     assert not any(c.what.startswith("NoPE") for c in t3.comparisons) and "NoPE" in t3.note
+
+
+def test_t3_leaves_out_the_heads_whose_far_keys_lie_inside_their_own_window():
+    """A learned head whose window is censored (or capped at 7L/8) keeps its "far" keys inside its own window: the
+    bound is not about it. Such heads are left out of the means; a variant with no other head is outside the
+    premise, shown in the note, not counted; the far mass of a bounded variant growing by 0.2 fails the rule."""
+    res = _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.25, 0.45)})
+    assert verdict(res, "T3").verdict == NOT_SUPPORTED
+    for r in res.runs:
+        if r.variant in BOUNDED and r.diag:
+            for layer in r.diag["layers"]:
+                layer["far_window_source"] = ["censored at 1024; W = 32"] * H
+    t3 = verdict(res, "T3")
+    assert t3.verdict == SUPPORTED, lines(t3)
+    assert all(f"{v} (every head's window reaches past the far range)" in t3.note for v in BOUNDED)
+    # one head of four in the premise: the mean is that head's own
+    from accrot.study.theory import in_premise, measured_far_mass
+
+    run = next(r for r in res.runs if r.variant == "PaTH" and r.diag)
+    for layer in run.diag["layers"]:
+        layer["far_window_source"] = ["fitted at 1024; W = 40", *["fitted at 1024; W = 112 (capped at 7L/8)"] * 3]
+        for f in layer["far"]:
+            f["mass"] = [0.9, 0.1, 0.1, 0.1]
+    assert in_premise(run) == [True, False, False, False] * 2
+    assert measured_far_mass(run, 64.0) == pytest.approx(0.9)
 
 
 # ---------------------------------------------------------------------------------------------------
