@@ -19,7 +19,7 @@ STORAGE ?=
 PORT ?= 8080
 # the trials' files (curves, diagnostics, configs) the dashboard shows: a spec's `artifacts`, by default beside the study
 ARTIFACTS ?= runs/sweeps/$(STUDY)/artifacts
-# the study in one command: make ablation [SIZE=study|tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
+# the study in one command: make ablation [SIZE=study|decide|tiny|small|paper] [SEEDS=N] [ABLATION_WORKERS=2] [STORAGE=url]
 SIZE ?= study
 SEEDS ?=
 ABLATION_WORKERS ?= 2
@@ -71,7 +71,7 @@ breakages: $(STAMP) ## apply each deliberate breakage of tests/helpers/breakages
 demo: $(STAMP) ## train tiny models under several schemes on the embedded corpus and compare extrapolation
 	$(BIN)/accrot demo $(if $(QUIET),--quiet)
 
-ablation: $(STAMP) ## the ablation: the default variants x the corpus and the local task x seeds -> results/ablation-SIZE/REPORT.md (SIZE=study|tiny|small|paper; resumable)
+ablation: $(STAMP) ## the ablation: the default variants x the corpus and the local task x seeds -> results/ablation-SIZE/REPORT.md (SIZE=study|decide|tiny|small|paper; resumable)
 	$(BIN)/accrot ablation --size $(SIZE) --workers $(ABLATION_WORKERS) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)
 
 bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memory, Lightning loop overhead)

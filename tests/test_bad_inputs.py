@@ -757,7 +757,7 @@ CATALOGUE: list[Row] = [
     # -- the ablation ----------------------------------------------------------------------------------------
     Row("ablation-unknown-size", "accrot ablation --size=huge", lambda f: ["ablation", "--size=huge",
                                                                           f"--out={f.sweeps}"],
-        "--size='huge' is not valid; choose one of study, tiny, small, paper"),
+        "--size='huge' is not valid; choose one of study, decide, tiny, small, paper"),
     Row("ablation-unknown-variant", "accrot ablation --variants='[NoPE, Rope]'",
         lambda f: ["ablation", "--variants=[NoPE, Rope]", f"--out={f.sweeps}"],
         "unknown variant 'Rope'; choose from NoPE, RoPE"),

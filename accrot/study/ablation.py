@@ -16,7 +16,9 @@ seed. The spec it generates is written beside the results (``<study>.yaml``), so
 * ``--report_only`` rebuilds the report from whatever trials are complete.
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
-about 40 minutes on 2 CPU cores, the size measured to resolve the claims there), ``tiny`` (the tiny recipe, d 64,
+about 40 minutes on 2 CPU cores: every claim at a first look), ``decide`` (the same runs of only the six variants
+C1–C3 compare, on the corpus, 10 seeds, no theory diagnostics: about 35 minutes; what resolves C1–C3; a
+``--seeds 5`` batch first is resumed by the plain command), ``tiny`` (the tiny recipe, d 64,
 at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 5 seeds after a learning-rate grid per variant: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and
 batch 32, 5 seeds after the grid: a GPU node or a cluster).
@@ -183,7 +185,7 @@ def _parser():
 
     parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=HELP)
     parser.add_argument("--size", type=str, default="study",
-                        help="study (the default), tiny, small or paper (see the README for costs)")
+                        help="study (the default), decide (what resolves C1–C3), tiny, small or paper (see the README for costs)")
     parser.add_argument("--seeds", type=int | None, default=None, help="seeds per variant (default: the size's)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes on this machine (0: none)")
     parser.add_argument("--storage", type=str | None, default=None,
@@ -218,7 +220,7 @@ def _parser():
 
 
 def main(argv: list[str]) -> int:
-    """``accrot ablation [--size study|tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
+    """``accrot ablation [--size study|decide|tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
     args = _parser().parse_args(argv)
     args.variants, args.datasets = words(args.variants, "--variants"), words(args.datasets, "--datasets")
     args.multipliers = numbers(words(args.multipliers, "--multipliers"))

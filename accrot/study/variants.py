@@ -301,12 +301,26 @@ class Size:
 # run time (about 50 min), the cost of a fourth tiny seed. "tiny" is the quick look: half the steps and budget,
 # lengths up to 32× and 8 fresh increment draws in the coherence instrument, not 32 (the measured costs: the 64×
 # evaluation and the diagnostics' fresh draws are what PaTH and the random variants spend most on).
+# The deciding size's variants: C1 (accum-random, RoPE), C2 (the learned rotation whose pairs mix, RoPE; NoPE its
+# null), C3 (each +values variant and its q/k-only twin). A 1-seed probe at 300 and 900 steps showed the verdicts'
+# directions unmoved by a 3× budget (every learned rotation rises more with it), so seeds, not steps, decide
+DECIDING_VARIANTS = ("NoPE", "RoPE", "accum-random", "accum-random+values", "accum-learned-noladder",
+                     "accum-learned-noladder+values")
 SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8},
                   cost="300 steps per run (d96, 2 layers, L = 128); its default selection, 75 runs, takes about "
                        "40 min with 2 workers on 2 CPU cores; 3 seeds: the size measured to resolve the claims on a "
                        "CPU"),
+    # C1–C3 decided on 2 cores: the variants they compare (and NoPE, C2's null) on the corpus, at the study's
+    # recipe, no theory diagnostics, 10 seeds (a second batch: --seeds 5 first, then the plain command adds 5)
+    "decide": Size(base="tiny", seq_len=128, seeds=10, lr=3e-3,
+                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768,
+                              "extrapolation.min_blocks": 8},
+                   variants=DECIDING_VARIANTS, datasets=("corpus",), diagnose=False,
+                   cost="the study's runs (300 steps, d96, 2 layers, L = 128) of the 6 variants C1–C3 compare, 10 "
+                        "seeds, no theory diagnostics: 60 runs, about 35 min with 2 workers on 2 CPU cores; what "
+                        "resolves C1–C3"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},

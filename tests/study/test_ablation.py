@@ -258,7 +258,11 @@ def test_generated_spec_is_a_valid_sweep_of_every_variant_and_data_set(size, tmp
     assert drift["model.scheme.increment_mean"] == "rope"
     assert drift["model.scheme.window"] == 0.75 * SIZES[size].seq_len
     assert max(spec.overrides["extrapolation.multipliers"]) == max(SIZES[size].multipliers) >= 32
-    diag = next(s for s in strata if s.variant == "corpus.accum-random").overrides["trainer.callbacks"][-1]
+    callbacks = next(s for s in strata if s.variant == "corpus.accum-random").overrides["trainer.callbacks"]
+    if not SIZES[size].diagnose:  # a size that reads only the NLL claims: no diagnostics anywhere
+        assert all(not str(c).count("DiagnosticsCallback") for st in strata for c in st.overrides["trainer.callbacks"])
+        return
+    diag = callbacks[-1]
     assert diag["class_path"].endswith("DiagnosticsCallback")
     assert diag["init_args"]["draws"] == SIZES[size].fresh_draws >= 8  # the coherence instrument's fresh draws
     # every diagnosed length on at least 16 blocks: the replicates of each head's window and its jackknife interval
@@ -499,11 +503,27 @@ def test_a_second_batch_of_seeds_resumes_the_first_and_fewer_seeds_are_refused(t
     assert len(err) == 1 and "holds an ablation with other options (seeds differ)" in err[0], err
 
 
+def test_the_deciding_size_runs_the_variants_c1_to_c3_compare_on_the_corpus(tmp_path):
+    """``--size decide`` without --variants or --datasets: its own six variants on the corpus, 10 seeds, the
+    study's recipe; its claims table reads C1–C3 on them (C2's null, NoPE, included)."""
+    from accrot.cli import main
+    from accrot.study.claims import C2_LEARNED, C3_PAIRS
+
+    assert main(["ablation", "--size=decide", "--workers=0", "--study=d", f"--out={tmp_path}"]) == 0
+    doc = yaml.safe_load((tmp_path / "d" / "d.yaml").read_text())
+    variants = [k.split(".", 1)[1] for k in doc["variants"]]
+    assert {k.split(".", 1)[0] for k in doc["variants"]} == {"corpus"}
+    needed = {"accum-random", "RoPE", C2_LEARNED, "NoPE", *(v for pair in C3_PAIRS for v in pair)}
+    assert set(variants) == needed and doc["seeds"] == list(range(10))
+    study_doc = build_spec("s", SIZES["study"], 1, ["NoPE"], ["corpus"])
+    assert doc["overrides"] == study_doc["overrides"]  # the study's recipe, unchanged
+
+
 def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
     from accrot.cli import main
 
     for argv, expect in [
-        (["--size=huge"], "--size='huge' is not valid; choose one of study, tiny, small, paper"),
+        (["--size=huge"], "--size='huge' is not valid; choose one of study, decide, tiny, small, paper"),
         (["--variants=[NoPE, Rope]"], "unknown variant 'Rope'; choose from NoPE, RoPE"),
         (["--variants", "NoPE", "Rope"], "unknown variant 'Rope'; choose from NoPE, RoPE"),  # shell words
         (["--variants=[NoPE, Rope"], "--variants='[NoPE, Rope' is not valid; give names (a b) or one YAML list"),
