@@ -175,8 +175,9 @@ HELP = ("The paper's ablation in one command: every variant on each data set (de
         "(32x at --size tiny), the theory diagnostics on the --corpus models, and REPORT.md with the tables, figures "
         "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
         "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
-        "the same command again after an interruption. Sizes: study (default; 75 runs, about 40 min on 2 CPU "
-        "cores), tiny (a 12-minute quick look), small and paper (a GPU); --max_steps, --seeds and --multipliers "
+        "the same command again after an interruption. Sizes: study (default; 84 runs, about 45 min on 2 CPU "
+        "cores), decide (C1–C3 resolved: 60 runs, about 35 min), tiny (a 12-minute quick look), small and paper (a "
+        "GPU); more --seeds later is a second batch that resumes the first; --max_steps, --seeds and --multipliers "
         "below a size's make a quick look, which the report marks as such.")
 
 
@@ -331,8 +332,13 @@ def headline(scope: dict[str, Any]) -> str:
         return f"{count} {what}{'s' if count != 1 else ''}"
 
     lengths = "/".join(str(L) for L in scope["train_lengths"])
-    text = (f"{n(scope['runs'], 'run')} = {n(len(scope['variants']), 'variant')} × "
-            f"{n(len(scope['datasets']), 'data set')} × {n(scope['seeds'], 'seed')}, {scope['steps']} steps each "
+    per = scope.get("per_dataset") or {}
+    if per and len(set(per.values())) > 1:  # each data set runs what its claims read: the product would not hold
+        grid = f"({' + '.join(f'{k} on {d}' for d, k in per.items())}) variants × {n(scope['seeds'], 'seed')}"
+    else:
+        grid = (f"{n(len(scope['variants']), 'variant')} × {n(len(scope['datasets']), 'data set')} × "
+                f"{n(scope['seeds'], 'seed')}")
+    text = (f"{n(scope['runs'], 'run')} = {grid}, {scope['steps']} steps each "
             f"(d {scope['d_model']}, {scope['n_layers']} layers, L = {lengths}), evaluated at "
             f"{', '.join(f'{m:g}×' for m in scope['multipliers'])} L")
     if scope["below"]:

@@ -582,6 +582,10 @@ def test_headline_and_report_describe_what_ran_and_mark_a_quick_look(tmp_path):
                          "a quick look")
     full = describe_scope(build_spec("f", SIZES["study"], 3, variants, datasets), "study")
     assert full["below"] == [] and "quick look" not in headline(full) and full["runs"] == 18
+    # data sets that run their own selections: the count per data set, never a product that does not hold
+    own = describe_scope(build_spec("o", SIZES["study"], 3, ["NoPE", "accum-grape"], datasets,
+                                    only={"local": ["NoPE"]}), "study")
+    assert headline(own).startswith("9 runs = (2 on corpus + 1 on local) variants × 3 seeds, 300 steps each")
 
     res = synthetic(rope_far=(2.40, 2.60), random_far=(2.30, 2.60))
     meta = {"command": "test", "size": "study", "size_cost": SIZES["study"].cost, "seeds": 2, "scope": scope}

@@ -78,7 +78,7 @@ def test_records_are_named_once_and_the_derived_views_follow_them():
 
 
 def test_the_default_selections_are_the_documented_ones_in_order():
-    """The default study's 14 variants and the data sets' own selections (the README lists them), in the study's
+    """The default study's 17 variants and the data sets' own selections (the README lists them), in the study's
     order: the order the spec queues the runs in and the tables print them in."""
     assert DEFAULT_VARIANTS == ["NoPE", "RoPE", "ALiBi", "accum-random", "accum-random-ladder", "accum-token",
                                 "accum-learned", "accum-learned+values", "accum-learned-noladder",
