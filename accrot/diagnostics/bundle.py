@@ -20,8 +20,9 @@ from accrot.diagnostics.coherence import (
     sums_stderr,
 )
 from accrot.diagnostics.far_mass import predicted_far_mass
-from accrot.diagnostics.inputs import SCHEMA, backbone, default_distances
+from accrot.diagnostics.inputs import SCHEMA, backbone, default_distances, layer_inputs
 from accrot.diagnostics.layers import far_means, fresh_draws_apply, layer_sums
+from accrot.diagnostics.regularity import regularity
 from accrot.position import facts
 
 
@@ -81,7 +82,9 @@ def diagnose(
     "far_score", "far_spread", "gap", "concentration", "concentration_ratio", "near_top", "far_max", "top_gap",
     "far_max_predicted" [H] each}], "far_prediction":
     {"from_length", "e_far" [H], "log_gate" [H], "multiples", "lengths", "mass" [[H] per length]} | null,
-    "value_far_norm": [{"length", "rotated", "unrotated", "incoherent"}]}]}``.
+    "value_far_norm": [{"length", "rotated", "unrotated", "incoherent"}], "regularity": the transport's own
+    regularity per head on the longest length's blocks (:func:`~accrot.diagnostics.regularity.regularity`), for an
+    accumulated transport only}]}``.
     """
     if not blocks_by_length:
         raise ValueError("blocks_by_length is empty; give at least one length")
@@ -120,6 +123,7 @@ def diagnose(
         _add_far(layers, sums, length)
         if length == near_l:
             at_l = (length, sums)
+    _add_regularity(model, layers, schemes, blocks_by_length, lengths[-1], eps)
     for layer in layers:
         layer["coherence"].sort(key=lambda c: c["length"])
         layer["far"].sort(key=lambda f: f["length"])
@@ -149,6 +153,18 @@ def diagnose(
         "prediction": prediction_basis(schemes[0]),
         "layers": layers,
     })
+
+
+def _add_regularity(model, layers, schemes, blocks_by_length, longest: int, eps: float) -> None:
+    """T1's prediction: each accumulated transport's own regularity per head, on the longest length's blocks."""
+    if not any(facts(s.cfg).accumulates for s in schemes):
+        return
+    with torch.no_grad():
+        for i, li in enumerate(layer_inputs(model, blocks_by_length[longest][:REGULARITY_BLOCKS, :longest])):
+            layers[i]["regularity"] = regularity(li.scheme, li.x, li.tokens, default_distances(longest), eps)
+
+
+REGULARITY_BLOCKS = 8  # blocks of the longest length the regularity is read on: its resultants' sampling error
 
 
 def _add_coherence(layers, sums, dist, eps, top, length, schemes, draws, predictions, common=None) -> None:

@@ -8,9 +8,12 @@ What each rule reads (every value per seed; the comparisons and corrections: :mo
   predicted one (within ±25 %) at L and 8× L.
 * **T1**, **T2** and **T4** are about transports whose pairs can mix: a learned rotation whose own bound and ladder
   keep some pairs coherent past the longest length (Selective RoPE's) is read, shown as a labelled row, not counted.
-* **T1** (the model's own transports — learned and token increments, PaTH — become incoherent): per variant, the
-  share of (layer, head) whose window, fitted over 1 ≤ Δ ≤ 7/8 of the length, is resolved (finite, placed) at both
-  8× and 64× L: at least :data:`T1_SHARE`.
+* **T1** (the model's own transports — learned and token increments, PaTH — become incoherent where they are
+  regular): per (seed, layer, head), the diagnostics read from the transport's own angles whether every pair's
+  phase differences spread under ε within the longest length (PaTH: whether the mean Householder factor
+  contracts), which predicts that head mixes or stays coherent; the rule asks the heads predicted to mix to place
+  their window (fitted over 1 ≤ Δ ≤ 7/8 of the length, at both 8× and 64× L; share above :data:`T1_SHARE`) and
+  the heads predicted coherent not to (share below 1 − :data:`T1_SHARE`).
 * **T2** (the window does not depend on the context length): per variant, the mean over heads resolved at both
   lengths of log(W(64×) / W(8×)), both fitted over one Δ range (1 ≤ Δ ≤ 7/8 of the 8× length), within ±log 1.25.
 * **T3** (the far-mass lower bound): the far mass (attention beyond each head's window, at least L/4) that the
@@ -56,7 +59,7 @@ from accrot.study.variants import VARIANTS
 CALIBRATION_TOLERANCE = 0.10  # share of (layer, head, Δ) points where measured and |φ|^Δ disagree
 CALIBRATION_Z = 3.0  # a point disagrees when |measured − predicted| > this many (honest) standard errors
 WINDOW_BAND = math.log(1.25)  # a window within ±25 % (of the prediction; of itself at another length)
-T1_SHARE = 0.75  # at least three heads in four place a finite window
+T1_SHARE = 0.75  # the regularity's prediction right for at least three heads in four
 T3_AGREEMENT = 0.10  # measured far mass within ±0.1 of the predicted
 T3_FLAT = 0.02  # a far mass that grows by at most this from 8× to the longest length: bounded
 T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than the linear sum (1)
@@ -259,38 +262,81 @@ def window_drift(run: Run) -> tuple[float | None, str]:
     return sum(logs) / len(logs), f"{agree}/{len(logs)} heads agree within their jackknife intervals"
 
 
+def predicted_mixing(run: Run) -> list[bool] | None:
+    """Per (layer, head), layer-major: whether the run's own transport mixes there (every pair's phase differences
+    spread under ε within the longest length; PaTH: the mean Householder factor contracts within it), read off
+    its angles and factors by the diagnostics; None where they did not record it."""
+    out = []
+    for layer in diag_layers(run):
+        reg = layer.get("regularity")
+        if not reg or "mixes" not in reg:
+            return None
+        out += [bool(m) for m in reg["mixes"]]
+    return out or None
+
+
+def t1_counts(run: Run) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """``((placed, heads) among the heads predicted to mix, (placed, heads) among those predicted coherent)``, or
+    None without a prediction or two window lengths."""
+    predicted = predicted_mixing(run)
+    pair = window_lengths(run)
+    if predicted is None or pair is None:
+        return None
+    at = [head_windows(run, n) for n in pair]
+    if len(at[0]) != len(predicted) or len(at[1]) != len(predicted):
+        return None
+    placed = [a[1] is not None and b[1] is not None for a, b in zip(*at)]
+    mix = [(p, m) for p, m in zip(placed, predicted)]
+    return ((sum(p for p, m in mix if m), sum(m for _, m in mix)),
+            (sum(p for p, m in mix if not m), sum(not m for _, m in mix)))
+
+
 def t1(res: Results) -> Claim:
     c = Claim("T1", "products become incoherent after finitely many steps",
               "the model's own transports (learned and token increments, PaTH; a variant whose own ladder keeps pairs "
-              "from mixing within the longest length is a labelled row, not counted): share of "
-              "(seed, layer, head), counted over all of them, whose window, fitted over 1 ≤ Δ ≤ 7/8 of the length on "
-              "the diagnostics' blocks, is placed at both 8× and 64× L",
-              rule=f"for a variant when the share's exact binomial interval lies above {T1_SHARE:g} (for a learned "
-                   "drift that "
-                   f"breaks the condition, GRAPE's: below it); every variant must be for")
-    missing, labelled = [], []
+              "from mixing within the longest length is a labelled row, not counted), per (seed, layer, head): "
+              "predicted from the transport's own angles (each pair's phase differences θ_t − θ_{t−Δ} spread under "
+              "ε) or factors (PaTH: the mean Householder factor contracts) to mix or to stay coherent, against "
+              "whether its window, fitted over 1 ≤ Δ ≤ 7/8 of the length, is placed at both 8× and 64× L",
+              rule=f"for a variant when the heads predicted to mix place their window (the share's exact binomial "
+                   f"interval above {T1_SHARE:g}) and the heads predicted coherent do not (below {1 - T1_SHARE:g}, "
+                   "where there are any); every variant must be for. Without the prediction (older diagnostics): "
+                   "every head is expected to place it (a learned drift that breaks the condition, GRAPE's: none)")
+    missing, labelled, notes = [], [], []
     for v in variants_of(res, "own"):
         why = outside_premise(res, v)
-        placed = total = 0
-        bad = []
-        for r in res.diagnosed(v):
-            k, n, heads = resolved_heads(r)
-            placed, total = placed + k, total + n
-            bad += [f"seed {r.seed}: {h}" for h in heads]
-        if breaks_condition(res.diagnosed(v)[0]):  # the theory's control: a drift whose slow pairs never mix
-            comp = compare_share(f"{v} keeps coherent heads (a learned drift: the condition fails)", placed, total,
-                                 T1_SHARE, above_is_for=False, label="placed ")
-        else:
-            comp = compare_share(v, placed, total, T1_SHARE, label="placed ")
+        runs = res.diagnosed(v)
+        counts = [t1_counts(r) for r in runs]
+        comps = []
+        if all(x is not None for x in counts):
+            (k1, n1), (k2, n2) = (tuple(map(sum, zip(*(x[i] for x in counts)))) for i in (0, 1))
+            if n1:
+                comps.append(compare_share(f"{v}: heads predicted to mix", k1, n1, T1_SHARE, label="placed "))
+            if n2:
+                comps.append(compare_share(f"{v}: heads predicted coherent", k2, n2, 1 - T1_SHARE,
+                                           above_is_for=False, label="placed "))
+            notes.append(f"{v}: {n1} of {n1 + n2} (seed, layer, head) predicted to mix")
+        else:  # the diagnostics predate the prediction
+            placed = total = 0
+            for r in runs:
+                k, n, _ = resolved_heads(r)
+                placed, total = placed + k, total + n
+            if breaks_condition(runs[0]):
+                comps.append(compare_share(f"{v} keeps coherent heads (a learned drift: the condition fails)",
+                                           placed, total, T1_SHARE, above_is_for=False, label="placed "))
+            else:
+                comps.append(compare_share(v, placed, total, T1_SHARE, label="placed "))
+            notes.append(f"{v}: no regularity recorded (older diagnostics): every head expected placed")
+        bad = [f"seed {r.seed}: {h}" for r in runs for h in resolved_heads(r)[2]]
         if bad:
             missing.append(f"{v}: " + "; ".join(bad[:6]) + (f"; … {len(bad) - 6} more" if len(bad) > 6 else ""))
         if why:  # its ladder breaks the condition for some pairs: neither side of the claim
-            labelled.append(f"{v} ({why}; not counted): {comp.numbers}")
+            labelled.append(f"{v} ({why}; not counted): " + "; ".join(x.numbers for x in comps))
             continue
-        c.comparisons.append(comp)
+        c.comparisons += comps
     if not c.comparisons:
         c.comparisons.append(Comparison("the model's own transports", "no such variant diagnosed", "missing"))
-    c.note = "; ".join([("heads not placed: " + " | ".join(missing)) if missing else
+    c.note = "; ".join([*notes, ("heads not placed: " + " | ".join(missing)) if missing else
                         "every head placed at both lengths", *labelled])
     return c
 

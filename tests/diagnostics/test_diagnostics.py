@@ -273,6 +273,10 @@ def test_diagnose_bundle_is_json_and_consistent():
         assert prediction["from_length"] == 64 and prediction["multiples"] == [1.0, 2.0, 4.0]
         assert len(prediction["mass"]) == 3 and all(len(m) == 4 for m in prediction["mass"])
         assert [len(v["rotated"]) for v in layer["value_far_norm"]] == [4, 4]
+        # T1's prediction: the transport's own regularity, per head and pair, read on the longest blocks
+        assert layer["regularity"]["kind"] == "pairs" and len(layer["regularity"]["mixes"]) == 4
+        pairs = layer["regularity"]["pair_window"]
+        assert len(pairs) == 4 and len({len(row) for row in pairs}) == 1 and len(pairs[0]) > 0
     assert not model.training
 
 
@@ -401,3 +405,53 @@ def test_the_far_maximum_grows_with_the_far_keys_as_concentration_predicts_and_n
     assert (few["top_gap"] < 0).all()  # 17 near draws lose to 256 far ones
     grown, expected, _ = growth(True)
     assert (expected > 0.3).all() and (grown.abs() < 0.2 * expected).all(), (grown, expected)
+
+
+def test_the_regularity_read_off_a_transport_s_own_angles_and_factors():
+    """Known truth for T1's per-head prediction. Random increments of window 16: every pair's resultant falls as
+    |φ|^Δ, so every head mixes, its pairs near the configured window; the same spread on RoPE's ladder: the slow
+    pairs never fall under ε within 512 steps (the control that breaks the condition); RoPE and NoPE accumulate
+    nothing (no prediction); PaTH's mean factor with reflections of spread directions: E[H] = I − 2/D·I, ρ = 1 −
+    2/D, a finite window; along one direction, or with β → 0, nothing contracts."""
+    from accrot.diagnostics.regularity import regularity
+
+    H, D, T = 4, 16, 8192
+    x = torch.randn(2, T, H * D, generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(1))
+    dist = sorted({*range(33), *(int(d) for d in torch.logspace(1.6, math.log10(511), 12).tolist())})
+
+    def read(**cfg):
+        scheme = build(SchemeConfig(**cfg), H * D, H).eval()
+        with torch.no_grad():
+            return scheme, regularity(scheme, x, tokens, dist, eps=0.05)
+
+    # ε = 0.25 for the windows' place: the resultant's sampling error on 2 × 8 192 positions (≈ 0.03 at Δ = 16,
+    # ±1.5 steps where R falls 0.02 a step) stays well under it
+    scheme, _ = read(rotation="accum", increments="random_position", window=16, window_eps=0.25)
+    with torch.no_grad():
+        mixing = regularity(scheme, x, tokens, dist, eps=0.25)
+    assert mixing["kind"] == "pairs" and mixing["mixes"] == [True] * H
+    assert all(12 <= w <= 21 for row in mixing["pair_window"] for w in row), mixing["pair_window"]
+    _, ladder = read(rotation="accum", increments="random_position", window=16, increment_spread="ladder")
+    assert ladder["mixes"] == [False] * H and all(row[-1] is None for row in ladder["pair_window"])
+    assert all(row[0] is not None for row in ladder["pair_window"])  # pair 0 keeps the full spread: it mixes
+    assert read(rotation="rope")[1] is None and read(rotation="none")[1] is None  # nothing accumulates
+    # the mean Householder factor itself: reflections along directions spread over all D (E[wwᵀ] = I/D) contract
+    # to ρ = 1 − 2/D; along one fixed direction they only flip its sign (ρ = 1: coherent, H² = I)
+    from accrot.diagnostics.regularity import householder_contraction
+
+    g = torch.Generator().manual_seed(2)
+    spread = torch.nn.functional.normalize(torch.randn(1, H, 20000, D, generator=g, dtype=torch.float64), dim=-1)
+    two = torch.full((1, H, 20000), 2.0, dtype=torch.float64)
+    assert householder_contraction(spread, two).tolist() == pytest.approx([1 - 2 / D] * H, abs=0.01)
+    fixed = torch.zeros_like(spread)
+    fixed[..., 0] = 1.0
+    assert householder_contraction(fixed, two).tolist() == pytest.approx([1.0] * H, abs=1e-12)
+    scheme, reflect = read(rotation="path", path_beta="reflection")
+    assert reflect["kind"] == "householder" and len(reflect["contraction"]) == H
+    assert reflect["mixes"] == [w is not None and w <= max(dist) for w in reflect["window"]]
+    scheme, _ = read(rotation="path")
+    scheme.rotation.beta_proj.bias.data.fill_(-60.0)  # β ≈ 1e−26: every factor the identity
+    with torch.no_grad():
+        still = regularity(scheme, x, tokens, dist)
+    assert still["mixes"] == [False] * H and still["contraction"] == pytest.approx([1.0] * H, abs=1e-9)

@@ -42,7 +42,7 @@ NOISY = (-0.3, 0.0, 0.3)
 # a synthetic study
 # ---------------------------------------------------------------------------------------------------
 def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), censored: tuple[bool, bool] = (False, False),
-                common: tuple[float, float] | None = None,
+                common: tuple[float, float] | None = None, mixes: bool | None = True,
                 far: tuple[float, float, float] = (0.3, 0.6, 0.8), predicted: tuple[float, float, float] | None = None,
                 gap: tuple[float, float] = (3.0, 3.0), top_gap: float = 1.0, growth: float = 1.0,
                 concentration: float = 1.0, value: float = 0.2,
@@ -52,7 +52,8 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
     (or, for random position increments, the calibration at L and 8× L: ``share`` of its points 10 standard errors
     off |φ|^Δ and a ``fitted`` window against the predicted 96), far mass at 1×, 8×, 64× L
     measured and ``predicted`` from L (default: as measured), the attention-weighted score gap at 8× and 64×
-    (shown, never read), the top near score over the far maximum (``top_gap``, in far spreads), the far maximum's
+    (shown, never read), whether the transport's own angles predict every head to mix (``mixes``; None: not
+    recorded, as older diagnostics), the top near score over the far maximum (``top_gap``, in far spreads), the far maximum's
     growth 8× → 64× over the predicted (``growth``), the far spread's ratio
     to ‖q‖‖k‖/√D, the value far norm's position."""
     scheme = {"rotation": "none", "far_mass": "none", "rotate_values": False, **VARIANTS[variant]}
@@ -97,6 +98,8 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
         "value_far_norm": [{"length": 64 * L, "rotated": [value + jitter + 1.0], "unrotated": [2.0],
                             "incoherent": [1.0]}] if scheme.get("rotate_values") else [],
     }
+    if not fresh and scheme.get("rotation") in ("accum", "path") and mixes is not None:  # T1's own prediction
+        layer["regularity"] = {"kind": "pairs", "mixes": [mixes] * H}
     # the study's two layers, alike (T1 counts its units over every seed, layer and head: 3 × 2 × 4)
     return {"schema": SCHEMA, "train_length": L, "lengths": lengths, "scheme": scheme,
             "layers": [layer, {**layer, "layer": 1}]}
@@ -215,7 +218,7 @@ CASES = {
            lambda: Results([Run("corpus", "ALiBi", s, "/r", {float(m): {"multiplier": m, "nll": 2.0 + r * math.log2(m)}
                                                               for m in MULTS}, L)
                             for s, r in zip(SEEDS, (0.0, 0.006, 0.012))])),
-    # T1: every head of every own transport places its window at 8× and 64× L
+    # T1: every head of every own transport, predicted by its angles to mix, places its window at 8× and 64× L
     "T1": (lambda: study({v: (2.0, 0.0) for v in OWN}, {v: {} for v in OWN}),
            lambda: study({v: (2.0, 0.0) for v in OWN}, {v: {"censored": (True, True)} for v in OWN}),
            lambda: study({v: (2.0, 0.0) for v in OWN},
@@ -410,14 +413,18 @@ def test_c4_does_not_credit_a_curve_that_never_extrapolated():
 
 
 def test_t1_reads_a_learned_drift_as_the_control_that_keeps_coherent_heads():
-    """GRAPE's softplus drift breaks the regularity condition: T1 expects its heads *not* to place a window."""
-    res = study({v: (2.0, 0.0) for v in (*OWN, "accum-grape")},
-                {**{v: {} for v in OWN}, "accum-grape": {"censored": (True, True)}})
-    t1 = verdict(res, "T1")
-    assert t1.verdict == SUPPORTED, lines(t1)
-    assert any("accum-grape" in c.what and "coherent" in c.what for c in t1.comparisons)
-    mixing = study({v: (2.0, 0.0) for v in (*OWN, "accum-grape")}, {v: {} for v in (*OWN, "accum-grape")})
-    assert verdict(mixing, "T1").verdict == NOT_SUPPORTED
+    """GRAPE's softplus drift breaks the regularity condition: its angles say its heads stay coherent, and T1
+    expects them *not* to place a window; without the angles' prediction (older diagnostics) its declared drift
+    says the same."""
+    for grape in ({"mixes": False}, {"mixes": None}):
+        res = study({v: (2.0, 0.0) for v in (*OWN, "accum-grape")},
+                    {**{v: {} for v in OWN}, "accum-grape": {**grape, "censored": (True, True)}})
+        t1 = verdict(res, "T1")
+        assert t1.verdict == SUPPORTED, lines(t1)
+        assert any("accum-grape" in c.what and "coherent" in c.what for c in t1.comparisons)
+        mixing = study({v: (2.0, 0.0) for v in (*OWN, "accum-grape")},
+                       {**{v: {} for v in OWN}, "accum-grape": grape})
+        assert verdict(mixing, "T1").verdict == NOT_SUPPORTED
     assert not any("accum-grape" in c.what for c in verdict(res, "T2").comparisons)  # no window to compare
 
 
@@ -587,3 +594,17 @@ def test_t2_compares_the_windows_fitted_over_one_range_at_both_lengths():
                     c.pop(k, None)
     c = verdict(old, "T2")
     assert c.verdict != SUPPORTED and "older than that fit" in " ".join(x.numbers for x in c.comparisons), lines(c)
+
+
+def test_t1_checks_the_heads_against_what_their_own_angles_predict():
+    """Heads whose angles say they stay coherent (a pair that never spreads) are predicted *not* to place a window:
+    censored windows there are for the theorem, placed ones against it; without the prediction (older
+    diagnostics) every head is expected placed, as before."""
+    own = {v: (2.0, 0.0) for v in OWN}
+    coherent_censored = study(own, {v: {"mixes": False, "censored": (True, True)} for v in OWN})
+    assert verdict(coherent_censored, "T1").verdict == SUPPORTED, lines(verdict(coherent_censored, "T1"))
+    coherent_placed = study(own, {v: {"mixes": False} for v in OWN})
+    assert verdict(coherent_placed, "T1").verdict == NOT_SUPPORTED
+    old = study(own, {v: {"mixes": None, "censored": (True, True)} for v in OWN})
+    t1 = verdict(old, "T1")
+    assert t1.verdict == NOT_SUPPORTED and "no regularity recorded" in t1.note, lines(t1)

@@ -1,0 +1,71 @@
+"""The regularity condition read off a trained model's own transport (T1's prediction, per head).
+
+The theorem's windows exist only where every pair mixes. For an SO(2) accumulation pair i of head h mixes over Δ
+steps when the phase differences θ_t − θ_{t−Δ} spread: their mean resultant length R_{h,i}(Δ) = |E_t e^{i(θ_t −
+θ_{t−Δ})}| falls under ε (random increments: R = |φ|^Δ; RoPE: R = 1 at every Δ, its phase difference is ωΔ for
+every t). A head mixes when each of its pairs does within the measured distances; a head with one pair that stays
+coherent keeps a coherent part in its scores. For PaTH the transport is a product of Householder factors
+H_t = I − β_t w_t w_tᵀ: its mean contracts when the largest |eigenvalue| ρ_h of E[H_t] lies below 1, with window
+log ε / log ρ_h (β = 2 with w spread over every direction contracts, β → 0 does not).
+
+What it reads are the model's own angles and factors on real blocks, never q or k: it predicts which heads should
+show a finite coherence window, and T1 compares that with the windows the coherence instrument fits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from accrot.diagnostics.coherence import mixing_window_measured
+from accrot.position import facts
+
+
+def pair_resultants(angles: torch.Tensor, distances: Sequence[int]) -> torch.Tensor:
+    """R_{h,i}(Δ) = |mean over blocks and t ≥ Δ of e^{i(θ_t − θ_{t−Δ})}| for ``angles [B, H, T, P]``: ``[H, P, n]``
+    float64 (1 at Δ = 0; NaN where Δ ≥ T)."""
+    theta = angles.double()
+    B, H, T, P = theta.shape
+    out = torch.full((H, P, len(distances)), math.nan, dtype=torch.float64)
+    for j, d in enumerate(distances):
+        if d >= T:
+            continue
+        diff = theta[:, :, d:] - theta[:, :, : T - d] if d > 0 else torch.zeros_like(theta)
+        out[:, :, j] = torch.complex(diff.cos(), diff.sin()).mean((0, 2)).abs()
+    return out
+
+
+def householder_contraction(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """ρ_h, the largest |eigenvalue| of E[I − β_t w_t w_tᵀ] over blocks and positions, for ``w [B, H, T, D]`` (unit
+    rows) and ``beta [B, H, T]``: ``[H]`` float64."""
+    w, beta = w.double(), beta.double()
+    D = w.shape[-1]
+    mean = torch.eye(D, dtype=torch.float64) - torch.einsum("bht,bhti,bhtj->hij", beta, w, w) / (w.shape[0] * w.shape[2])
+    return torch.linalg.eigvalsh(mean).abs().amax(-1)
+
+
+def regularity(scheme: nn.Module, x: torch.Tensor, tokens: torch.Tensor, distances: Sequence[int],
+               eps: float = 0.05) -> dict | None:
+    """Per head, whether the scheme's own transport satisfies the regularity condition on these blocks, within the
+    largest of ``distances``: ``{"kind": "pairs", "distances", "pair_window" [H][P] (the first Δ with R < ε; None:
+    not within the distances), "mixes" [H]}`` for an SO(2) accumulation, ``{"kind": "householder", "contraction"
+    [H], "window" [H] (None: ρ = 1 or beyond the distances), "mixes" [H]}`` for PaTH, None for a scheme that
+    accumulates nothing."""
+    declared = facts(scheme.cfg)
+    if not declared.accumulates:
+        return None
+    top = max(distances)
+    if declared.commutes:
+        R = pair_resultants(scheme.angles(x, tokens), distances)  # [H, P, n]
+        windows = mixing_window_measured(R, distances, eps)  # [H, P] inf where it never falls under ε
+        return {"kind": "pairs", "distances": list(distances),
+                "pair_window": [[None if not math.isfinite(v) else int(v) for v in row] for row in windows.tolist()],
+                "mixes": [bool(torch.isfinite(row).all()) for row in windows]}
+    w, beta = scheme.householder(x, tokens)
+    rho = householder_contraction(w, beta)
+    window = [math.log(eps) / math.log(r) if 0 < r < 1 else math.inf for r in rho.tolist()]
+    return {"kind": "householder", "contraction": rho.tolist(),
+            "window": [None if not w_ <= top else w_ for w_ in window], "mixes": [w_ <= top for w_ in window]}
