@@ -306,17 +306,15 @@ class Size:
 # directions unmoved by a 3× budget (every learned rotation rises more with it), so seeds, not steps, decide
 DECIDING_VARIANTS = ("NoPE", "RoPE", "accum-random", "accum-random+values", "accum-learned-noladder",
                      "accum-learned-noladder+values")
+_STUDY_RECIPE = {"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8}
 SIZES: dict[str, Size] = {
-    "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3,
-                  overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768, "extrapolation.min_blocks": 8},
+    "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3, overrides=dict(_STUDY_RECIPE),
                   cost="300 steps per run (d96, 2 layers, L = 128); its default selection, 84 runs, takes about "
                        "45 min with 2 workers on 2 CPU cores (75 runs took 40); 3 seeds: every claim at a first "
                        "look; --size decide resolves C1–C3"),
     # C1–C3 decided on 2 cores: the variants they compare (and NoPE, C2's null) on the corpus, at the study's
     # recipe, no theory diagnostics, 10 seeds (a second batch: --seeds 5 first, then the plain command adds 5)
-    "decide": Size(base="tiny", seq_len=128, seeds=10, lr=3e-3,
-                   overrides={"model.d_model": 96, "extrapolation.budget_tokens": 32768,
-                              "extrapolation.min_blocks": 8},
+    "decide": Size(base="tiny", seq_len=128, seeds=10, lr=3e-3, overrides=dict(_STUDY_RECIPE),
                    variants=DECIDING_VARIANTS, datasets=("corpus",), diagnose=False,
                    cost="the study's runs (300 steps, d96, 2 layers, L = 128) of the 6 variants C1–C3 compare, 10 "
                         "seeds, no theory diagnostics: 60 runs, about 35 min with 2 workers on 2 CPU cores; what "
