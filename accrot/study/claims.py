@@ -21,7 +21,7 @@ from accrot.study.stats import (
     compare_variants,
     fmt,
 )
-from accrot.study.theory import THEORY_CHECKS, check_calibration
+from accrot.study.theory import SO2_ACCUMULATED, THEORY_CHECKS, check_calibration
 from accrot.study.variants import VARIANTS
 
 C2_TOLERANCE = 0.05  # "within a few %": NLL(16×) at most 5 % above NLL(1×)
@@ -147,7 +147,23 @@ NULLS: dict[str, Null] = {
                "so it cannot pass the commuting limit", reads=lambda res: {"PaTH": "accum-learned"}),
     "S3": Null("each far-mass-controlled variant's rotation-only sibling in its place: without a term growing with "
                "distance the claim says reads are not exact", reads=lambda res: rotation_only_of()),
+    "T3": Null("NoPE, whose far mass has no bound, in every far-mass-controlled variant's place and ALiBi, whose far "
+               "mass cannot grow, in every rotation-only one's: the roles the bound predicts, exchanged",
+               reads=lambda res: _t3_null(res)),
+    "T5": Null("RoPE, whose far scores are a fixed function of the distance (nothing mixes, nothing concentrates), "
+               "in every accumulated SO(2) variant's place", reads=lambda res: {v: "RoPE" for v in SO2_ACCUMULATED}),
 }
+
+
+def _t3_null(res: Results) -> dict[str, str]:
+    from accrot.study.theory import role
+
+    out = {}
+    for v in res.variants(res.corpus):
+        runs = res.diagnosed(v)
+        if runs and (r := role(v, runs[0])) in ("bounded", "rotation-only"):
+            out[v] = "NoPE" if r == "bounded" else "ALiBi"
+    return out
 
 
 def compare_nll(res: Results, dataset: str, what: str, a: str, b: str, mult: float, **kwargs) -> Comparison:

@@ -25,7 +25,7 @@ from accrot.study.stats import (
     case_verdict,
     compare_variants,
 )
-from tests.study.test_verdicts import CELLS, PI, YARN, _state, flat_then_rising, lines, study, verdict
+from tests.study.test_verdicts import CELLS, PI, YARN, _state, _t3, flat_then_rising, lines, study, verdict
 
 SMALL = (0.0, 0.001, 0.002)  # a clear study's per-seed noise
 PAIRS = {"PaTH": "PaTH-FoX", "accum-learned+values": "accum-learned+values+forget"}
@@ -63,7 +63,16 @@ INFORMATIVE_OR_NOT = {
            lambda: study({"ALiBi": (2.0, 0.0), "NoPE": (2.0, 0.0)}, jitter=SMALL)),
     # N1: the rotation-only siblings as flat as ALiBi: a data set where nothing degrades cannot credit the control
     "N1": (lambda: _n1(0.05), lambda: _n1(0.0)),
+    # T5: RoPE's far maximum growing as concentration predicts too: then the growth is no sign of mixing
+    "T5": (lambda: _t5(0.3), lambda: _t5(1.0)),
 }
+
+
+def _t5(rope_growth: float) -> Results:
+    so2 = ("accum-random", "accum-token", "accum-learned-noladder", "accum-learned-noladder+values")
+    return study({v: (2.0, 0.0) for v in (*so2, "RoPE")},
+                 {**{v: {"top_gap": 1.0, "growth": 1.0} for v in so2}, "RoPE": {"top_gap": 1.0, "growth": rope_growth}},
+                 jitter=SMALL)
 
 
 @pytest.mark.parametrize("claim_id", sorted(INFORMATIVE_OR_NOT))
@@ -82,6 +91,9 @@ def test_a_rule_that_reads_for_on_its_null_decides_nothing(claim_id):
 # nulls that exchange two variants' labels on every other seed: a paired difference cannot survive that, so these
 # rules can always come out otherwise; and nulls whose control fails the rule's own threshold part
 ALWAYS_INFORMATIVE = {
+    # T3: ALiBi is both a subject (bounded) and the null's stand-in for the rotation-only variants, so the null
+    # cannot read for while the claim holds: NoPE's growing far mass fails the bounded part
+    "T3": lambda: _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.085)}, jitter=SMALL),
     "C1": lambda: study({"RoPE": (2.0, 0.3), "accum-random": (2.0, 0.02)}),
     "C3": lambda: study({"accum-learned-noladder": (2.0, 0.2), "accum-learned-noladder+values": (2.0, 0.1),
                          "accum-random": (2.0, 0.2), "accum-random+values": (2.0, 0.1)}),
