@@ -94,6 +94,7 @@ def _study_attrs(spec: SweepSpec, name: str, strata: list, infos: Mapping[str | 
     if spec.shared_study:
         attrs["variants"] = {s.variant: infos[s.variant].context for s in strata}  # each one's `when` context
         attrs["grid_fingerprint"] = spec.fingerprint(seeds=False)
+        attrs["seed_param"] = "int"  # one seed distribution whatever seeds a later batch adds (worker.suggest_seed)
     return attrs
 
 
@@ -101,7 +102,8 @@ def _more_seeds(spec: SweepSpec, attrs: Mapping) -> bool:
     """A shared study's grid asked again with the seeds it has and more after them (a second batch of seeds): the
     same spec but for the seeds, whose list the old one begins."""
     old = list(attrs.get("seeds") or [])
-    return (spec.shared_study and attrs.get("grid_fingerprint") == spec.fingerprint(seeds=False)
+    return (spec.shared_study and attrs.get("seed_param") == "int"
+            and attrs.get("grid_fingerprint") == spec.fingerprint(seeds=False)
             and list(spec.seeds[:len(old)]) == old and len(spec.seeds) > len(old))
 
 
@@ -440,6 +442,11 @@ class Parent:
                           f"stud{'y' if len(studies) == 1 else 'ies'}: "
                           + "; ".join(f"{name} ({n} failed; first: {why})" for name, n, why in dead[:3]) + "[/]")
             return 1
+        holes = retry_storage(lambda: _grid_holes(studies) if spec.shared_study else [], "the grid", console)
+        if holes:  # a shared study compares its grid's cells side by side: one never completed is a gap, not done
+            console.print(f"[red]{len(holes)} of the grid's runs never completed (their trials failed; run the same "
+                          f"command again to retry them): " + "; ".join(holes[:4]) + "[/]")
+            return 1
         return 0
 
 
@@ -465,6 +472,25 @@ def _all_failed(studies) -> list[tuple[str, int, str]]:
         if finished and len(failed) == len(finished):
             why = next((t.user_attrs.get("fail_reason") for t in failed if t.user_attrs.get("fail_reason")), "?")
             out.append((s.study_name, len(failed), " ".join(str(why).split())[:200]))
+    return out
+
+
+def _grid_holes(studies) -> list[str]:
+    """The queued (variant, seed) cells of shared studies with no complete trial, once none is waiting or running:
+    ``"study: variant seed s (first failure: why)"`` each."""
+    out = []
+    for s in studies:
+        trials = s.get_trials(deepcopy=False)
+        if any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in trials):
+            continue
+        cells: dict[tuple, list] = {}
+        for t in trials:
+            if "variant" in t.user_attrs and "seed" in t.user_attrs:
+                cells.setdefault((t.user_attrs["variant"], t.user_attrs.get("config"), t.user_attrs["seed"]), []).append(t)
+        for (variant, _, seed), ts in cells.items():
+            if not any(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in ts):
+                why = next((t.user_attrs.get("fail_reason") for t in ts if t.user_attrs.get("fail_reason")), "?")
+                out.append(f"{s.study_name}: {variant} seed {seed} (first failure: {' '.join(str(why).split())[:120]})")
     return out
 
 

@@ -79,6 +79,18 @@ class _Study:
         return self.attrs.get("variants", {}).get(stratum.variant) or self.attrs.get("context", {})
 
 
+SEED_SPAN = 2**31 - 1  # a shared study's seed axis, when it may grow: one integer range for every stage
+
+
+def suggest_seed(trial, attrs: dict, seeds) -> int:
+    """The trial's seed as a parameter of a shared study. A study that may take more seeds later (its attrs say
+    ``seed_param: int``) keeps one integer range, as Optuna needs one distribution per parameter for a study's
+    life; a study made before that keeps its categorical choices."""
+    if attrs.get("seed_param") == "int":
+        return trial.suggest_int("seed", 0, SEED_SPAN)
+    return trial.suggest_categorical("seed", list(seeds))
+
+
 def load_studies(spec: SweepSpec, storage, worker_index: int = 0) -> list[_Study]:
     out = []
     for name, strata in spec.studies().items():
@@ -216,7 +228,7 @@ class Worker:
         context = entry.context_of(stratum)
         if entry.shared:  # the dashboard's axes: slice and parallel-coordinate plots compare variants and seeds
             retry_storage(lambda: (trial.suggest_categorical("variant", list(entry.strata)),
-                                   trial.suggest_categorical("seed", list(self.spec.seeds))), "sampling")
+                                   suggest_seed(trial, entry.attrs, self.spec.seeds)), "sampling")
         if self.ranks is not None:  # the other ranks mirror the suggestions (optuna's TorchDistributedTrial)
             return self.ranks.sample(entry, stratum, trial, context)
         return retry_storage(lambda: sample_space(trial, self.spec.space, context), "sampling")

@@ -855,3 +855,26 @@ def test_a_failure_the_heartbeat_retried_is_accounted_for_and_a_silent_one_is_no
     figures = account(study, budget=2)
     assert figures["failed_silently"] == [1]  # trial 0 was retried; trial 1 failed with no reason and no retry
     assert figures["complete"] == 1 and figures["lost"] == 2  # x=0.2 never ran to the end, and its silent failure
+
+
+def test_a_grid_cell_that_never_completed_is_a_hole_the_sweep_reports():
+    """A shared study's (variant, seed) cells: one whose every trial failed is listed with its first failure, a
+    cell that completed on a retry is not, and nothing is listed while trials still wait."""
+    from accrot.sweep.parent import _grid_holes
+
+    study = optuna.create_study()
+    for variant, seed in (("a", 0), ("a", 1), ("b", 0)):
+        study.enqueue_trial({}, user_attrs={"variant": variant, "seed": seed, "config": 0})
+    assert _grid_holes([study]) == []  # waiting: not yet a hole
+
+    def objective(trial):
+        if trial.user_attrs["variant"] == "b" or (trial.user_attrs["seed"] == 1 and trial.number == 1):
+            trial.set_user_attr("fail_reason", "diverged at step 3")
+            raise RuntimeError("no")
+        return 1.0
+
+    study.optimize(objective, n_trials=3, catch=(RuntimeError,))
+    study.enqueue_trial({}, user_attrs={"variant": "a", "seed": 1, "config": 0})  # a's seed 1 retried: completes
+    study.optimize(objective, n_trials=1, catch=(RuntimeError,))
+    holes = _grid_holes([study])
+    assert len(holes) == 1 and holes[0].endswith("b seed 0 (first failure: diverged at step 3)"), holes
