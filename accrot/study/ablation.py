@@ -173,12 +173,11 @@ def token_budget(tokens: int, size: Size, common: dict[str, Any], seq_len: int) 
 HELP = ("The paper's ablation in one command: every variant on each data set (default: the embedded corpus and the "
         "local-dependency task) with the same recipe, token budget, seeds and evaluation blocks, evaluated to 64x L "
         "(32x at --size tiny), the theory diagnostics on the --corpus models, and REPORT.md with the tables, figures "
-        "and every claim marked supported / not supported / inconclusive, in --out/ablation-SIZE/. It is a sweep "
-        "with one Optuna study per data set, the whole grid of variants x seeds queued at the start; it resumes: run "
-        "the same command again after an interruption. Sizes: study (default; 84 runs, about 45 min on 2 CPU "
-        "cores), decide (C1–C3 resolved: 60 runs, about 35 min), tiny (a 12-minute quick look), small and paper (a "
-        "GPU); more --seeds later is a second batch that resumes the first; --max_steps, --seeds and --multipliers "
-        "below a size's make a quick look, which the report marks as such.")
+        "and every claim's verdict, in --out/ablation-SIZE/. It is a sweep "
+        "with one Optuna study per data set, its grid of variants x seeds queued at the start; it resumes: run the "
+        "same command again (more --seeds: a second batch). Sizes: study (default; 84 runs, about 45 min on 2 CPU "
+        "cores), decide (resolves C1–C3, about 40 min), tiny (a 12-minute look), small and paper (a GPU); less "
+        "than a size's --max_steps, --seeds or --multipliers is a quick look, which the report marks.")
 
 
 def _parser():
@@ -186,7 +185,7 @@ def _parser():
 
     parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=HELP)
     parser.add_argument("--size", type=str, default="study",
-                        help="study (the default), decide (what resolves C1–C3), tiny, small or paper (see the README for costs)")
+                        help="study, decide, tiny, small or paper")
     parser.add_argument("--seeds", type=int | None, default=None, help="seeds per variant (default: the size's)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes on this machine (0: none)")
     parser.add_argument("--storage", type=str | None, default=None,
@@ -201,7 +200,7 @@ def _parser():
     parser.add_argument("--corpus", type=str, default="stdlib",
                         help="the data set the claims are read on: stdlib, prose, text or hf:NAME_OR_FILES")
     parser.add_argument("--text_root", type=str | None, default=None,
-                        help="the folder of .txt files of the `text` data set (any depth; split by file)")
+                        help="the `text` data set's folder of .txt files (any depth; split by file)")
     parser.add_argument("--max_steps", type=int | None, default=None, help="override the size's training steps")
     parser.add_argument("--tokens", type=int | None, default=None,
                         help="training tokens per run (sets the steps; the cadences follow)")
@@ -216,7 +215,7 @@ def _parser():
     parser.add_argument("--wandb", type=str, default="auto", help="auto, online, offline or disabled")
     parser.add_argument("--report_only", action="store_true", help="only rebuild REPORT.md from complete trials")
     parser.add_argument("--quiet", action="store_true",
-                        help="one line per finished run instead of the live display (also when stderr is no terminal)")
+                        help="a line per finished run (as when stderr is no terminal)")
     return parser
 
 

@@ -93,9 +93,12 @@ BREAKAGES = [
     Breakage("coherence-one-draw", "random increments' coherence from one fixed evaluation draw (no fresh draws)",
              "accrot/diagnostics/layers.py", "                    if fresh_draws_apply(li.scheme) and draws > 0:",
              "                    if False:", ("tests/study/test_instruments.py", "-k", "end_to_end")),
-    Breakage("t1-share-flipped", "T1 reading a share of placed windows *below* 3/4 as support",
-             "accrot/study/theory.py", 'comp = compare_share(v, placed, total, T1_SHARE, label="placed ")',
-             'comp = compare_share(v, placed, total, T1_SHARE, above_is_for=False, label="placed ")',
+    Breakage("t1-share-flipped", "T1 reading a share of placed windows *below* 3/4 as support, for the heads "
+             "predicted to mix",
+             "accrot/study/theory.py",
+             'comps.append(compare_share(f"{v}: heads predicted to mix", k1, n1, T1_SHARE, label="placed "))',
+             'comps.append(compare_share(f"{v}: heads predicted to mix", k1, n1, T1_SHARE, above_is_for=False, '
+             'label="placed "))',
              ("tests/study/test_verdicts.py", "-k", "T1 or t1")),
     Breakage("t2-one-sided", "T2 accepting any growth of the window (a one-sided band)",
              "accrot/study/theory.py", "comp = compare_band(v, drifts, -WINDOW_BAND, WINDOW_BAND,",
