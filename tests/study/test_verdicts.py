@@ -389,6 +389,21 @@ def test_n1_on_the_local_task_reads_the_accuracy_drop_against_alibi_s():
     assert dropped.verdict == NOT_SUPPORTED, lines(dropped)
 
 
+def test_n1_reads_precision_on_a_retrieval_task_within_l_where_the_study_ran_it():
+    """With passkey retrieval in the study, each cell must also be precise there (its answers' NLL at 1× within the
+    margin of its own rotation-only sibling's) and flat in accuracy: a cell that retrieves worse than its sibling
+    within L is no longer "both"."""
+    base = _n1({c: 2.0 for c in CELLS}, jitter=(0.0, 0.001, 0.002))
+    n1 = verdict(base, "N1")
+    assert n1.verdict == SUPPORTED and not any(c.what.startswith("passkey") for c in n1.comparisons)
+    nll = {"accum-learned+values": (2.0, 0.05), "accum-random": (2.0, 0.05), "ALiBi": (2.3, 0.0),
+           **{c: (2.2, 0.0) for c in CELLS}}  # every cell 0.2 nats worse than its sibling on the answers
+    retrieval = study(nll, jitter=(0.0, 0.001, 0.002), datasets=("passkey",))
+    both = verdict(Results(base.runs + retrieval.runs), "N1")
+    assert any(c.what.startswith("passkey: ") and "precise" in c.what for c in both.comparisons), lines(both)
+    assert both.verdict == NOT_SUPPORTED, lines(both)
+
+
 def test_c4_does_not_credit_a_curve_that_never_extrapolated():
     """A RoPE-like curve, rising from 2× L, rises from 16× to 64× too: the earlier C4 credited it, and the one
     after counted it against. Now the variant must have extrapolated first (NLL(4×) within 5 % of 1×); one whose
