@@ -285,7 +285,8 @@ def _n1(res: Results) -> Claim:
     datasets = [d for d in (res.corpus, *N1_DATASETS) if any(res.by.get((d, v)) for v in cells)]
     c = Claim("N1", "rotation + far-mass control is both precise and length-stable (the question the lower "
               "bound leaves open)",
-              "per rotation + far-mass cell and data set: NLL(1×) − its own rotation-only sibling's (paired), and "
+              "per rotation + far-mass cell and data set (the claims' one, the local task and passkey retrieval "
+              "where it ran): NLL(1×) − its own rotation-only sibling's (paired), and "
               "its maximum rise "
               "1× → any length minus ALiBi's (paired; on an answer task the accuracy drop 1× → longest minus "
               "ALiBi's)" + SAME,
