@@ -152,9 +152,31 @@ NULLS: dict[str, Null] = {
     "T3": Null("NoPE, whose far mass has no bound, in every far-mass-controlled variant's place and ALiBi, whose far "
                "mass cannot grow, in every rotation-only one's: the roles the bound predicts, exchanged",
                reads=lambda res: _t3_null(res)),
+    "T4": Null("each +values variant's q/k-only twin in its place: its values are not transported, so the far norm "
+               "the rule reads for it is what transporting them would give; reading for there, the rule measures the "
+               "rotation's arithmetic on any values, not what transporting them during training did",
+               reads=lambda res: _t4_null(res)),
     "T5": Null("RoPE, whose far scores are a fixed function of the distance (nothing mixes, nothing concentrates), "
                "in every accumulated SO(2) variant's place", reads=lambda res: {v: "RoPE" for v in SO2_ACCUMULATED}),
 }
+
+
+def value_twins(variants: dict[str, dict] = VARIANTS) -> dict[str, str]:
+    """``{+values variant: the same variant without value rotation}``, for each that has such a twin."""
+    out = {}
+    for v, over in variants.items():
+        if over.get("rotate_values"):
+            rest = {k: x for k, x in over.items() if k != "rotate_values"}
+            twin = next((u for u, o in variants.items() if dict(o) == rest), None)
+            if twin is not None:
+                out[v] = twin
+    return out
+
+
+def _t4_null(res: Results) -> dict[str, str]:
+    """Each +values variant of the study in its twin's runs; one without a twin is left out (no stand-in)."""
+    twins = value_twins()
+    return {v: twins.get(v, "") for v in res.variants(res.corpus) if VARIANTS.get(v, {}).get("rotate_values")}
 
 
 def _t3_null(res: Results) -> dict[str, str]:

@@ -63,9 +63,19 @@ INFORMATIVE_OR_NOT = {
            lambda: study({"ALiBi": (2.0, 0.0), "NoPE": (2.0, 0.0)}, jitter=SMALL)),
     # N1: the rotation-only siblings as flat as ALiBi: a data set where nothing degrades cannot credit the control
     "N1": (lambda: _n1(0.05), lambda: _n1(0.0)),
+    # T4: the q/k-only twins' values would turn incoherent under the same transport too: then the rule reads the
+    # rotation's arithmetic, not what transporting values did
+    "T4": (lambda: _t4(0.9), lambda: _t4(0.1)),
     # T5: RoPE's far maximum growing as concentration predicts too: then the growth is no sign of mixing
     "T5": (lambda: _t5(0.3), lambda: _t5(1.0)),
 }
+
+
+def _t4(twin_position: float) -> Results:
+    pairs = {"accum-random+values": "accum-random", "accum-learned-noladder+values": "accum-learned-noladder"}
+    return study({v: (2.0, 0.0) for p in pairs.items() for v in p},
+                 {**{v: {"value": 0.1} for v in pairs}, **{t: {"value": twin_position} for t in pairs.values()}},
+                 jitter=SMALL)
 
 
 def _t5(rope_growth: float) -> Results:

@@ -96,7 +96,7 @@ def diagnostics(variant: str, *, windows: tuple[float, float] = (7.0, 7.0), cens
         "far_prediction": {"multiples": list(map(float, MULTS)), "lengths": [int(m * L) for m in MULTS],
                            "mass": [[_log_interp(predicted, m) + jitter] * H for m in MULTS]},
         "value_far_norm": [{"length": 64 * L, "rotated": [value + jitter + 1.0], "unrotated": [2.0],
-                            "incoherent": [1.0]}] if scheme.get("rotate_values") else [],
+                            "incoherent": [1.0]}] if scheme.get("rotation") == "accum" else [],
     }
     if not fresh and scheme.get("rotation") in ("accum", "path") and mixes is not None:  # T1's own prediction
         layer["regularity"] = {"kind": "pairs", "mixes": [mixes] * H}
