@@ -16,8 +16,8 @@ seed. The spec it generates is written beside the results (``<study>.yaml``), so
 * ``--report_only`` rebuilds the report from whatever trials are complete.
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
-about 40 minutes on 2 CPU cores: every claim at a first look), ``decide`` (the same runs of only the six variants
-C1–C3 compare, on the corpus, 10 seeds, no theory diagnostics: about 35 minutes; what resolves C1–C3; a
+about 45 minutes on 2 CPU cores: every claim at a first look), ``decide`` (the same runs of only the six variants
+C1–C3 compare, on the corpus, 10 seeds, no theory diagnostics: about 40 minutes; what resolves C1–C3; a
 ``--seeds 5`` batch first is resumed by the plain command), ``tiny`` (the tiny recipe, d 64,
 at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 5 seeds after a learning-rate grid per variant: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and

@@ -317,8 +317,9 @@ SIZES: dict[str, Size] = {
     "decide": Size(base="tiny", seq_len=128, seeds=10, lr=3e-3, overrides=dict(_STUDY_RECIPE),
                    variants=DECIDING_VARIANTS, datasets=("corpus",), diagnose=False,
                    cost="the study's runs (300 steps, d96, 2 layers, L = 128) of the 6 variants C1–C3 compare, 10 "
-                        "seeds, no theory diagnostics: 60 runs, about 35 min with 2 workers on 2 CPU cores; what "
-                        "resolves C1–C3"),
+                        "seeds, no theory diagnostics: 60 runs, about 40 min with 2 workers on 2 CPU cores "
+                        "(measured: 22 min for a first batch of 5 seeds, 17 for the second, the report's eval-time "
+                        "extension rows included); what resolves C1–C3"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},
