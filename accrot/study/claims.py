@@ -275,11 +275,14 @@ def _c4(res: Results) -> Claim:
         c.comparisons.append(extrapolated)
         rise = res.seeded(d, v, lambda r: _late_rise(r, longest))
         c.comparisons.append(compare_paired(f"{v} rises 16× → {times(longest)}", list(rise.values()), label="Δ NLL "))
-        for s in siblings:
-            if res.by.get((d, s)):
-                c.comparisons.append(compare_variants(f"{v} rises more than {s}", v, rise, s,
-                                                      res.seeded(d, s, lambda r: _late_rise(r, longest)),
-                                                      lower_is_for=False))
+        ran = [s for s in siblings if res.by.get((d, s))]
+        for s in ran:
+            c.comparisons.append(compare_variants(f"{v} rises more than {s}", v, rise, s,
+                                                  res.seeded(d, s, lambda r: _late_rise(r, longest)),
+                                                  lower_is_for=False))
+        if not ran:  # the comparison that makes the rise a sign of missing far-mass control: never skipped silently
+            c.comparisons.append(Comparison(f"{v} rises more than its far-mass-controlled sibling",
+                                            f"{' / '.join(siblings)} not run", "missing"))
         last = res.per_seed(d, v, lambda r: _late_rise(r, longest, "last_window_nll"))
         if last:
             notes.append(f"{v} last-window NLL 16× → {times(longest)}: {fmt(last)}")

@@ -404,6 +404,15 @@ def test_n1_reads_precision_on_a_retrieval_task_within_l_where_the_study_ran_it(
     assert both.verdict == NOT_SUPPORTED, lines(both)
 
 
+def test_c4_without_the_far_mass_sibling_is_not_decided():
+    """A rotation-only variant that extrapolated and then rises, with its far-mass-controlled sibling not run (a
+    selection without it): the rise alone is no sign of missing far-mass control, so C4 is not supported by it."""
+    rising = study({"accum-random": flat_then_rising(2.0, 16, 0.2)}, jitter=(0.0, 0.001, 0.002))
+    c4 = verdict(rising, "C4")
+    assert c4.verdict == INCONCLUSIVE, lines(c4)
+    assert any(c.outcome == "missing" and "accum-random+alibi not run" in c.numbers for c in c4.comparisons)
+
+
 def test_c4_does_not_credit_a_curve_that_never_extrapolated():
     """A RoPE-like curve, rising from 2× L, rises from 16× to 64× too: the earlier C4 credited it, and the one
     after counted it against. Now the variant must have extrapolated first (NLL(4×) within 5 % of 1×); one whose
