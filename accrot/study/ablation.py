@@ -53,7 +53,7 @@ from accrot.study.options import (
     words,
 )
 from accrot.study.report import build_report, write_notes
-from accrot.study.results import CORPUS
+from accrot.study.results import ALSO_DIAGNOSED, CORPUS
 from accrot.study.tuning import headline as tuning_headline
 from accrot.study.tuning import lr_table, pending, tuned, tuning_doc, tuning_name, with_lrs
 from accrot.study.tuning import summary as lr_summary
@@ -126,8 +126,10 @@ def build_spec(study: str, size: Size, seeds: int, variants: list[str], datasets
                 over["data.init_args.root"] = text_root
             if data == "hf":
                 over["data.init_args.path"] = hf_source
-            # the theory diagnostics (T1–T4) on the data set the claims are read on
-            over["trainer.callbacks"] = [own_ckpt, diagnostics] if data == corpus and size.diagnose else [own_ckpt]
+            # the theory diagnostics (T1–T5) on the data set the claims are read on, and on the local task (T3 reads
+            # the far mass there too, where the far keys are distractors by construction)
+            diagnosed = data in (corpus, *ALSO_DIAGNOSED) and size.diagnose
+            over["trainer.callbacks"] = [own_ckpt, diagnostics] if diagnosed else [own_ckpt]
             strata[f"{data}.{label}"] = over
     return {
         "name": study,

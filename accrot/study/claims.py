@@ -103,8 +103,12 @@ class Null:
     what: str
     reads: Callable[[Results], dict[str, str]] | None = None
     swap: tuple[tuple[str, str], ...] = ()
+    # or builds the null's data itself (None: the study has no such data, and the null is not read)
+    transform: Callable[[Results], Results | None] | None = None
 
-    def data(self, res: Results) -> Results:
+    def data(self, res: Results) -> Results | None:
+        if self.transform is not None:
+            return self.transform(res)
         if self.swap:
             for a, b in self.swap:
                 res = res.relabelled({a: b, b: a}, seeds=res.alternate_seeds(a, b))
@@ -114,6 +118,8 @@ class Null:
     def read(self, res: Results, claim_id: str) -> Claim | None:
         """The claim ``claim_id`` read by its own rule on this null's data (None where that data set did not run)."""
         data = self.data(res)
+        if data is None:
+            return None
         found = [c for c in check_claims(data, nulls=False) if c.id == claim_id]
         return found[0] if found else None
 
@@ -149,6 +155,15 @@ NULLS: dict[str, Null] = {
                "so it cannot pass the commuting limit", reads=lambda res: {"PaTH": "accum-learned"}),
     "S3": Null("each far-mass-controlled variant's rotation-only sibling in its place: without a term growing with "
                "distance the claim says reads are not exact", reads=lambda res: rotation_only_of()),
+    "T1": Null("the coherence curves of a transport that breaks the condition by construction (a learned drift, "
+               "GRAPE's: its pairs' phase differences stay deterministic, so it has no finite window) put in place "
+               "of each transport's, seed by seed, and read against the transport's own prediction: a fit that "
+               "still places the windows predicted there would place them in any curve",
+               transform=lambda res: graft_coherence(res)),
+    "T2": Null("the same graft (a transport with no finite window in each transport's place): a rule that still "
+               "reads a constant window there reads it from the fit, not from the model. (Swapping the two lengths' "
+               "labels is no null here: the band is symmetric, so it always reads as the rule does)",
+               transform=lambda res: graft_coherence(res)),
     "T3": Null("NoPE, whose far mass has no bound, in every far-mass-controlled variant's place and ALiBi, whose far "
                "mass cannot grow, in every rotation-only one's: the roles the bound predicts, exchanged",
                reads=lambda res: _t3_null(res)),
@@ -159,6 +174,33 @@ NULLS: dict[str, Null] = {
     "T5": Null("RoPE, whose far scores are a fixed function of the distance (nothing mixes, nothing concentrates), "
                "in every accumulated SO(2) variant's place", reads=lambda res: {v: "RoPE" for v in SO2_ACCUMULATED}),
 }
+
+
+def graft_coherence(res: Results) -> Results | None:
+    """T1's and T2's null: every own transport the theory reads keeps its diagnostics (its scheme, its prediction
+    from its own angles) except the coherence curves and windows, which are those of the same seed's run of a
+    transport that breaks the regularity condition by construction (a learned drift), layer by layer. Seeds the
+    control did not run are left out; None where the study diagnosed no such control."""
+    import copy
+    from dataclasses import replace
+
+    from accrot.study.theory import breaks_condition, kind, variants_of
+
+    controls = [v for v in variants_of(res, "own") if breaks_condition(res.diagnosed(v)[0])]
+    if not controls:
+        return None
+    control = {r.seed: r for r in res.diagnosed(controls[0])}
+    subjects = [v for v in variants_of(res, "own") if v not in controls]
+    runs = [r for r in res.runs if not (r.variant in subjects and r.dataset == res.corpus and r.diag)]
+    for r in (r for v in subjects for r in res.diagnosed(v)):
+        source = control.get(r.seed)
+        if source is None or len(source.diag["layers"]) != len(r.diag["layers"]) or kind(r) != "own":
+            continue
+        diag = copy.deepcopy(r.diagnostics)
+        for layer, theirs in zip(diag["layers"], source.diag["layers"]):
+            layer["coherence"] = copy.deepcopy(theirs.get("coherence", []))
+        runs.append(replace(r, diagnostics=diag))
+    return Results(runs, res.corpus)
 
 
 def value_twins(variants: dict[str, dict] = VARIANTS) -> dict[str, str]:

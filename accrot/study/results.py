@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 CORPUS = "corpus"  # the data set the claims and the theory diagnostics are read on, unless the study says another
+# besides the claims' data set, the ablation diagnoses the local task, whose far keys are distractors by
+# construction: the far-mass lower bound (T3) is read there too
+ALSO_DIAGNOSED = ("local",)
 DIAGNOSTICS_SCHEMA = "accrot.diagnostics/2"
 
 
@@ -247,12 +250,14 @@ def best_at(res: Results, dataset: str, variants: Sequence[str], mult: float) ->
 # ---------------------------------------------------------------------------------------------------
 def theory_dataset(spec) -> str:
     """The data set an ablation spec runs the theory diagnostics on (``accrot ablation --corpus``): the one whose
-    strata carry the diagnostics callback; :data:`CORPUS` for a spec without it."""
+    strata carry the diagnostics callback (besides :data:`ALSO_DIAGNOSED`, diagnosed for the far-mass bound alone,
+    unless it is the only one); :data:`CORPUS` for a spec without it."""
+    found = []
     for stratum in spec.strata():
         callbacks = stratum.overrides.get("trainer.callbacks") or []
         if any(str(c.get("class_path", "")).endswith("DiagnosticsCallback") for c in callbacks if isinstance(c, dict)):
-            return (stratum.variant or CORPUS).split(".", 1)[0]
-    return CORPUS
+            found.append((stratum.variant or CORPUS).split(".", 1)[0])
+    return next((d for d in found if d not in ALSO_DIAGNOSED), found[0] if found else CORPUS)
 
 
 def collect(spec, ref, corpus: str | None = None) -> Results:

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from accrot.errors import ConfigError
 from accrot.position import SchemeFacts, facts
 from accrot.study.results import (
+    ALSO_DIAGNOSED,
     Results,
     Run,
     diag_layers,
@@ -62,6 +63,9 @@ WINDOW_BAND = math.log(1.25)  # a window within ±25 % (of the prediction; of it
 T1_SHARE = 0.75  # the regularity's prediction right for at least three heads in four
 T3_AGREEMENT = 0.10  # measured far mass within ±0.1 of the predicted
 T3_FLAT = 0.02  # far mass growth 8× → longest: at most this is bounded, more is growing
+# T3 is also read on the local task, where what grows with the length is distractors the answer never needs (the
+# ablation diagnoses its runs too): there the far keys are irrelevant by construction, the bound's cleanest case
+T3_ALSO = ALSO_DIAGNOSED
 T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than the linear sum (1)
 T5_CONCENTRATION = (0.8, 1.25)
 
@@ -241,25 +245,41 @@ def resolved_heads(run: Run) -> tuple[int, int, list[str]]:
     return len(at[0]) - len(bad), len(at[0]), bad
 
 
+def context_layers(run: Run) -> list[int]:
+    """The layers whose transport can depend on the context length, the only ones T2 reads: a learned transport's
+    layers past the first (layer 0's increments are computed from the token embeddings alone, which carry no
+    position, so on stationary text its window is the same at any length by construction); none for a transport
+    that is no function of the context (a token table, fresh draws)."""
+    if not scheme_facts(run).learned:
+        return []
+    return [layer["layer"] for layer in diag_layers(run) if layer.get("layer", 0) >= 1]
+
+
 def window_drift(run: Run) -> tuple[float | None, str]:
-    """Mean over the heads resolved at both window lengths of log(W(longest) / W(8×)), both fitted over one Δ range
-    (1 ≤ Δ ≤ 7/8 of the 8× length: a longer range would lengthen a mixture of rates' window by itself), and how
-    many heads agree within their jackknife intervals (|ΔW| ≤ 1.96 √(se₁² + se₂²))."""
+    """Mean over the heads of the context-reading layers (:func:`context_layers`) resolved at both window lengths
+    of log(W(longest) / W(8×)), both fitted over one Δ range (1 ≤ Δ ≤ 7/8 of the 8× length: a longer range would
+    lengthen a mixture of rates' window by itself), and how many heads agree within their jackknife intervals
+    (|ΔW| ≤ 1.96 √(se₁² + se₂²))."""
     pair = window_lengths(run)
     if pair is None:
         return None, "no second window length"
     a, b = (head_windows(run, n, common=True) for n in pair)
     if not a or len(a) != len(b):
         return None, "no window fitted over one range at both lengths (diagnostics older than that fit: re-run them)"
+    read = {f"layer {i} " for i in context_layers(run)}
     logs, agree = [], 0
-    for (_, w1, s1), (_, w2, s2) in zip(a, b):
+    for (name, w1, s1), (_, w2, s2) in zip(a, b):
+        if not any(name.startswith(x) for x in read):
+            continue
         if w1 and w2:
             logs.append(math.log(w2 / w1))
             if s1 is not None and s2 is not None:
                 agree += abs(w2 - w1) <= 1.96 * math.hypot(s1, s2)
+    if not read:
+        return None, "no layer past the first"
     if not logs:
         return None, "no head resolved at both lengths"
-    return sum(logs) / len(logs), f"{agree}/{len(logs)} heads agree within their jackknife intervals"
+    return sum(logs) / len(logs), f"{agree}/{len(logs)} heads of layers ≥ 1 agree within their jackknife intervals"
 
 
 def predicted_mixing(run: Run) -> list[bool] | None:
@@ -343,13 +363,18 @@ def t1(res: Results) -> Claim:
 
 def t2(res: Results) -> Claim:
     c = Claim("T2", "a finite mixing window independent of context length",
-              "the model's own transports (a ladder that keeps pairs from mixing: a labelled row): mean over heads "
-              "placed at both lengths of log(W(64×) / W(8×)), both fitted over one range, 1 ≤ Δ ≤ 7/8 of 8× L",
+              "the model's own learned transports (a ladder that keeps pairs from mixing: a labelled row), the heads of "
+              "layers past the first (layer 0's increments read the token embeddings alone, and a token table none of "
+              "the context, so their windows cannot depend on the length: shown, not read): mean over heads placed "
+              "at both lengths of log(W(64×) / W(8×)), both fitted over one range, 1 ≤ Δ ≤ 7/8 of 8× L",
               rule="for a variant when the interval lies within ±log 1.25; every variant must be for")
     labelled = []
     for v in variants_of(res, "own"):
         if breaks_condition(res.diagnosed(v)[0]):
             continue  # T1's control: no finite window to compare
+        if not context_layers(res.diagnosed(v)[0]):  # a token table, or a single layer: nothing that reads context
+            labelled.append(f"{v} (no layer whose transport reads the context; not counted)")
+            continue
         drifts, notes = [], []
         for r in res.diagnosed(v):
             drift, note = window_drift(r)
@@ -450,7 +475,8 @@ def role(variant: str, run: Run) -> str:
 def t3(res: Results) -> Claim:
     longest = res.longest()
     c = Claim("T3", "far-mass lower bound",
-              f"far mass beyond each head's own window (at least L/4; heads whose window is censored or runs past "
+              f"on the claims' data set and the local task (its distractors), far mass beyond each head's own "
+              f"window (at least L/4; heads whose window is censored or runs past "
               f"7L/8 have far keys inside it: outside the bound's premise, left out) at {times(longest)}: measured "
               "against the mass the bound predicts from L's statistics alone (near partitions, far keys' mean "
               f"weight, the gate), and its growth 8× → {times(longest)}",
@@ -459,25 +485,27 @@ def t3(res: Results) -> Claim:
                    f"grows by less than {T3_FLAT:g} (a limit below 1); every one must be for (NoPE, the negative "
                    "control, is shown, not counted)")
     outside = []
-    for v in res.variants(res.corpus):
-        runs = res.diagnosed(v)
-        if not runs or role(v, runs[0]) not in ("rotation-only", "bounded"):
-            continue
-        if not any(any(in_premise(r)) for r in runs):
-            outside.append(f"{v} (every head's window reaches past the far range)")
-            continue
-        measured = res.seeded(res.corpus, v, lambda r: measured_far_mass(r, longest))
-        diff = [measured[r.seed] - p for r in runs
-                if r.seed in measured and (p := predicted_far_mass(r, longest)) is not None]
-        c.comparisons.append(compare_band(f"{v} follows the prediction", diff, -T3_AGREEMENT, T3_AGREEMENT,
-                                          label="measured − predicted "))
-        growth = res.per_seed(res.corpus, v, lambda r: far_growth(r, longest))
-        if role(v, runs[0]) == "rotation-only":
-            c.comparisons.append(compare_threshold(f"{v} grows toward 1", growth, T3_FLAT, below_is_for=False,
-                                                   label=f"far mass 8× → {times(longest)} "))
-        else:
-            c.comparisons.append(compare_threshold(f"{v} bounded (does not grow)", growth, T3_FLAT,
-                                                   label=f"far mass 8× → {times(longest)} "))
+    for d in (res.corpus, *(x for x in T3_ALSO if x != res.corpus)):
+        prefix = "" if d == res.corpus else f"{d}: "
+        for v in res.variants(d):
+            runs = [r for r in res.by.get((d, v), []) if r.diag]
+            if not runs or role(v, runs[0]) not in ("rotation-only", "bounded"):
+                continue
+            if not any(any(in_premise(r)) for r in runs):
+                outside.append(f"{prefix}{v} (every head's window reaches past the far range)")
+                continue
+            measured = res.seeded(d, v, lambda r: measured_far_mass(r, longest))
+            diff = [measured[r.seed] - p for r in runs
+                    if r.seed in measured and (p := predicted_far_mass(r, longest)) is not None]
+            c.comparisons.append(compare_band(f"{prefix}{v} follows the prediction", diff, -T3_AGREEMENT,
+                                              T3_AGREEMENT, label="measured − predicted "))
+            growth = res.per_seed(d, v, lambda r: far_growth(r, longest))
+            if role(v, runs[0]) == "rotation-only":
+                c.comparisons.append(compare_threshold(f"{prefix}{v} grows toward 1", growth, T3_FLAT,
+                                                       below_is_for=False, label=f"far mass 8× → {times(longest)} "))
+            else:
+                c.comparisons.append(compare_threshold(f"{prefix}{v} bounded (does not grow)", growth, T3_FLAT,
+                                                       label=f"far mass 8× → {times(longest)} "))
     if not c.comparisons:
         c.comparisons.append(Comparison("far mass", "no diagnosed variant", "missing"))
     control = [x for r in res.diagnosed("NoPE") if (x := measured_far_mass(r, longest)) is not None]

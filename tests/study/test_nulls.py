@@ -68,7 +68,25 @@ INFORMATIVE_OR_NOT = {
     "T4": (lambda: _t4(0.9), lambda: _t4(0.1)),
     # T5: RoPE's far maximum growing as concentration predicts too: then the growth is no sign of mixing
     "T5": (lambda: _t5(0.3), lambda: _t5(1.0)),
+    # T1: the drift's curves (no finite window) censored, as they should be; the blind case: the fit places a
+    # window in the drift's curves too, so placed windows are no sign of mixing
+    "T1": (lambda: _graft({"censored": (True, True), "mixes": False}),
+           lambda: _graft({"windows": (7.0, 7.0), "mixes": True})),
+    # T2: the drift's fitted window grows with length where the transports' does not; the blind case: the fit
+    # reads the same constant window in the drift's curves
+    "T2": (lambda: _graft({"windows": (7.0, 30.0), "common": (7.0, 30.0)}),
+           lambda: _graft({"windows": (7.0, 7.2)})),
 }
+
+GRAPE = "accum-grape"  # a learned drift: breaks the regularity condition by construction
+
+
+def _graft(grape: dict) -> Results:
+    """The own transports with windows placed and constant at both lengths, and GRAPE's drift, diagnosed as
+    ``grape`` says: the control whose coherence T1's and T2's null graft into the transports' place."""
+    own = ("accum-learned", "accum-learned+values", "PaTH")
+    return study({v: (2.0, 0.0) for v in (*own, GRAPE)},
+                 {**{v: {"windows": (7.0, 7.1)} for v in own}, GRAPE: grape}, jitter=SMALL)
 
 
 def _t4(twin_position: float) -> Results:
@@ -127,14 +145,30 @@ def test_a_clear_effect_does_not_survive_its_null(claim_id):
         assert any(x.outcome == "inside" for x in c.null.comparisons), lines(c.null)
 
 
+def test_the_graft_keeps_each_transport_s_prediction_and_takes_the_control_s_windows():
+    from accrot.study.claims import graft_coherence
+    from accrot.study.theory import head_windows, predicted_mixing
+
+    res = _graft({"censored": (True, True), "mixes": False})
+    grafted = graft_coherence(res)
+    for run in grafted.diagnosed("PaTH"):
+        assert predicted_mixing(run) == [True] * 8  # its own angles' prediction
+        assert all(w is None for _, w, _ in head_windows(run, 64 * 128))  # the drift's censored windows
+    original = res.diagnosed("PaTH")[0]
+    assert all(w is not None for _, w, _ in head_windows(original, 64 * 128))  # the study's own data untouched
+    assert graft_coherence(study({"PaTH": (2.0, 0.0)}, {"PaTH": {}})) is None  # no control diagnosed: not read
+
+
 def test_every_claim_says_its_null_or_that_it_has_none():
     from accrot.study.claims import specimen_results
 
     claims = check_claims(specimen_results())
     with_null = {c.id for c in claims if c.null_what}
-    assert with_null == set(NULLS)
-    assert {c.null_verdict for c in claims if not c.null_what} == {"no null"}
-    assert all(c.null is not None for c in claims if c.null_what)  # each was read on the specimen's data
+    assert with_null == set(NULLS) == {c.id for c in claims}  # every rule meets a null
+    # each was read on the specimen's data, but the grafts T1 and T2 read, which need diagnosed runs of a control
+    grafted = {"T1", "T2"}
+    assert all(c.null is not None for c in claims if c.id not in grafted)
+    assert {c.null_verdict for c in claims if c.id in grafted} == {"not read"}
 
 
 def test_relabelling_puts_a_source_in_a_target_s_place_and_swaps_only_the_seeds_asked():

@@ -10,6 +10,7 @@ truth in tests/study/test_instruments.py.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -618,6 +619,46 @@ def test_t2_compares_the_windows_fitted_over_one_range_at_both_lengths():
                     c.pop(k, None)
     c = verdict(old, "T2")
     assert c.verdict != SUPPORTED and "older than that fit" in " ".join(x.numbers for x in c.comparisons), lines(c)
+
+
+def test_t3_reads_the_local_task_s_diagnostics_too():
+    """The local task's far keys are distractors by construction: T3 reads its diagnosed runs beside the corpus's,
+    under their own names; a bounded variant whose far mass keeps growing there fails T3 although the corpus holds."""
+    from dataclasses import replace
+
+    def with_local(local_bounded: dict) -> Results:
+        corpus = _t3({"far": (0.3, 0.6, 0.8)}, {"far": (0.05, 0.08, 0.085)}, jitter=(0.0, 0.001, 0.002))
+        grown = _t3({"far": (0.3, 0.6, 0.8)}, local_bounded, jitter=(0.0, 0.001, 0.002))
+        return Results([*corpus.runs, *(replace(r, dataset="local") for r in grown.runs)])
+
+    holds = verdict(with_local({"far": (0.05, 0.08, 0.085)}), "T3")
+    assert holds.verdict == SUPPORTED, lines(holds)
+    assert any(c.what == "local: ALiBi bounded (does not grow)" for c in holds.comparisons)
+    fails = verdict(with_local({"far": (0.05, 0.08, 0.3)}), "T3")
+    assert fails.own_verdict == NOT_SUPPORTED, lines(fails)
+    assert all(c.outcome == "for" for c in fails.comparisons if not c.what.startswith("local: "))
+
+
+def test_t2_reads_only_the_layers_whose_transport_reads_the_context():
+    """Layer 0's increments are computed from the token embeddings alone, so its window cannot depend on the length
+    on stationary text: T2 reads layers past the first. A drift at layer 1 fails T2 whatever layer 0 shows; a
+    drift at layer 0 alone does not; a token table (no function of the context) is shown, not read."""
+    def drifting(layer: int) -> Results:
+        res = study({v: (2.0, 0.0) for v in OWN}, {v: {"windows": (7.0, 7.1)} for v in OWN})
+        for r in res.runs:
+            if not r.diag:
+                continue
+            r.diag["layers"] = [copy.deepcopy(x) for x in r.diag["layers"]]  # the synthetic layers share curves
+            for c in r.diag["layers"][layer]["coherence"]:
+                if c["length"] == 64 * L:
+                    c["window_common"] = [21.0] * H
+        return res
+
+    assert verdict(drifting(1), "T2").verdict == NOT_SUPPORTED, lines(verdict(drifting(1), "T2"))
+    assert verdict(drifting(0), "T2").verdict == SUPPORTED, lines(verdict(drifting(0), "T2"))
+    t2 = verdict(drifting(0), "T2")
+    assert not any(c.what.startswith("accum-token") for c in t2.comparisons)
+    assert "accum-token (no layer whose transport reads the context" in t2.note
 
 
 def test_t1_checks_the_heads_against_what_their_own_angles_predict():
