@@ -155,12 +155,14 @@ NULLS: dict[str, Null] = {
                "so it cannot pass the commuting limit", reads=lambda res: {"PaTH": "accum-learned"}),
     "S3": Null("each far-mass-controlled variant's rotation-only sibling in its place: without a term growing with "
                "distance the claim says reads are not exact", reads=lambda res: rotation_only_of()),
-    "T1": Null("the coherence curves of a transport that breaks the condition by construction (a learned drift, "
-               "GRAPE's: its pairs' phase differences stay deterministic, so it has no finite window) put in place "
-               "of each transport's, seed by seed, and read against the transport's own prediction: a fit that "
-               "still places the windows predicted there would place them in any curve",
-               transform=lambda res: graft_coherence(res)),
-    "T2": Null("the same graft (a transport with no finite window in each transport's place): a rule that still "
+    "T1": Null("each head's coherence curves replaced, seed by seed, by those of a control its own angles say it is "
+               "not: a transport that breaks the condition by construction (a learned drift, GRAPE's: no finite "
+               "window) for the heads predicted to mix, one that mixes by construction (a random token table) for "
+               "those predicted coherent; read against the transport's own prediction, a fit that still agrees "
+               "with it would agree with any curve",
+               transform=lambda res: graft_coherence(res, opposite=True)),
+    "T2": Null("a learned drift's coherence curves (GRAPE's: no finite window) in place of each transport's, seed "
+               "by seed: a rule that still "
                "reads a constant window there reads it from the fit, not from the model. (Swapping the two lengths' "
                "labels is no null here: the band is symmetric, so it always reads as the rule does)",
                transform=lambda res: graft_coherence(res)),
@@ -176,29 +178,62 @@ NULLS: dict[str, Null] = {
 }
 
 
-def graft_coherence(res: Results) -> Results | None:
+# the per-head fields of a coherence entry (one value or curve per head); the rest (length, distances, ranges) are
+# the diagnostics' settings, the same for every run of a study
+HEAD_FIELDS = ("curve", "stderr", "predicted", "window", "window_se", "window_censored", "window_common",
+               "window_common_se", "window_common_censored")
+
+
+def graft_coherence(res: Results, opposite: bool = False) -> Results | None:
     """T1's and T2's null: every own transport the theory reads keeps its diagnostics (its scheme, its prediction
-    from its own angles) except the coherence curves and windows, which are those of the same seed's run of a
-    transport that breaks the regularity condition by construction (a learned drift), layer by layer. Seeds the
-    control did not run are left out; None where the study diagnosed no such control."""
+    from its own angles) except its coherence curves and windows, which are, head by head, those of the same seed's
+    run of a control: a transport that breaks the regularity condition by construction (a learned drift: no finite
+    window) or, with ``opposite``, for the heads the transport's angles predict to stay coherent, one whose
+    increments mix by construction (a random token table) — each head gets the control its prediction says it is
+    not. Seeds a control did not run are left out; None where the study diagnosed no such control."""
     import copy
     from dataclasses import replace
 
-    from accrot.study.theory import breaks_condition, kind, variants_of
+    from accrot.study.theory import breaks_condition, kind, predicted_mixing, scheme_facts, variants_of
 
-    controls = [v for v in variants_of(res, "own") if breaks_condition(res.diagnosed(v)[0])]
-    if not controls:
+    own = variants_of(res, "own")
+    drift = [v for v in own if breaks_condition(res.diagnosed(v)[0])]
+    mixing = [v for v in own if scheme_facts(res.diagnosed(v)[0]).regularity == "holds"] if opposite else []
+    if not drift or (opposite and not mixing):
         return None
-    control = {r.seed: r for r in res.diagnosed(controls[0])}
-    subjects = [v for v in variants_of(res, "own") if v not in controls]
+    coherent_at = {r.seed: r for r in res.diagnosed(drift[0])}
+    mixing_at = {r.seed: r for r in res.diagnosed(mixing[0])} if mixing else {}
+    subjects = [v for v in own if v not in (*drift, *mixing)]
     runs = [r for r in res.runs if not (r.variant in subjects and r.dataset == res.corpus and r.diag)]
     for r in (r for v in subjects for r in res.diagnosed(v)):
-        source = control.get(r.seed)
-        if source is None or len(source.diag["layers"]) != len(r.diag["layers"]) or kind(r) != "own":
+        predicted = predicted_mixing(r) if opposite else None
+        sources = [coherent_at.get(r.seed), mixing_at.get(r.seed) if predicted is not None else None]
+        if sources[0] is None or kind(r) != "own" or (predicted is not None and sources[1] is None):
+            continue
+        if any(len(x.diag["layers"]) != len(r.diag["layers"]) for x in sources if x is not None):
             continue
         diag = copy.deepcopy(r.diagnostics)
-        for layer, theirs in zip(diag["layers"], source.diag["layers"]):
-            layer["coherence"] = copy.deepcopy(theirs.get("coherence", []))
+        unit = 0  # (layer, head), layer-major, as the prediction is listed
+        for i, layer in enumerate(diag["layers"]):
+            entries = layer.get("coherence", [])
+            heads = len(entries[0]["window"]) if entries else 0
+            # head h takes the drift's curves unless its own angles predict it coherent
+            pick = [1 if predicted is not None and unit + h < len(predicted) and not predicted[unit + h] else 0
+                    for h in range(heads)]
+            unit += heads
+            theirs = [{c["length"]: c for c in x.diag["layers"][i].get("coherence", [])} if x is not None else {}
+                      for x in sources]
+            grafted = []
+            for entry in entries:
+                new = copy.deepcopy(theirs[0].get(entry["length"]))
+                if new is None:
+                    continue
+                for k in HEAD_FIELDS:
+                    values = [(theirs[p].get(entry["length"]) or {}).get(k) for p in pick]
+                    if k in new and all(isinstance(v, list) and len(v) == heads for v in values):
+                        new[k] = [copy.deepcopy(values[h][h]) for h in range(heads)]
+                grafted.append(new)
+            layer["coherence"] = grafted
         runs.append(replace(r, diagnostics=diag))
     return Results(runs, res.corpus)
 

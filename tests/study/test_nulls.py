@@ -81,12 +81,28 @@ INFORMATIVE_OR_NOT = {
 GRAPE = "accum-grape"  # a learned drift: breaks the regularity condition by construction
 
 
-def _graft(grape: dict) -> Results:
-    """The own transports with windows placed and constant at both lengths, and GRAPE's drift, diagnosed as
-    ``grape`` says: the control whose coherence T1's and T2's null graft into the transports' place."""
+TOKEN = "accum-token"  # a random token table: mixes by construction
+
+
+def _graft(grape: dict, own_diag: dict | None = None, token: dict | None = None) -> Results:
+    """The own transports (by default predicted to mix, windows placed and constant at both lengths), GRAPE's drift
+    diagnosed as ``grape`` says and a token table (placed): the controls T1's and T2's null graft in."""
     own = ("accum-learned", "accum-learned+values", "PaTH")
-    return study({v: (2.0, 0.0) for v in (*own, GRAPE)},
-                 {**{v: {"windows": (7.0, 7.1)} for v in own}, GRAPE: grape}, jitter=SMALL)
+    return study({v: (2.0, 0.0) for v in (*own, GRAPE, TOKEN)},
+                 {**{v: own_diag or {"windows": (7.0, 7.1)} for v in own}, GRAPE: grape,
+                  TOKEN: token or {"windows": (5.0, 5.0)}}, jitter=SMALL)
+
+
+def test_t1_s_null_gives_heads_predicted_coherent_a_transport_that_mixes():
+    """Heads whose angles predict coherence, censored as predicted: the rule holds; on the null they carry the token
+    table's placed windows, so it reads against there; had the fit censored the token table too, the null would
+    read for and T1 decide nothing."""
+    coherent = {"mixes": False, "censored": (True, True)}
+    c = verdict(_graft({"censored": (True, True), "mixes": False}, coherent), "T1")
+    assert c.verdict == SUPPORTED and c.null_verdict == NOT_SUPPORTED, lines(c.null)
+    blind = verdict(_graft({"censored": (True, True), "mixes": False}, coherent,
+                           token={"censored": (True, True), "mixes": False}), "T1")
+    assert blind.null_verdict == SUPPORTED and blind.verdict == UNINFORMATIVE, lines(blind.null)
 
 
 def _t4(twin_position: float) -> Results:
@@ -150,13 +166,23 @@ def test_the_graft_keeps_each_transport_s_prediction_and_takes_the_control_s_win
     from accrot.study.theory import head_windows, predicted_mixing
 
     res = _graft({"censored": (True, True), "mixes": False})
-    grafted = graft_coherence(res)
+    grafted = graft_coherence(res, opposite=True)
     for run in grafted.diagnosed("PaTH"):
         assert predicted_mixing(run) == [True] * 8  # its own angles' prediction
         assert all(w is None for _, w, _ in head_windows(run, 64 * 128))  # the drift's censored windows
     original = res.diagnosed("PaTH")[0]
     assert all(w is not None for _, w, _ in head_windows(original, 64 * 128))  # the study's own data untouched
+    # head by head: the heads predicted coherent take the token table's windows, the others the drift's
+    half = _graft({"censored": (True, True), "mixes": False})
+    for r in half.diagnosed("PaTH"):
+        r.diag["layers"] = [dict(x) for x in r.diag["layers"]]
+        r.diag["layers"][1]["regularity"] = {"kind": "pairs", "mixes": [False] * 4}
+    for run in graft_coherence(half, opposite=True).diagnosed("PaTH"):
+        windows = [w for _, w, _ in head_windows(run, 64 * 128)]
+        assert windows[:4] == [None] * 4 and all(w is not None and abs(w - 5.0) < 0.1 for w in windows[4:]), windows
     assert graft_coherence(study({"PaTH": (2.0, 0.0)}, {"PaTH": {}})) is None  # no control diagnosed: not read
+    assert graft_coherence(study({"PaTH": (2.0, 0.0), GRAPE: (2.0, 0.0)}, {"PaTH": {}, GRAPE: {}}),
+                           opposite=True) is None  # no control that mixes
 
 
 def test_every_claim_says_its_null_or_that_it_has_none():
