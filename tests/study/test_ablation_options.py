@@ -223,6 +223,15 @@ def test_the_claims_and_diagnostics_follow_the_corpus_into_the_spec_and_the_repo
     assert theory_dataset(spec) == "hf" and collect(spec, StorageRef.parse(None, "c", out)).corpus == "hf"
 
 
+def test_the_claims_data_set_is_the_diagnosed_one_that_is_not_the_local_task(tmp_path):
+    """The local task is diagnosed for the far-mass bound alone: listed first, it must not take the claims."""
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(build_spec("a", SIZES["study"], 2, ["NoPE"], ["local", "corpus"])))
+    assert theory_dataset(load_spec(path)) == "corpus"
+    path.write_text(yaml.safe_dump(build_spec("a", SIZES["study"], 2, ["NoPE"], ["local"], corpus="local")))
+    assert theory_dataset(load_spec(path)) == "local"  # the only one diagnosed
+
+
 def test_a_token_budget_sets_the_steps_and_scales_the_recipes_cadences():
     """The study size's recipe: 300 steps × 16 × 128, warm-up 30, validation every 100, checkpoints every 100."""
     tokens = 150 * 16 * 128
