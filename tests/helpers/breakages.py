@@ -130,7 +130,7 @@ BREAKAGES = [
              "        return res", ("tests/study/test_nulls.py",)),
     Breakage("graft-keeps-own-curves", "T1's and T2's null keeping each transport's own coherence curves (no "
              "control's windows grafted in)", "accrot/study/claims.py",
-             '            layer["coherence"] = copy.deepcopy(theirs.get("coherence", []))', "            pass",
+             '            layer["coherence"] = grafted', "            pass",
              ("tests/study/test_nulls.py", "-k", "T1 or T2 or graft")),
     Breakage("t2-reads-layer-0", "T2 reading layer 0, whose increments see the token embeddings alone",
              "accrot/study/theory.py", '    return [layer["layer"] for layer in diag_layers(run) if layer.get("layer", 0) >= 1]',
