@@ -166,9 +166,10 @@ class Results:
         common = sorted({r.seed for r in self.runs if r.variant == a} & {r.seed for r in self.runs if r.variant == b})
         return set(common[1::2])
 
-    def diagnosed(self, variant: str) -> list[Run]:
-        """The variant's runs on the theory's data set that have diagnostics (of the current layout)."""
-        return [r for r in self.by.get((self.corpus, variant), []) if r.diag]
+    def diagnosed(self, variant: str, dataset: str | None = None) -> list[Run]:
+        """The variant's runs that have diagnostics (of the current layout), on the theory's data set unless
+        ``dataset`` names another (the local task's, :data:`ALSO_DIAGNOSED`)."""
+        return [r for r in self.by.get((dataset or self.corpus, variant), []) if r.diag]
 
 
 def unmixable(res: Results, variant: str) -> list[tuple[int, float, float]]:

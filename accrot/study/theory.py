@@ -63,9 +63,6 @@ WINDOW_BAND = math.log(1.25)  # a window within ±25 % (of the prediction; of it
 T1_SHARE = 0.75  # the regularity's prediction right for at least three heads in four
 T3_AGREEMENT = 0.10  # measured far mass within ±0.1 of the predicted
 T3_FLAT = 0.02  # far mass growth 8× → longest: at most this is bounded, more is growing
-# T3 is also read on the local task, where what grows with the length is distractors the answer never needs (the
-# ablation diagnoses its runs too): there the far keys are irrelevant by construction, the bound's cleanest case
-T3_ALSO = ALSO_DIAGNOSED
 T4_MIDPOINT = 0.5  # rotated far norm nearer the random-walk prediction (0) than the linear sum (1)
 T5_CONCENTRATION = (0.8, 1.25)
 
@@ -485,10 +482,12 @@ def t3(res: Results) -> Claim:
                    f"grows by less than {T3_FLAT:g} (a limit below 1); every one must be for (NoPE, the negative "
                    "control, is shown, not counted)")
     outside = []
-    for d in (res.corpus, *(x for x in T3_ALSO if x != res.corpus)):
+    # also on the local task, where what grows with the length is distractors the answer never needs: the far keys
+    # are irrelevant by construction there, the bound's cleanest case
+    for d in (res.corpus, *(x for x in ALSO_DIAGNOSED if x != res.corpus)):
         prefix = "" if d == res.corpus else f"{d}: "
         for v in res.variants(d):
-            runs = [r for r in res.by.get((d, v), []) if r.diag]
+            runs = res.diagnosed(v, d)
             if not runs or role(v, runs[0]) not in ("rotation-only", "bounded"):
                 continue
             if not any(any(in_premise(r)) for r in runs):
