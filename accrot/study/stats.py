@@ -203,7 +203,7 @@ def compare_variants(what: str, a: str, va: Values, b: str, vb: Values, lower_is
         how = "Welch"
     if test is None:
         return Comparison(what, f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)}: one seed, no spread", "inside")
-    limit = f", margin {margin:+g}" if margin else ""
+    limit = f", margin {margin:+.{digits}f}" if margin else ""
     numbers = (f"{a} {fmt(la, digits)} vs {b} {fmt(lb, digits)} (Δ {test.mean:+.{digits}f} ± "
                f"{test.half:.{digits}f}, 95 %, {how}{limit})")
     comp = _signed(what, numbers, test, margin, lower_is_for)
