@@ -161,7 +161,8 @@ def _add_regularity(model, layers, schemes, blocks_by_length, longest: int, eps:
         return
     with torch.no_grad():
         for i, li in enumerate(layer_inputs(model, blocks_by_length[longest][:REGULARITY_BLOCKS, :longest])):
-            layers[i]["regularity"] = regularity(li.scheme, li.x, li.tokens, default_distances(longest), eps)
+            layers[i]["regularity"] = regularity(li.scheme, li.x, li.tokens, default_distances(longest), eps,
+                                                    li.q, li.k)
 
 
 REGULARITY_BLOCKS = 8  # blocks of the longest length the regularity is read on: its resultants' sampling error

@@ -17,9 +17,9 @@ seed. The spec it generates is written beside the results (``<study>.yaml``), so
 
 Sizes (:data:`SIZES`): ``study`` (the default: the shipped tiny recipe at d_model 96, L = 128, 300 steps, 3 seeds:
 about 50 minutes on 2 CPU cores: every claim at a first look), ``decide`` (the same runs of only the six variants
-C1–C3 compare, on the corpus, 10 seeds, no theory diagnostics: about 40 minutes; it resolves C1 and C2,
-while C3 needs 28–64 seeds at this size by its own seeds-needed lines: ``--seeds 30``, then ``--seeds 64``; a
-``--seeds 5`` batch first is resumed by the plain command), ``tiny`` (the tiny recipe, d 64,
+C1–C3 compare, on the corpus, 10 seeds, no theory diagnostics: about 40 minutes; it resolves C1–C3, C3 on
+the random pair (the learned pair needs about 80–110 seeds at this size by its own seeds-needed lines, ``--seeds
+N`` batches resume); a ``--seeds 5`` batch first is resumed by the plain command), ``tiny`` (the tiny recipe, d 64,
 at 150 steps, 2 seeds, evaluated to 32× L: a 12-minute quick look whose verdicts are mostly inconclusive), ``small`` (small.yaml, L = 512, 5000
 steps, 5 seeds after a learning-rate grid per variant: a GPU), ``paper`` (small.yaml's shape at 20 000 steps and
 batch 32, 5 seeds after the grid: a GPU node or a cluster).
@@ -179,7 +179,7 @@ HELP = ("The paper's ablation in one command: every variant on each data set (de
         "and every claim's verdict, in --out/ablation-SIZE/. It is a sweep "
         "with one Optuna study per data set, its grid of variants x seeds queued at the start; it resumes: run the "
         "same command again (more --seeds: a second batch). Sizes: study (default; 84 runs, about 50 min on 2 CPU "
-        "cores), decide (resolves C1 and C2, about 40 min; C3 needs more seeds), tiny (a 12-minute look), small "
+        "cores), decide (resolves C1–C3, about 40 min), tiny (a 12-minute look), small "
         "and paper (a GPU); less "
         "than a size's --max_steps, --seeds or --multipliers is a quick look, which the report marks.")
 

@@ -9,9 +9,10 @@ What each rule reads (every value per seed; the comparisons and corrections: :mo
 * **T1**, **T2** and **T4** are about transports whose pairs can mix: a learned rotation whose own bound and ladder
   keep some pairs coherent past the longest length (Selective RoPE's) is read, shown as a labelled row, not counted.
 * **T1** (the model's own transports — learned and token increments, PaTH — become incoherent where they are
-  regular): per (seed, layer, head), the diagnostics read from the transport's own angles whether every pair's
-  phase differences spread under ε within the longest length (PaTH: whether the mean Householder factor
-  contracts), which predicts that head mixes or stays coherent; the rule asks the heads predicted to mix to place
+  regular): per (seed, layer, head), the diagnostics read from the transport's own angles whether the head's
+  pairs, each counted by the share of the head's score energy it carries (E|q_i|²·E|k_i|²), have phase
+  differences that spread: the weighted resultant Σ_i w_i R_i(Δ) under ε within the longest length (PaTH: whether
+  the mean Householder factor contracts), which predicts that head mixes or stays coherent; the rule asks the heads predicted to mix to place
   their window (fitted over 1 ≤ Δ ≤ 7/8 of the length, at both 8× and 64× L; share above :data:`T1_SHARE`) and
   the heads predicted coherent not to (share below 1 − :data:`T1_SHARE`).
 * **T2** (the window does not depend on the context length): per variant, the mean over heads resolved at both
@@ -280,9 +281,10 @@ def window_drift(run: Run) -> tuple[float | None, str]:
 
 
 def predicted_mixing(run: Run) -> list[bool] | None:
-    """Per (layer, head), layer-major: whether the run's own transport mixes there (every pair's phase differences
-    spread under ε within the longest length; PaTH: the mean Householder factor contracts within it), read off
-    its angles and factors by the diagnostics; None where they did not record it."""
+    """Per (layer, head), layer-major: whether the run's own transport mixes there (the score-weighted resultant of
+    its pairs' phase differences falls under ε within the longest length, or every pair's does in diagnostics
+    recorded before the weights; PaTH: the mean Householder factor contracts within it), read off its angles and
+    factors by the diagnostics; None where they did not record it."""
     out = []
     for layer in diag_layers(run):
         reg = layer.get("regularity")
@@ -312,8 +314,8 @@ def t1(res: Results) -> Claim:
     c = Claim("T1", "products become incoherent after finitely many steps",
               "the model's own transports (learned and token increments, PaTH; a variant whose own ladder keeps pairs "
               "from mixing within the longest length is a labelled row, not counted), per (seed, layer, head): "
-              "predicted from the transport's own angles (each pair's phase differences θ_t − θ_{t−Δ} spread under "
-              "ε) or factors (PaTH: the mean Householder factor contracts) to mix or to stay coherent, against "
+              "predicted from the transport's own angles (its pairs' phase differences θ_t − θ_{t−Δ}, each pair "
+              "weighted by its share of the head's score energy, spread under ε) or factors (PaTH: the mean Householder factor contracts) to mix or to stay coherent, against "
               "whether its window, fitted over 1 ≤ Δ ≤ 7/8 of the length, is placed at both 8× and 64× L",
               rule=f"for a variant when the heads predicted to mix place their window (the share's exact binomial "
                    f"interval above {T1_SHARE:g}) and the heads predicted coherent do not (below {1 - T1_SHARE:g}, "

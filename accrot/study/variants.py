@@ -311,16 +311,16 @@ SIZES: dict[str, Size] = {
     "study": Size(base="tiny", seq_len=128, seeds=3, lr=3e-3, overrides=dict(_STUDY_RECIPE),
                   cost="300 steps per run (d96, 2 layers, L = 128); its default selection, 84 runs, takes about "
                        "50 min with 2 workers on 2 CPU cores (75 runs took 40; the local task's diagnostics add about 4); 3 seeds: every claim at a first "
-                       "look; --size decide resolves C1 and C2"),
+                       "look; --size decide resolves C1–C3"),
     # C1–C3 decided on 2 cores: the variants they compare (and NoPE, C2's null) on the corpus, at the study's
     # recipe, no theory diagnostics, 10 seeds (a second batch: --seeds 5 first, then the plain command adds 5)
     "decide": Size(base="tiny", seq_len=128, seeds=10, lr=3e-3, overrides=dict(_STUDY_RECIPE),
                    variants=DECIDING_VARIANTS, datasets=("corpus",), diagnose=False,
                    cost="the study's runs (300 steps, d96, 2 layers, L = 128) of the 6 variants C1–C3 compare, 10 "
                         "seeds, no theory diagnostics: 60 runs, about 40 min with 2 workers on 2 CPU cores "
-                        "(measured: 22 min for a first batch of 5 seeds, 17 for the second, the report's eval-time "
-                        "extension rows included); it resolves C1 and C2; C3's seeds-needed lines ask 28–64 seeds "
-                        "at this size (its batches resume: --seeds 30, then --seeds 64)"),
+                        "(measured: 19 min for a first batch of 5 seeds, 17 for the second, the report's eval-time "
+                        "extension rows included); it resolves C1–C3 (C3 on the random pair; the learned pair's "
+                        "seeds-needed lines ask 80–110 seeds at this size, and --seeds N batches resume)"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
                  overrides={"trainer.max_steps": 150, "trainer.val_check_interval": 75,
                             "extrapolation.budget_tokens": 16384},

@@ -455,3 +455,48 @@ def test_the_regularity_read_off_a_transport_s_own_angles_and_factors():
     with torch.no_grad():
         still = regularity(scheme, x, tokens, dist)
     assert still["mixes"] == [False] * H and still["contraction"] == pytest.approx([1.0] * H, abs=1e-9)
+
+
+def test_the_regularity_counts_each_pair_by_the_share_of_the_score_it_carries():
+    """Known truth for the score-weighted prediction. On RoPE's ladder with a random spread the fast pairs mix
+    and the slow ones never do within 512 steps: q and k that live only on the mixing pairs make every head mix
+    (its coherence can only fall with theirs), the same energy on the slow pairs keeps every head coherent, and
+    q, k spread over every pair (a quarter or more of the energy on pairs that stay coherent) keep it coherent too.
+    The weights themselves: E|q_i|²·E|k_i|², normalised per head, in the half-split layout."""
+    from accrot.diagnostics.regularity import pair_weights, regularity
+
+    H, D, T = 4, 16, 8192
+    P = D // 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, T, H * D, generator=g)
+    tokens = torch.randint(0, 256, (2, T), generator=g)
+    dist = sorted({*range(33), *(int(d) for d in torch.logspace(1.6, math.log10(511), 12).tolist())})
+    scheme = build(SchemeConfig(rotation="accum", increments="random_position", window=16, increment_spread="ladder"),
+                   H * D, H).eval()
+    with torch.no_grad():
+        plain = regularity(scheme, x, tokens, dist)
+    mixing = [i for i in range(P) if all(row[i] is not None for row in plain["pair_window"])]
+    slow = [i for i in range(P) if all(row[i] is None for row in plain["pair_window"])]
+    assert mixing and slow and plain["criterion"] == "every pair" and plain["mixes"] == [False] * H
+
+    def on(pairs: list[int]) -> torch.Tensor:
+        t = torch.zeros(2, H, T, D)
+        for i in pairs:
+            t[..., i] = torch.randn(2, H, T, generator=g)
+            t[..., i + P] = torch.randn(2, H, T, generator=g)
+        return t
+
+    def read(q, k):
+        with torch.no_grad():
+            return regularity(scheme, x, tokens, dist, q=q, k=k)
+
+    fast = read(on(mixing), on(mixing))
+    assert fast["criterion"] == "score-weighted" and fast["mixes"] == [True] * H, fast["head_window"]
+    assert all(w is not None and w <= 512 for w in fast["head_window"])
+    assert read(on(slow), on(slow))["mixes"] == [False] * H
+    spread = torch.randn(2, H, T, D, generator=g)
+    assert read(spread, spread.flip(2))["mixes"] == [False] * H
+    w = pair_weights(on([0]), 3 * on([0, 1]))
+    assert w[:, 0].tolist() == pytest.approx([1.0] * H) and w.sum(-1).tolist() == pytest.approx([1.0] * H)
+    assert torch.allclose(pair_weights(torch.zeros(1, H, 4, D), on([0])[:1, :, :4]), torch.full((H, P), 1 / P,
+                                                                                    dtype=torch.float64))
