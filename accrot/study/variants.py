@@ -318,7 +318,7 @@ SIZES: dict[str, Size] = {
                    variants=DECIDING_VARIANTS, datasets=("corpus",), diagnose=False,
                    cost="the study's runs (300 steps, d96, 2 layers, L = 128) of the 6 variants C1–C3 compare, 10 "
                         "seeds, no theory diagnostics: 60 runs, about 40 min with 2 workers on 2 CPU cores "
-                        "(measured: 19 min for a first batch of 5 seeds, 17 for the second, the report's eval-time "
+                        "(measured: 19 min for a first batch of 5 seeds, 16 for the second, the report's eval-time "
                         "extension rows included); it resolves C1–C3 (C3 on the random pair; the learned pair's "
                         "seeds-needed lines ask 80–110 seeds at this size, and --seeds N batches resume)"),
     "tiny": Size(base="tiny", seq_len=128, seeds=2, lr=3e-3,
