@@ -7,10 +7,10 @@ every t). The condition is about the subspace that carries q and k, so a head's 
 score each carries: w_{h,i} = E|q_i|²·E|k_i|² / Σ_j E|q_j|²·E|k_j|² (pair i's part of E[(q·k)²] when pairs are
 uncorrelated), and the head mixes when its weighted resultant Σ_i w_{h,i} R_{h,i}(Δ), an upper bound on its
 coherence, falls under ε within the measured distances. A pair that stays coherent keeps that head coherent only
-if it carries at least ε of the head's score: reading every pair alike predicted a head coherent because of a slow
-pair its q and k barely use, while its measured coherence fell under ε like any mixing head's. For PaTH the transport is a product of Householder factors
-H_t = I − β_t w_t w_tᵀ: its mean contracts when the largest |eigenvalue| ρ_h of E[H_t] lies below 1, with window
-log ε / log ρ_h (β = 2 with w spread over every direction contracts, β → 0 does not).
+if it carries at least ε of the head's score (read alike, every pair would let a slow pair that q and k barely use
+decide the head). For PaTH the transport is a product of Householder factors H_t = I − β_t w_t w_tᵀ: its mean
+contracts when the largest |eigenvalue| ρ_h of E[H_t] lies below 1, with window log ε / log ρ_h (β = 2 with w
+spread over every direction contracts, β → 0 does not).
 
 What it reads are the model's own angles and factors on real blocks, and of q and k only each pair's mean energy
 (never how q and k are transported): it predicts which heads should show a finite coherence window, and T1
