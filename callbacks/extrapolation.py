@@ -28,7 +28,7 @@ from accrot.evaluation import (
 )
 from accrot.io import atomic_write_text
 from accrot.position import SchemeConfig
-from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
+from accrot.position.rope_scaling import SCALINGS, RopeScaling, apply_rope_scaling
 from callbacks.cadence import Periodic
 
 
@@ -45,8 +45,8 @@ class ExtrapolationCallback(Periodic):
         filename: JSON written into the run directory (the PNG takes the same stem).
         sliding_multipliers: lengths (multiples of L) at which to add sliding-window NLL (analysis; [] = none).
         sliding_stride: stride of the sliding windows (default: L / 2).
-        rope_scaling: evaluate a RoPE model with an evaluation-time length extension (pi, ntk, yarn;
-            accrot.position.rope_scaling); training is never scaled. None: as trained.
+        rope_scaling: evaluate a RoPE model with an evaluation-time length extension (pi, ntk, yarn, yarn-paper,
+            llama3: accrot.position.rope_scaling); training is never scaled. None: as trained.
         rope_factor: the extension's factor s (None: s = T / L at each evaluation length T).
         same_target_anchors: windows per length of the same-target rise (0 = none): on a corpus (a data module
             that scores every token), every length also scores the same targets, the last L/4 tokens of windows
@@ -75,7 +75,7 @@ class ExtrapolationCallback(Periodic):
         if rope_scaling is not None:  # checked here: a typo fails before any training
             RopeScaling(rope_scaling, 1, rope_factor)
         elif rope_factor is not None:
-            raise ValueError("rope_factor is set without rope_scaling; add rope_scaling: pi, ntk or yarn")
+            raise ValueError(f"rope_factor is set without rope_scaling; add rope_scaling: {', '.join(SCALINGS)}")
         self.rope_scaling, self.rope_factor = rope_scaling, rope_factor
         if not multipliers or any(not m > 0 for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
@@ -129,7 +129,7 @@ class ExtrapolationCallback(Periodic):
             "lengths": [r.to_dict() for r in results],
         }
         if scaling is not None:
-            entry["rope_scaling"] = scaling.label()
+            entry["rope_scaling"] = scaling.record()  # what ran: kind, factor and definition
         if sliding:
             entry["sliding"] = sliding
         if same is not None:

@@ -224,6 +224,7 @@ def test_eval_with_a_rope_extension_is_labelled_and_the_identity_at_the_training
     plain = json.loads((tmp_path / "plain" / "extrapolation.json").read_text())["final"]["lengths"]
     doc = json.loads((trained_run / "eval-yarn" / "extrapolation.json").read_text())
     assert doc["rope_scaling"]["kind"] == "yarn" and "eval-time extension" in doc["rope_scaling"]["label"]
+    assert doc["rope_scaling"]["definition"] == "yarn-code"  # the field's code form, not the paper's equation
     yarn = doc["final"]["lengths"]
     assert yarn[0]["nll"] == plain[0]["nll"] and yarn[1]["nll"] != plain[1]["nll"]
 
@@ -242,7 +243,8 @@ def test_extrapolation_with_a_rope_extension_never_touches_training(tmp_path):
                      "--trainer.deterministic=true", *QUICK, *extra]) == 0
         runs[name] = tmp_path / name / "version_0"
     plain, yarn = (json.loads((runs[n] / "extrapolation.json").read_text()) for n in ("plain", "yarn"))
-    assert all("eval-time extension" in h["rope_scaling"] for h in yarn["history"])
+    assert all("eval-time extension" in h["rope_scaling"]["label"] and h["rope_scaling"]["definition"] == "yarn-code"
+               for h in yarn["history"])
     for p, y in zip(plain["history"], yarn["history"]):
         assert y["lengths"][0]["nll"] == p["lengths"][0]["nll"] and y["lengths"][1]["nll"] != p["lengths"][1]["nll"]
     weights = [torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for n in runs]

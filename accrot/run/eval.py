@@ -23,7 +23,7 @@ from accrot.evaluation import (
     same_target_budget,
 )
 from accrot.io import atomic_write_text
-from accrot.position.rope_scaling import RopeScaling, apply_rope_scaling
+from accrot.position.rope_scaling import SCALINGS, RopeScaling, apply_rope_scaling
 from accrot.run.args import check_device, numbers
 from accrot.run.checkpoints import (
     check_eval_config,
@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/eval)")
     parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
     parser.add_argument("--rope_scaling", type=str | None, default=None,
-                        help="an evaluation-time RoPE extension: pi, ntk or yarn (RoPE checkpoints only)")
+                        help=f"an evaluation-time RoPE extension: {', '.join(SCALINGS)} (RoPE checkpoints only; "
+                        "yarn is the field's code form, yarn-paper its paper's equation)")
     parser.add_argument("--rope_factor", type=float | None, default=None,
                         help="the extension's factor s (default: s = T / L at each evaluation length T)")
     parser.add_argument("--generate", type=bool, default=False,
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
                "final": {"step": state.get("global_step"), "lengths": rows,
                          **({"same_targets": same} if same is not None else {})}}
         if scaling is not None:
-            doc["rope_scaling"] = {"kind": scaling.kind, "factor": scaling.factor, "label": scaling.label()}
+            doc["rope_scaling"] = scaling.record()
         label = model.scheme_config.label() if scaling is None else scaling.label()
         plot_curves({label: rows}, train_length, out / "extrapolation.png", title=str(ckpt))
         atomic_write_text(out / "extrapolation.json", json.dumps(doc, indent=1))
@@ -122,7 +123,7 @@ def _scaling(args, train_length: int):
     """The requested RoPE extension, or None; a bad name or factor is a one-line error before any work."""
     if args.rope_scaling is None:
         if args.rope_factor is not None:
-            raise UsageError("--rope_factor needs --rope_scaling (pi, ntk or yarn)")
+            raise UsageError(f"--rope_factor needs --rope_scaling ({', '.join(SCALINGS)})")
         return None
     return RopeScaling(args.rope_scaling, train_length, args.rope_factor)
 

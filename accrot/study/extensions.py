@@ -1,5 +1,6 @@
 """The RoPE-extension rows of the ablation: every complete RoPE run evaluated again with position interpolation,
-NTK-aware scaling and YaRN (accrot.position.rope_scaling; factor s = T / L at each length), from its own checkpoint,
+NTK-aware scaling and YaRN in the field's code form (accrot.position.rope_scaling; factor s = T / L at each length;
+an evaluation recorded under another form of its kind is made again), from its own checkpoint,
 on the same evaluation blocks and budget as its training-time evaluation. No extra training: the rows are labelled
 "eval-time extension" wherever they appear (tables, figures, claims)."""
 
@@ -10,6 +11,7 @@ import io
 import json
 from pathlib import Path
 
+from accrot.position.rope_scaling import KINDS, written_definition
 from accrot.study.results import Results, Run, final_lengths
 from accrot.study.variants import DATASET_RECORDS, EXTENSION_RECORDS
 
@@ -27,10 +29,13 @@ def extension_runs(res: Results, console=None) -> list[Run]:
         for ext in (e for e in EXTENSION_RECORDS if e.of == run.variant):
             kind = ext.kind
             path = Path(run.run_dir) / f"eval-{kind}" / "extrapolation.json"
-            if not path.is_file():
+            stale = path.is_file() and written_definition(
+                json.loads(path.read_text()).get("rope_scaling") or {}) != KINDS[kind].definition
+            if not path.is_file() or stale:  # evaluated once; again where the file holds another form of the kind
                 if console is not None:
+                    again = " again: its file holds an older form" if stale else ""
                     console.print(f"eval-time extensions: {kind} of {run.variant} {run.dataset} seed {run.seed} "
-                                  f"({i + 1} of {len(rope)})", highlight=False)
+                                  f"({i + 1} of {len(rope)}){again}", highlight=False)
                 _evaluate(run, kind)
             doc = json.loads(path.read_text())
             if doc["final"].get("step") != trained:  # another model than the row it would be compared with

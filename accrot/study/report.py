@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accrot.io import atomic_write_text
+from accrot.position.rope_scaling import KINDS
 from accrot.study.claims import HORIZON_TOLERANCE, check_calibration, check_claims
 from accrot.study.figures import (
     dataset_title,
@@ -36,7 +37,7 @@ from accrot.study.theory import (
     variants_of,
     window_lengths,
 )
-from accrot.study.variants import ANSWER_TASKS, STATE_TASKS
+from accrot.study.variants import ANSWER_TASKS, EXTENSION_RECORDS, STATE_TASKS
 
 # ---------------------------------------------------------------------------------------------------
 # writing the report
@@ -275,8 +276,9 @@ def write_report(res: Results, folder: Path, meta: Mapping[str, Any]) -> Path:
 def _scope_lines(meta: Mapping[str, Any], res: Results, train_length) -> list[str]:
     """The header's account of what ran (``meta["scope"]``, from the ablation's spec: variants × data sets × seeds,
     steps, lengths) and of the size preset it was measured against."""
-    extensions = (f" (and {len(res.runs) - res.trained()} eval-time extension rows of the RoPE runs)"
-                  if len(res.runs) > res.trained() else "")
+    forms = "; ".join(f"{e.name}: {KINDS[e.kind].note}" for e in EXTENSION_RECORDS)
+    extensions = (f" (and {len(res.runs) - res.trained()} eval-time extension rows of the RoPE runs, s = T / L at "
+                  f"each length; {forms})" if len(res.runs) > res.trained() else "")
     scope = meta.get("scope")
     if not scope:  # a report built without the ablation's spec at hand
         return [f"- size: {meta.get('size', '?')} ({meta.get('size_cost', '')}); training length L = {train_length}; "

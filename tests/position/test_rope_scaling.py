@@ -27,18 +27,34 @@ BASE, L = 10000.0, 128
 
 
 def per_pair(kind: str, D: int, s: float, base: float = BASE, length: int = L) -> list[float]:
-    """The published formulas, one pair at a time in plain floats."""
+    """The published formulas, one pair at a time in plain floats (the code forms as the YaRN authors' and Llama
+    3.1's code write them; tests/peers/ compares them with transformers' own functions)."""
     out = []
     for i in range(D // 2):
         w = base ** (-2 * i / D)
+        turns = length / (2 * math.pi / w)  # r = L / λ, λ = 2π / ω
         if kind == "pi":
             out.append(w / s)
         elif kind == "ntk":
             out.append((base * s ** (D / (D - 2))) ** (-2 * i / D))
-        else:  # yarn: r = L / λ, λ = 2π / ω; α = 1, β = 32
-            r = length / (2 * math.pi / w)
-            gamma = min(1.0, max(0.0, (r - 1) / (32 - 1)))
+        elif kind == "yarn":  # the ramp in the pair index, between the indices where a pair turns 32 and 1 times
+            def dim(r):
+                return D * math.log(length / (r * 2 * math.pi)) / (2 * math.log(base))
+            low, high = max(math.floor(dim(32)), 0), min(math.ceil(dim(1)), D - 1)
+            high = high + 0.001 if high == low else high
+            kept = 1 - min(1.0, max(0.0, (i - low) / (high - low)))
+            out.append(kept * w + (1 - kept) * w / s)
+        elif kind == "yarn-paper":  # the ramp in the turns: α = 1, β = 32
+            gamma = min(1.0, max(0.0, (turns - 1) / (32 - 1)))
             out.append((1 - gamma) * w / s + gamma * w)
+        else:  # llama3: kept above 4 turns, ÷ s below 1 turn, blended between
+            if turns > 4:
+                out.append(w)
+            elif turns < 1:
+                out.append(w / s)
+            else:
+                smooth = (turns - 1) / (4 - 1)
+                out.append((1 - smooth) * w / s + smooth * w)
     return out
 
 
@@ -63,12 +79,17 @@ def test_what_each_scaling_keeps_and_interpolates():
     omega = rope_frequencies(D, BASE)
     ntk = scaled_frequencies(omega, "ntk", s, L, BASE)
     assert ntk[0] == 1.0 and math.isclose(ntk[-1] / omega[-1], 1 / s, rel_tol=1e-12)  # fastest kept, slowest ÷ s
-    yarn = scaled_frequencies(omega, "yarn", s, L, BASE)
     turns = L * omega / (2 * math.pi)
-    assert torch.equal(yarn[turns >= 32], omega[turns >= 32])  # many turns within L: kept
-    assert_close(omega[turns <= 1] / s, yarn[turns <= 1], rtol=1e-15, atol=0.0)  # less than one turn: interpolated
+    for kind in ("yarn", "yarn-paper"):
+        yarn = scaled_frequencies(omega, kind, s, L, BASE)
+        assert torch.equal(yarn[turns >= 32], omega[turns >= 32])  # many turns within L: kept
+        assert_close(omega[turns <= 1] / s, yarn[turns <= 1], rtol=1e-15, atol=0.0)  # under one turn: interpolated
+    assert scaled_frequencies(omega, "yarn", s, L, BASE)[0] == 1.0  # the code form keeps pair 0 (20 turns in L)
+    assert scaled_frequencies(omega, "yarn-paper", s, L, BASE)[0] < 1.0  # the paper form ramps it
     assert math.isclose(logit_scale("yarn", s), (0.1 * math.log(s) + 1) ** 2)
-    assert logit_scale("pi", s) == logit_scale("ntk", s) == 1.0 and logit_scale("yarn", 0.5) == 1.0
+    assert logit_scale("yarn-paper", s) == logit_scale("yarn", s)
+    assert logit_scale("pi", s) == logit_scale("ntk", s) == logit_scale("llama3", s) == 1.0
+    assert logit_scale("yarn", 0.5) == 1.0
 
 
 def _scheme(scaling: RopeScaling | None, D: int = 8, H: int = 2):
@@ -115,7 +136,7 @@ def test_removing_the_scaling_restores_the_trained_model():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("yarm", 128), "rope_scaling='yarm' is not valid; choose one of pi, ntk, yarn"),
+    (("yarm", 128), "rope_scaling='yarm' is not valid; choose one of pi, ntk, yarn, yarn-paper, llama3"),
     (("yarn", 128, 0.0), "rope_factor=0.0 is not valid; a positive number"),
     (("pi", 128, -2), "rope_factor=-2 is not valid"),
     (("ntk", 0), "train_length=0 is not valid"),

@@ -20,6 +20,7 @@ import yaml
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 
+from accrot.position.rope_scaling import RopeScaling
 from accrot.study.ablation import build_spec
 from accrot.study.claims import Results, Run, check_claims
 from accrot.study.report import write_report
@@ -560,13 +561,47 @@ def test_extension_rows_come_only_from_the_model_the_rope_row_evaluated(tmp_path
     for kind in EXTENSIONS.values():
         (run_dir / f"eval-{kind}").mkdir()
         (run_dir / f"eval-{kind}" / "extrapolation.json").write_text(json.dumps(
-            {"train_length": 128, "final": {"step": ckpt_step, "lengths": lengths}}))
+            {"train_length": 128, "final": {"step": ckpt_step, "lengths": lengths},
+             "rope_scaling": RopeScaling(kind, 128).record()}))
     rope = Run("corpus", "RoPE", 0, str(run_dir), {1.0: lengths[0]}, 128)
     printed = []
     out = extension_runs(Results([rope]), console=SimpleNamespace(print=lambda m, **_: printed.append(m)))
     assert len(out) == rows and sorted(r.variant for r in out) == (sorted(EXTENSIONS) if rows else [])
     assert all(r.extension == EXTENSIONS[r.variant] for r in out)  # each row says which evaluation it is
     assert len(printed) == 3 - rows and all("from step 100, the run's evaluation from step 150" in m for m in printed)
+
+
+@pytest.mark.parametrize("record, again", [
+    (None, {"yarn"}),  # written before evaluations recorded their form: accrot's yarn was the paper's equation
+    ({"kind": "yarn", "definition": "yarn-paper"}, {"yarn"}),
+    ({"kind": "yarn", "definition": "yarn-code"}, set()),
+], ids=["unrecorded", "paper-form", "code-form"])
+def test_an_extension_evaluated_under_another_form_of_its_kind_is_evaluated_again(tmp_path, monkeypatch, record,
+                                                                                    again):
+    """A resumed study or a rebuilt report never shows a YaRN row computed with the form the name no longer means:
+    the file's recorded definition (none: the old default, the paper's form) decides, kind by kind."""
+    from accrot.study import extensions
+    from accrot.study.variants import EXTENSIONS
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lengths = [{"multiplier": 1.0, "length": 128, "nll": 2.0}]
+    (run_dir / "extrapolation.json").write_text(json.dumps({"final": {"step": 150, "lengths": lengths}}))
+    for kind in EXTENSIONS.values():
+        doc = {"train_length": 128, "final": {"step": 150, "lengths": lengths}}
+        if kind != "yarn":
+            doc["rope_scaling"] = RopeScaling(kind, 128).record()
+        elif record is not None:
+            doc["rope_scaling"] = record
+        (run_dir / f"eval-{kind}").mkdir()
+        (run_dir / f"eval-{kind}" / "extrapolation.json").write_text(json.dumps(doc))
+    evaluated = []
+    monkeypatch.setattr(extensions, "_evaluate", lambda run, kind: evaluated.append(kind))
+    printed = []
+    out = extensions.extension_runs(Results([Run("corpus", "RoPE", 0, str(run_dir), {1.0: lengths[0]}, 128)]),
+                                    console=SimpleNamespace(print=lambda m, **_: printed.append(m)))
+    assert set(evaluated) == again and len(out) == len(EXTENSIONS)
+    assert all("again: its file holds an older form" in m for m in printed) and len(printed) == len(again)
 
 
 # ---------------------------------------------------------------------------------------------------
