@@ -87,11 +87,14 @@ def test_an_fla_that_does_not_import_is_named_and_its_tests_fail(stand_in_fla, o
     assert fla_helpers.fla_missing() is None  # installed: not a skip
 
 
-def test_only_a_missing_fla_skips_its_tests(monkeypatch):
+def test_only_a_missing_fla_skips_its_tests_and_never_under_ci(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fla" else real_find_spec(name, *a))
+    monkeypatch.delenv("CI", raising=False)
     reason = fla_helpers.fla_missing()
     assert reason is not None and "\n" not in reason and bridge.FLA_PACKAGE in reason and ".[gpu]" in reason
+    monkeypatch.setenv("CI", "true")  # CI installs fla: there a missing one must fail its tests, not skip them
+    assert fla_helpers.fla_missing() is None
 
 
 # -- the real fla, its Triton kernel replaced by its own reference ---------------------------------------------------
