@@ -35,6 +35,27 @@ class DataError(BadInput):
     """Bad data input: a missing or empty corpus, an impossible split, a length the data cannot fill."""
 
 
+# the folders this process writes, each with the option that named it (declared when the command made the folder)
+_WRITE_FOLDERS: dict[str, str] = {}
+
+
+def declare_write_folder(folder, option: str) -> None:
+    """``folder`` is written by this command and was named by ``option`` (``--root``, ``--out``): a write that fails
+    under it later names that option."""
+    import os
+
+    _WRITE_FOLDERS[os.path.abspath(folder)] = option
+
+
+def write_option(filename) -> str | None:
+    """The option whose declared folder holds ``filename`` (the innermost), or None."""
+    import os
+
+    path = os.path.abspath(os.fsdecode(filename))
+    held = [f for f in _WRITE_FOLDERS if path == f or path.startswith(f.rstrip(os.sep) + os.sep)]
+    return _WRITE_FOLDERS[max(held, key=len)] if held else None
+
+
 def check_choice(name: str, value: object, literal: object) -> None:
     """``value`` is one of the ``Literal``'s values, or a one-line :class:`ConfigError` listing them."""
     choices = get_args(literal)
@@ -58,7 +79,11 @@ def bad_input_message(err: BaseException) -> str | None:
             return one_line(str(e))
     for e in chain:  # an output folder that cannot be written (or filled) mid-run
         if isinstance(e, OSError) and e.errno in _UNWRITABLE and e.filename:
-            return f"cannot write {str(e.filename)!r} ({e.strerror}); pass a writable --root with free space"
+            # no option is guessed: the one whose folder holds the file, as the command declared it
+            option = write_option(e.filename)
+            fix = (f"pass a writable {option} with free space" if option else
+                   "free space there or make it writable, then run again")
+            return f"cannot write {str(e.filename)!r} ({e.strerror}); {fix}"
     return None
 
 

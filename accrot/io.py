@@ -53,13 +53,19 @@ def git_revision(path: str | Path | None = None) -> str:
 def load_yaml(text: str):
     """``yaml.safe_load`` that refuses a key given twice in one mapping (at any depth): PyYAML would keep the last one
     without a word (a second ``model:`` section replacing the first). Raises a ``yaml.YAMLError`` naming the key and
-    both lines, as for any other YAML mistake."""
+    both lines, as for any other YAML mistake. Standard YAML otherwise: anchors, aliases and merge keys
+    (``<<: *base``, whose keys a mapping's own keys override, as the YAML merge type defines) are read as PyYAML
+    reads them."""
     import yaml
+
+    merge = "tag:yaml.org,2002:merge"
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             seen: dict = {}
             for key_node, _ in node.value:
+                if key_node.tag == merge:  # `<<`: merged keys may be overridden; flatten_mapping resolves them
+                    continue
                 key, mark = self.construct_object(key_node, deep=True), key_node.start_mark
                 try:
                     first = seen.setdefault(key, mark)

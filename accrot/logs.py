@@ -215,3 +215,7 @@ def run_log(path: Path) -> Iterator[None]:
                 logging.getLogger(name).removeHandler(to_file)
                 for h in handlers:
                     logging.getLogger(name).addHandler(h)
+
+
+# what --wandb / the config's wandb take: auto (online where an API key is configured, else offline) or a mode
+WANDB_MODES = ("auto", "online", "offline", "disabled")

@@ -90,6 +90,11 @@ class ExtrapolationCallback(Periodic):
         self.max_batch_tokens = max_batch_tokens
         self.filename = filename
         self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)
+        if sliding_stride is not None and not self.sliding_multipliers:  # it would change nothing
+            raise ValueError(f"sliding_stride={sliding_stride!r} has no effect without sliding_multipliers; add "
+                             "sliding_multipliers (e.g. [1, 4]) or drop sliding_stride")
+        if sliding_stride is not None and (not isinstance(sliding_stride, int) or sliding_stride < 1):
+            raise ValueError(f"sliding_stride={sliding_stride!r} is not valid; give a positive number of tokens")
         self.sliding_stride = sliding_stride
         self.history: list[dict] = []
         self._sets: EvalSets | None = None

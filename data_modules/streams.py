@@ -186,7 +186,9 @@ class TokenStreamDataModule(L.LightningDataModule):
         max_train_tokens: int | None = None,
     ) -> None:
         super().__init__()
-        check_int("seq_len", seq_len, 1)
+        # a 1-token window has no context: nothing for a position scheme to act on, and its evaluation, whose
+        # per-position buckets and same-target windows need at least two positions, would fail after training
+        check_int("seq_len", seq_len, 2)
         check_int("batch_size", batch_size, 1)
         check_int("num_workers", num_workers, 0)
         check_int("seed", seed, 0)

@@ -522,7 +522,7 @@ def test_an_unwritable_out_is_refused_before_any_computing(command, trained_run,
     (tmp_path / "a-file").write_text("x")
     assert main([command, "--ckpt", str(trained_run), f"--out={tmp_path / 'a-file' / 'x'}"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.endswith("(Not a directory); pass a writable --out with free space"), line
+    assert line.startswith("accrot: error: --out=") and line.endswith("is a file, not a folder; give an output folder"), line
 
 
 def test_scheme_options_the_scheme_ignores_are_one_warning_line(tmp_path, caplog):

@@ -263,3 +263,137 @@ def test_make_dashboard_of_a_missing_study_is_one_line_naming_it():
     ours = [line for line in done.stderr.splitlines() if not re.match(r"make(\[\d+\])?: \*\*\*", line)]
     assert len(ours) == 1 and ours[0].startswith("make dashboard: no study 'no-such-study-here' here")
     assert "run make sweep SWEEP=no-such-study-here first, or pass STORAGE=url" in ours[0]
+
+
+# -- standard YAML everywhere; files that are not what they seem ---------------------------------------------------
+def test_anchors_and_merge_keys_are_read_by_every_config_and_spec_reader(tmp_path):
+    """Standard YAML merge keys (``<<: *anchor``) and aliases: a mapping's own keys override the merged ones; a key
+    given twice in one mapping is still refused (a merged key is not given twice)."""
+    from accrot.io import load_yaml
+    from accrot.run.args import check_config_file
+    from accrot.sweep.spec import SPEC_DIR, load_spec
+
+    doc = load_yaml("base: &b {lr: 1, steps: 2}\nrun:\n  <<: *b\n  lr: 3\nalias: *b\n")
+    assert doc["run"] == {"lr": 3, "steps": 2} and doc["alias"] == {"lr": 1, "steps": 2}
+    config = tmp_path / "c.yaml"
+    config.write_text((REPO / "accrot/configs/tiny.yaml").read_text().replace(
+        "trainer:", "trainer:\n  <<: {log_every_n_steps: 5}", 1))
+    assert check_config_file(config) == config
+    spec = tmp_path / "s.yaml"
+    text = (SPEC_DIR / "smoke.yaml").read_text()
+    assert "  trainer.max_steps: 2\n  trainer.limit_val_batches: 1\n" in text
+    spec.write_text(text.replace("  trainer.max_steps: 2\n  trainer.limit_val_batches: 1\n",
+                                 "  <<: &short {trainer.max_steps: 2, trainer.limit_val_batches: 1}\n"))
+    merged = load_spec(spec)
+    assert merged.overrides == load_spec(SPEC_DIR / "smoke.yaml").overrides  # the merge gives the same keys
+    import yaml
+
+    with pytest.raises(yaml.YAMLError, match="key 'lr' is given twice"):
+        load_yaml("run:\n  <<: {steps: 1}\n  lr: 1\n  lr: 2\n")
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "small.yml", "configs/tiny.yaml", "accrot/configs/small.yaml"])
+def test_a_shipped_config_is_found_by_its_file_name_too(name, tmp_path, monkeypatch):
+    from accrot.run.args import CONFIG_DIR, config_path
+
+    monkeypatch.chdir(tmp_path)  # no such file here: the shipped one is meant
+    assert config_path(name) == CONFIG_DIR / f"{Path(name).stem}.yaml"
+
+
+def test_a_missing_config_file_that_is_no_shipped_name_is_one_line(tmp_path, monkeypatch):
+    from accrot.errors import UsageError
+    from accrot.run.args import config_path
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"--config 'nothere.yaml': no such file; .* shipped config: small, tiny"):
+        config_path("nothere.yaml")
+
+
+@pytest.mark.parametrize("text, what", [("", "empty"), ("# only a comment\n", "empty"), ("---\n", "empty"),
+                                        ("- a\n- b\n", "a list, not a mapping")])
+def test_a_spec_without_keys_is_one_line_naming_the_file(text, what, tmp_path):
+    from accrot.errors import UsageError
+    from accrot.sweep.spec import load_spec
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    with pytest.raises(UsageError, match=f"the spec is {what}"):
+        load_spec(spec)
+
+
+def test_a_spec_that_is_a_folder_says_so(tmp_path):
+    from accrot.errors import UsageError
+    from accrot.sweep.spec import load_spec
+
+    with pytest.raises(UsageError, match="is a folder; give a spec file"):
+        load_spec(tmp_path)
+
+
+# -- no fallback guesses an option ----------------------------------------------------------------------------------
+def test_a_write_that_fails_mid_run_names_the_option_of_its_folder_or_none(tmp_path):
+    import errno
+
+    from accrot.errors import bad_input_message, declare_write_folder
+
+    declare_write_folder(tmp_path / "runs", "--root")
+    declare_write_folder(tmp_path / "runs" / "x" / "eval", "--out")
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "runs" / "x" / "eval" / "a.json"))
+    assert bad_input_message(full).endswith("pass a writable --out with free space")
+    under_root = OSError(errno.EACCES, "Permission denied", str(tmp_path / "runs" / "x" / "metrics.csv"))
+    assert bad_input_message(under_root).endswith("pass a writable --root with free space")
+    elsewhere = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "other" / "f"))
+    message = bad_input_message(elsewhere)
+    assert "--" not in message and message.endswith("free space there or make it writable, then run again")
+
+
+# -- what a user sees -----------------------------------------------------------------------------------------------
+def test_a_band_with_nothing_measured_draws_nothing_and_a_rise_draws_its_anchors_interval():
+    from accrot.io import pyplot
+    from accrot.study.figures import _band
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    _band(ax, "RoPE", [(1.0, []), (2.0, [])])  # a variant with no measurement at any length
+    assert ax.get_legend_handles_labels()[1] == [] and not ax.get_lines()
+    _band(ax, "ALiBi", [(1.0, [0.0]), (2.0, [0.01])], intervals=[(1.0, [(0.0, 0.0)]), (2.0, [(-0.002, 0.03)])])
+    assert ax.get_legend_handles_labels()[1] == ["ALiBi"]
+    (bars,) = [c for c in ax.collections if type(c).__name__ == "LineCollection"]
+    segments = bars.get_segments()
+    lows, highs = sorted(s[0][1] for s in segments), sorted(s[1][1] for s in segments)
+    assert lows[0] == pytest.approx(-0.002) and highs[-1] == pytest.approx(0.03)  # one seed: its anchors' interval
+    plt.close(fig)
+
+
+def test_sample_interrupted_prints_what_it_generated(monkeypatch, capsys, tmp_path):
+    """Ctrl-C during a long `accrot sample` keeps the tokens generated so far: printed after the prompt, one line on
+    stderr, the shell's code for SIGINT."""
+    import torch
+
+    from accrot.run import sample
+
+    class Tok:
+        name = "bytes"
+
+        def encode(self, text):
+            return list(text.encode())
+
+        def decode(self, ids):
+            return bytes(ids).decode(errors="replace")
+
+    class Lit:
+        model = type("M", (), {"cfg": type("C", (), {"vocab_size": 256})(), "eval": lambda self: self,
+                               "to": lambda self, d: self})()
+
+    def fake_generate(model, prompt, n, temperature, top_k, generator, on_token=None):
+        for byte in b"abc":
+            on_token(torch.tensor([byte]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "open_checkpoint", lambda ckpt, config: (None, Lit(), None, None, {}))
+    monkeypatch.setattr(sample, "load_data_module", lambda config: type("D", (), {"tokenizer": Tok()})())
+    monkeypatch.setattr("accrot.run.generate.generate", fake_generate)
+    (tmp_path / "last.ckpt").write_bytes(b"x")
+    rc = sample.main(["--ckpt", str(tmp_path / "last.ckpt"), "--prompt", "x=", "--max_new_tokens", "10"])
+    out, err = capsys.readouterr()
+    assert rc == 130 and out == "x=abc\n"
+    assert err.strip() == "accrot: interrupted after 3 of 10 tokens (printed above)"

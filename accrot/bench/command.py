@@ -104,43 +104,53 @@ from accrot.bench.schemes import ops_table, run_schemes, schemes_table
 from accrot.bench.subnormals import subnormals_table
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
-from accrot.run.args import check_device
+from accrot.options import FLAG, Kind, choice, count, number, numbers, option, parse, write_file
+from accrot.run.args import DEVICE, check_device
+
+
+def _check_batch(flag: str, value) -> None:
+    for size, batch in dict(value).items():
+        if size not in ("tiny", "small") or not isinstance(batch, int) or batch < 1:
+            raise UsageError(f"{flag}={dict(value)!r} is not valid; give a batch >= 1 per size, e.g. '{{small: 4}}'")
+
+
+BATCH = Kind("batch", _check_batch, ("{huge: 4}", "{small: 0}"), "a batch per size")
 
 
 # -- command line -------------------------------------------------------------------------------------------
 def _schemes_args(parser) -> None:
-    parser.add_argument("--sizes", nargs="+", type=Literal["tiny", "small"], default=None,
+    option(parser, "--sizes", kind=choice("tiny", "small"), nargs="+", type=Literal["tiny", "small"], default=None,
                         help=f"model sizes for the training step (default {' '.join(FULL['sizes'])})")
-    parser.add_argument("--T", type=int, default=None, help=f"training-step length (default {FULL['T']})")
-    parser.add_argument("--eval_lengths", nargs="*", type=int, default=None,
+    option(parser, "--T", kind=count(2, 1 << 20), type=int, default=None, help=f"training-step length (default {FULL['T']})")
+    option(parser, "--eval_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="*", type=int, default=None,
                         help="evaluation lengths, tiny model, batch 1 (default 4096 16384)")
-    parser.add_argument("--repeats", type=int, default=None, help=f"timed rounds (default {FULL['repeats']})")
-    parser.add_argument("--eval_repeats", type=int, default=None,
+    option(parser, "--repeats", kind=count(1, 1000), type=int, default=None, help=f"timed rounds (default {FULL['repeats']})")
+    option(parser, "--eval_repeats", kind=count(1, 1000), type=int, default=None,
                         help=f"evaluation rounds, one forward each (default {FULL['eval_repeats']})")
-    parser.add_argument("--batch", type=dict[str, int], default={},
+    option(parser, "--batch", kind=BATCH, type=dict[str, int], default={},
                         help=f"training batch per size, overriding {BENCH_BATCH} (e.g. '{{small: 4}}')")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--op_T", type=int, default=None,
+    option(parser, "--seed", kind=count(0, 2**63 - 1), type=int, default=0)
+    option(parser, "--op_T", kind=count(2, 1 << 20), type=int, default=None,
                         help=f"the attention op's training length, B 4 × H 4 × D 32 (default {FULL['op_T']})")
-    parser.add_argument("--op_eval_length", type=int, default=None,
+    option(parser, "--op_eval_length", kind=count(2, 1 << 24), type=int, default=None,
                         help=f"the attention op's evaluation length, batch 1 (default {FULL['op_eval_length']})")
-    parser.add_argument("--eval_all", action="store_true",
+    option(parser, "--eval_all", kind=FLAG, action="store_true",
                         help=f"evaluate every cell beyond {LONG_EVAL} tokens too (several minutes more)")
 
 
 def _path_args(parser) -> None:
-    parser.add_argument("--lengths", nargs="+", type=int, default=[512, 2048, 8192], help="PaTH kernel lengths")
-    parser.add_argument("--B", type=int, default=1)
-    parser.add_argument("--H", type=int, default=4)
-    parser.add_argument("--D", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=32)
-    parser.add_argument("--memory_lengths", nargs="+", type=int, default=[4096, 16384],
+    option(parser, "--lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="+", type=int, default=[512, 2048, 8192], help="PaTH kernel lengths")
+    option(parser, "--B", kind=count(1, 4096), type=int, default=1)
+    option(parser, "--H", kind=count(1, 4096), type=int, default=4)
+    option(parser, "--D", kind=count(2, 4096), type=int, default=32)
+    option(parser, "--chunk", kind=count(1, 1 << 16), type=int, default=32)
+    option(parser, "--memory_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="+", type=int, default=[4096, 16384],
                         help="evaluation peak-memory lengths (CUDA: also fla's)")
-    parser.add_argument("--peer", type=Literal["fla", "none"], default="fla",
+    option(parser, "--peer", kind=choice("fla", "none"), type=Literal["fla", "none"], default="fla",
                         help="CPU: time accrot's PaTH against fla's naive_path_attn (installed on first use)")
-    parser.add_argument("--peer_lengths", nargs="+", type=int, default=[512, 2048, 8192],
+    option(parser, "--peer_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="+", type=int, default=[512, 2048, 8192],
                         help="lengths of the peer comparison, forward (no grad)")
-    parser.add_argument("--peer_backward_lengths", nargs="*", type=int, default=[512, 2048],
+    option(parser, "--peer_backward_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="*", type=int, default=[512, 2048],
                         help="lengths of the peer comparison, forward + backward (the peer's dense [T, T] "
                              "autograd graph: ~16x the 2048 run's time and memory at 8192)")
 
@@ -187,18 +197,18 @@ QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
 def _storage_args(parser) -> None:
     from accrot.bench.storage import STORAGES
 
-    parser.add_argument("--workers", nargs="+", type=int, default=None,
+    option(parser, "--workers", kind=numbers(what="worker counts", whole=True), nargs="+", type=int, default=None,
                         help="worker counts, one row per count and storage (default 8 32 64)")
-    parser.add_argument("--trials", type=int, default=None, help="trials per row (default 150)")
-    parser.add_argument("--storages", nargs="+", type=Literal[STORAGES], default=list(STORAGES),
+    option(parser, "--trials", kind=count(1, 100000), type=int, default=None, help="trials per row (default 150)")
+    option(parser, "--storages", kind=choice(*STORAGES), nargs="+", type=Literal[STORAGES], default=list(STORAGES),
                         help="postgresql (workers on the database) and proxy (through accrot storage-proxy)")
-    parser.add_argument("--deadline", type=float, default=300.0, help="seconds a row may take before it is stopped")
+    option(parser, "--deadline", kind=number(what="seconds"), type=float, default=300.0, help="seconds a row may take before it is stopped")
 
 
 def _parser(command: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=HELP[command])
     if command in ("schemes", "path", "all", "decode"):
-        parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
+        option(parser, "--device", kind=DEVICE, type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     if command == "decode":
         _decode_args(parser)
     if command in ("schemes", "all"):
@@ -208,15 +218,15 @@ def _parser(command: str) -> ArgumentParser:
     if command == "storage":
         _storage_args(parser)
     if command in ("pipeline", "all"):
-        parser.add_argument("--pipeline_steps", type=int, default=30, help="training steps per loop and round")
-        parser.add_argument("--pipeline_rounds", type=int, default=3, help="fits of paired steps per size")
-        parser.add_argument("--pipeline_sizes", nargs="+", type=Literal["tiny", "small"], default=["tiny", "small"],
+        option(parser, "--pipeline_steps", kind=count(1, 100000), type=int, default=30, help="training steps per loop and round")
+        option(parser, "--pipeline_rounds", kind=count(1, 1000), type=int, default=3, help="fits of paired steps per size")
+        option(parser, "--pipeline_sizes", kind=choice("tiny", "small"), nargs="+", type=Literal["tiny", "small"], default=["tiny", "small"],
                             help="model shapes of the loop comparison")
-        parser.add_argument("--with_logger", action="store_true", help="the Lightning loop also writes metrics.csv")
-    parser.add_argument("--quick", action="store_true",
+        option(parser, "--with_logger", kind=FLAG, action="store_true", help="the Lightning loop also writes metrics.csv")
+    option(parser, "--quick", kind=FLAG, action="store_true",
                         help="a first look in about a minute per bench: " + "; ".join(QUICK_HELP[c] for c in QUICK_HELP
                                                                                      if command in (c, "all")))
-    parser.add_argument("--out", type=str, default=DEFAULT_OUT[command], help="JSON report (written atomically)")
+    option(parser, "--out", kind=write_file("a JSON report file"), type=str, default=DEFAULT_OUT[command], help="JSON report (written atomically)")
     return parser
 
 
@@ -328,12 +338,12 @@ def _storage(args, console, log, out: Path) -> int:
 
 
 def _decode_args(parser) -> None:
-    parser.add_argument("--size", type=Literal["tiny", "small"], default="tiny", help="the model shape")
-    parser.add_argument("--train_length", type=int, default=128, help="L: the prompts are multiples of it")
-    parser.add_argument("--multipliers", nargs="+", type=int, default=[1, 16], help="prompt lengths in L")
-    parser.add_argument("--new_tokens", type=int, default=None, help="tokens generated per timing (default 16)")
-    parser.add_argument("--repeats", type=int, default=None, help="rounds (default 3)")
-    parser.add_argument("--seed", type=int, default=0)
+    option(parser, "--size", kind=choice("tiny", "small"), type=Literal["tiny", "small"], default="tiny", help="the model shape")
+    option(parser, "--train_length", kind=count(2, 1 << 20), type=int, default=128, help="L: the prompts are multiples of it")
+    option(parser, "--multipliers", kind=numbers(what="prompt lengths in L", whole=True), nargs="+", type=int, default=[1, 16], help="prompt lengths in L")
+    option(parser, "--new_tokens", kind=count(1, 1 << 20), type=int, default=None, help="tokens generated per timing (default 16)")
+    option(parser, "--repeats", kind=count(1, 1000), type=int, default=None, help="rounds (default 3)")
+    option(parser, "--seed", kind=count(0, 2**63 - 1), type=int, default=0)
 
 
 def _check_decode(args) -> None:
@@ -373,7 +383,7 @@ def _print_path(console, doc: dict[str, Any]) -> None:
 
 def _checked_args(command: str, rest: list[str]):
     """The parsed options of ``accrot bench <command>``, --quick applied; a one-line UsageError otherwise."""
-    args = _parser(command).parse_args(rest)
+    args = parse(_parser(command), rest)
     out = Path(args.out)
     if not out.parent.is_dir():
         raise UsageError(f"out={args.out!r}: folder {str(out.parent)!r} does not exist")

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 from accrot.errors import UsageError
 from accrot.io import load_yaml
+from accrot.options import Kind, read_path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -24,12 +24,16 @@ def config_path(name: str) -> Path:
         hint = f"its run's config is --config {inside}" if inside.is_file() else "pass a YAML file"
         raise UsageError(f"--config {name!r} is a folder, not a config file; {hint} (or a shipped config: "
                          f"{', '.join(sorted(f.stem for f in CONFIG_DIR.glob('*.yaml')))})")
-    if p.exists() or p.suffix in (".yaml", ".yml", ".json"):
-        return p  # a path: a missing file is reported by the parser with its name
-    shipped = CONFIG_DIR / f"{name}.yaml"
-    if shipped.exists():
-        return shipped
+    if p.exists():
+        return p
     valid = ", ".join(sorted(f.stem for f in CONFIG_DIR.glob("*.yaml")))
+    # a shipped config by its name (tiny) or by its file's name anywhere (tiny.yaml, small.yml, configs/tiny.yaml)
+    stem = p.stem if p.suffix in (".yaml", ".yml") else p.name
+    shipped = CONFIG_DIR / f"{stem}.yaml"
+    if shipped.exists() and p.suffix in (".yaml", ".yml", "") and not p.is_absolute():
+        return shipped
+    if p.suffix in (".yaml", ".yml", ".json"):
+        raise UsageError(f"--config {name!r}: no such file; pass a YAML config file, or a shipped config: {valid}")
     raise UsageError(f"config {name!r} is neither a YAML file nor a shipped config; shipped: {valid}")
 
 
@@ -128,23 +132,6 @@ def resume_args(args: list[str]) -> tuple[list[str], Path | None]:
     return ["fit", "--config", str(run / "config.yaml"), *rest[1:], f"--ckpt_path={ckpt}"], run.resolve()
 
 
-def numbers(values: Sequence[str] | None, flag: str) -> list[float] | None:
-    """A list option given as shell words (``1 2 4``), one YAML-like list (``'[1,2,4]'``) or commas (``1,2,4``), as
-    floats; a one-line UsageError with an example otherwise."""
-    if values is None:
-        return None
-    out = []
-    try:
-        for v in values:
-            out += [float(part) for part in str(v).strip().strip("[]").split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"{flag}={' '.join(map(str, values))!r} is not valid; give numbers, e.g. {flag} 1 2 4 "
-                         f"(or '[1,2,4]')") from None
-    if not out:
-        raise UsageError(f"{flag} needs at least one number, e.g. {flag} 1 2 4")
-    return out
-
-
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask: a SLURM or cgroup share), at least 1."""
     try:
@@ -216,3 +203,8 @@ def data_module_class(class_path: str, where: str = "data"):
     hint = f"did you mean data_modules.{close[0]}? " if close else ""
     raise UsageError(f"{where}={class_path!r} is not a data module; {hint}shipped: {', '.join(sorted(shipped))} "
                      "(data_modules.NAME), or module.Class of your own (a TokenStreamDataModule)")
+
+
+DEVICE = Kind("device", lambda flag, value: check_device(str(value), flag), ("gpu", "cuda:99", "bogus", ""),
+              "a device this machine has (cpu, cuda, cuda:1, mps)")
+READ_CKPT = read_path("a checkpoint (.ckpt) of an accrot run, or its run directory")

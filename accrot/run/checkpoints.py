@@ -102,7 +102,7 @@ def output_folder(out: Path) -> Iterator[Path]:
                          "would be overwritten; pass another --out, or leave it out (the default is a folder of its "
                          "own inside the run)")
     dirs = RunDirs()
-    dirs.make(out, option="--out", what="the output folder")
+    dirs.make(out, option="--out", what="the output folder")  # and held: one writer per folder
     try:
         yield out
     except BaseException as err:
@@ -111,6 +111,8 @@ def output_folder(out: Path) -> Iterator[Path]:
             raise UsageError(f"cannot write {str(err.filename)!r} ({err.strerror}); pass a writable --out with free "
                              "space") from None
         raise
+    finally:
+        dirs.release()
 
 
 def provenance(command: str, argv: list[str], ckpt: Path) -> dict:

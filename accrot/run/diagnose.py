@@ -19,7 +19,8 @@ from accrot.diagnostics import diagnose, plot_diagnostics, summary
 from accrot.diagnostics.bundle import finite_or_none
 from accrot.errors import UsageError
 from accrot.io import atomic_write_text
-from accrot.run.args import check_device, numbers
+from accrot.options import count, number, numbers, option, parse, parse_numbers, read_file, write_dir
+from accrot.run.args import DEVICE, READ_CKPT, check_device
 from accrot.run.checkpoints import load_data_module, open_checkpoint, output_folder, provenance
 
 HELP = ("The theory diagnostics of a checkpoint of an accrot run, on its run's own evaluation blocks: coherence and "
@@ -61,21 +62,21 @@ def main(argv: list[str]) -> int:
     """``accrot diagnose --ckpt PATH``: coherence, mixing windows, far mass and value far norms of a checkpoint;
     writes diagnostics.json + PNGs into <run>/diagnostics/."""
     parser = ArgumentParser(prog="accrot diagnose", exit_on_error=False, description=HELP)
-    parser.add_argument("--ckpt", type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
+    option(parser, "--ckpt", kind=READ_CKPT, type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
                         "directory")
-    parser.add_argument("--config", type=str | None, default=None,
+    option(parser, "--config", kind=read_file("a config.yaml"), type=str | None, default=None,
                         help="the run's config.yaml (default: RUN/config.yaml beside RUN/checkpoints/)")
-    parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "8", "32"],
+    option(parser, "--multipliers", kind=numbers(), type=str, nargs="+", default=["1", "8", "32"],
                         help="lengths as multiples of the training length: 1 8 32 or '[1,8,32]'")
-    parser.add_argument("--blocks", type=int, default=16,
+    option(parser, "--blocks", kind=count(1), type=int, default=16,
                         help="blocks per length, spread over the validation split (the replicates of every error bar)")
-    parser.add_argument("--eps", type=float, default=0.05, help="ε of the mixing window")
-    parser.add_argument("--far_window", type=int | None, default=None, help="far = keys more than this many tokens back "
+    option(parser, "--eps", kind=number(0, 1, what="a coherence level"), type=float, default=0.05, help="ε of the mixing window")
+    option(parser, "--far_window", kind=count(1), type=int | None, default=None, help="far = keys more than this many tokens back "
                         "(default: training length / 4)")
-    parser.add_argument("--queries", type=int, default=32, help="last queries per block for far mass")
-    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/diagnostics)")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
-    args = parser.parse_args(argv)
+    option(parser, "--queries", kind=count(1), type=int, default=32, help="last queries per block for far mass")
+    option(parser, "--out", kind=write_dir("an output folder"), type=str | None, default=None, help="output folder (default: RUN/diagnostics)")
+    option(parser, "--device", kind=DEVICE, type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
+    args = parse(parser, argv)
     multipliers = _check_options(args)
     device = check_device(args.device)
     ckpt, lit, _, run_dir, config = open_checkpoint(args.ckpt, args.config)
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> int:
 
 def _check_options(args) -> list[float]:
     """The multipliers; every numeric option checked (one line naming it)."""
-    multipliers = numbers(args.multipliers, "--multipliers")
+    multipliers = parse_numbers("--multipliers", args.multipliers)
     if any(not m > 0 for m in multipliers):
         raise UsageError(f"--multipliers={multipliers!r} is not valid; give positive multiples of the training "
                          "length, e.g. --multipliers 1 8 32")

@@ -23,8 +23,22 @@ from accrot.evaluation import (
     same_target_budget,
 )
 from accrot.io import atomic_write_text
+from accrot.options import (
+    FLAG,
+    POSITIVE,
+    choice,
+    conflicts,
+    count,
+    needs,
+    numbers,
+    option,
+    parse,
+    parse_numbers,
+    read_file,
+    write_dir,
+)
 from accrot.position.rope_scaling import SCALINGS, RopeScaling, apply_rope_scaling
-from accrot.run.args import check_device, numbers
+from accrot.run.args import DEVICE, READ_CKPT, check_device
 from accrot.run.checkpoints import (
     check_eval_config,
     load_data_module,
@@ -41,40 +55,44 @@ HELP = ("Evaluate a checkpoint of an accrot run at many multiples of its trainin
         "another model.")
 
 
-def main(argv: list[str]) -> int:
-    """``accrot eval --ckpt PATH``: evaluate a checkpoint at many lengths; writes JSON + PNG."""
+def build_parser() -> ArgumentParser:
+    """``accrot eval``'s options, each declared of its kind (accrot.options), and how they interact."""
     parser = ArgumentParser(prog="accrot eval", exit_on_error=False, description=HELP)
-    parser.add_argument("--ckpt", type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
+    option(parser, "--ckpt", kind=READ_CKPT, type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
                         "directory")
-    parser.add_argument("--config", type=str | None, default=None,
+    option(parser, "--config", kind=read_file("a config.yaml"), type=str | None, default=None,
                         help="the run's config.yaml (default: RUN/config.yaml beside RUN/checkpoints/)")
-    parser.add_argument("--multipliers", type=str, nargs="+", default=["1", "2", "4", "8", "16", "32"],
+    option(parser, "--multipliers", kind=numbers(), type=str, nargs="+", default=["1", "2", "4", "8", "16", "32"],
                         help="evaluation lengths as multiples of the training length: 1 2 4 or '[1,2,4]'")
-    parser.add_argument("--lengths", type=str, nargs="+", default=None,
+    option(parser, "--lengths", kind=numbers(what="lengths in tokens", whole=True), type=str, nargs="+", default=None,
                         help="explicit lengths in tokens instead: 128 512 or '[128,512]'")
-    parser.add_argument("--budget_tokens", type=int, default=32768, help="scored tokens per length")
-    parser.add_argument("--max_batch_tokens", type=int, default=16384, help="tokens per forward pass")
-    parser.add_argument("--same_target_anchors", type=int, default=SAME_TARGET_ANCHORS,
+    option(parser, "--budget_tokens", kind=count(1), type=int, default=32768, help="scored tokens per length")
+    option(parser, "--max_batch_tokens", kind=count(1), type=int, default=16384, help="tokens per forward pass")
+    option(parser, "--same_target_anchors", kind=count(0), type=int, default=SAME_TARGET_ANCHORS,
                         help="windows per length of the same-target rise on a corpus (0: none; at most the blocks' "
                         "own token budget)")
-    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: RUN/eval)")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
-    parser.add_argument("--rope_scaling", type=str | None, default=None,
+    option(parser, "--out", kind=write_dir("an output folder"), type=str | None, default=None, help="output folder (default: RUN/eval)")
+    option(parser, "--device", kind=DEVICE, type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
+    option(parser, "--rope_scaling", kind=choice(*SCALINGS), type=str | None, default=None,
                         help=f"an evaluation-time RoPE extension: {', '.join(SCALINGS)} (RoPE checkpoints only; "
                         "yarn is the field's code form, yarn-paper its paper's equation)")
-    parser.add_argument("--rope_factor", type=float | None, default=None,
+    option(parser, "--rope_factor", kind=POSITIVE, type=float | None, default=None,
                         help="the extension's factor s (default: s = T / L at each evaluation length T)")
-    parser.add_argument("--generate", type=bool, default=False,
+    option(parser, "--generate", kind=FLAG, type=bool, default=False,
                         help="retrieval tasks (passkey, multikey, ...): also generate each answer greedily from the "
                         "block before it and score it exactly, per length and depth, beside the teacher-forced "
                         "accuracy")
-    args = parser.parse_args(argv)
-    multipliers, lengths = numbers(args.multipliers, "--multipliers"), numbers(args.lengths, "--lengths")
-    if args.same_target_anchors < 0:
-        raise UsageError(f"--same_target_anchors={args.same_target_anchors} is not valid; give 0 (none) or more")
-    if any(m <= 0 for m in multipliers) or any(ln <= 0 or ln != int(ln) for ln in lengths or []):
-        raise UsageError("evaluation lengths and multipliers must be positive (lengths: whole tokens), e.g. "
-                         "--multipliers 1 2 4")
+    conflicts(parser, "--multipliers", "--lengths", "--lengths replaces the multipliers")
+    needs(parser, "--rope_factor", "--rope_scaling")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``accrot eval --ckpt PATH``: evaluate a checkpoint at many lengths; writes JSON + PNG."""
+    parser = build_parser()
+    args = parse(parser, argv)
+    multipliers = parse_numbers("--multipliers", args.multipliers)
+    lengths = parse_numbers("--lengths", args.lengths) if args.lengths is not None else None
     device = check_device(args.device)
     ckpt, model, state, run_dir, config = open_checkpoint(args.ckpt, args.config)
     dm = load_data_module(config)
@@ -122,8 +140,6 @@ def main(argv: list[str]) -> int:
 def _scaling(args, train_length: int):
     """The requested RoPE extension, or None; a bad name or factor is a one-line error before any work."""
     if args.rope_scaling is None:
-        if args.rope_factor is not None:
-            raise UsageError(f"--rope_factor needs --rope_scaling ({', '.join(SCALINGS)})")
         return None
     return RopeScaling(args.rope_scaling, train_length, args.rope_factor)
 

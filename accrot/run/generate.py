@@ -26,11 +26,13 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 @torch.no_grad()
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 0.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, cached: bool = True) -> torch.Tensor:
+             generator: torch.Generator | None = None, cached: bool = True, on_token=None) -> torch.Tensor:
     """``max_new_tokens`` tokens after ``prompt [B, T]`` (T ≥ 1), ``[B, max_new_tokens]`` int64.
 
     ``model`` is a :class:`~accrot.model.Transformer` in ``eval()``; ``cached=False`` recomputes the forward over
-    the whole sequence for every token instead of decoding from the cache (the same tokens, at O(T²) a token)."""
+    the whole sequence for every token instead of decoding from the cache (the same tokens, at O(T²) a token).
+    ``on_token(token [B])`` is called with each new token as it is drawn (progress, or keeping what was generated
+    when the caller is interrupted)."""
     out = []
     if cached:
         logits, cache = model.prefill(prompt)
@@ -38,6 +40,8 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, temperature: floa
         for i in range(max_new_tokens):
             token = next_token(last, temperature, top_k, generator)  # [B]
             out.append(token)
+            if on_token is not None:
+                on_token(token)
             if i + 1 < max_new_tokens:
                 last = model.step(token, cache)
     else:
@@ -45,6 +49,8 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, temperature: floa
         for _ in range(max_new_tokens):
             token = next_token(model(seq)[:, -1], temperature, top_k, generator)
             out.append(token)
+            if on_token is not None:
+                on_token(token)
             seq = torch.cat((seq, token[:, None]), 1)
     return torch.stack(out, 1) if out else prompt.new_zeros(prompt.shape[0], 0)
 

@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from accrot import phases
 from accrot.errors import BadInput, ConfigError, UsageError, one_line
 from accrot.lit import LitLM
-from accrot.logs import hold_startup_logs
+from accrot.logs import WANDB_MODES, hold_startup_logs
 from accrot.resume import (
     AtomicCheckpointIO,
     ResumableCSVLogger,
@@ -179,8 +179,8 @@ class AccrotCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand, self.config)
-        if cfg.get("wandb") not in ("auto", "online", "offline", "disabled"):
-            raise UsageError(f"--wandb={cfg.get('wandb')!r} is not valid; choose auto, online, offline or disabled")
+        if cfg.get("wandb") not in WANDB_MODES:
+            raise UsageError(f"--wandb={cfg.get('wandb')!r} is not valid; choose one of {', '.join(WANDB_MODES)}")
         scheme = cfg.get("model", {}).get("scheme") if hasattr(cfg.get("model", {}), "get") else None
         if scheme is not None and getattr(scheme, "seed", 0) is None:
             # the scheme's random draws follow the run's seed (resolved by LightningCLI before this hook), so
@@ -388,7 +388,7 @@ class AccrotCLI(LightningCLI):
             csv = ResumableCSVLogger(save_dir=cfg.get("root", "runs"), name=name)
         self.run_dir = self.dirs.run_dir = Path(csv.log_dir)
         if rank_zero_only.rank == 0:  # other ranks of a DDP launch: rank 0's directory (trainer.log_dir)
-            self.dirs.make(self.run_dir)
+            self.dirs.make(self.run_dir, option="--root" if self.resume_dir is None else "--resume")
         loggers = [csv]
         mode = wandb_mode(cfg.get("wandb", "auto"))
         if mode != "disabled" and self.subcommand == "fit":
@@ -446,13 +446,26 @@ def checkpoint_file(path: str, option: str) -> str:
     return str(found)
 
 
+# every Trainer setting that can leave a fit with no training step at all: a run "finished at step 0"
+NO_STEP = {"max_steps": "a positive trainer.max_steps (or -1 / null for no limit)",
+           "max_epochs": "a positive trainer.max_epochs (or -1 / null for no limit)",
+           "limit_train_batches": "a positive trainer.limit_train_batches (a count, or a fraction in (0, 1])",
+           "max_time": "a positive trainer.max_time (or null)"}
+
+
 def check_training_length(trainer_cfg) -> None:
-    """A fit that would train no step (``trainer.max_steps=0`` or ``max_epochs=0``) is refused before its run directory
-    exists: Lightning would record a run "finished at step 0" with nothing in it."""
-    for key in ("max_steps", "max_epochs"):
-        if trainer_cfg.get(key) == 0:
-            raise UsageError(f"trainer.{key}=0 is not valid: the run would train no step; give a positive "
-                             f"trainer.{key} (or -1 / null for no limit)")
+    """A fit that would train no step (any :data:`NO_STEP` setting at 0: ``max_steps=0``, ``max_epochs=0``,
+    ``limit_train_batches=0`` or ``0.0``, a zero ``max_time``) is refused before its run directory exists: Lightning
+    would record a run "finished at step 0" with nothing in it."""
+    for key, valid in NO_STEP.items():
+        value = trainer_cfg.get(key)
+        # 0 only: a negative value is Lightning's to refuse (-1 is "no limit" for max_steps and max_epochs)
+        zero = value == "00:00:00:00" or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                          and value == 0)
+        if isinstance(value, dict):
+            zero = not any(value.values())
+        if zero:
+            raise UsageError(f"trainer.{key}={value!r} is not valid: the run would train no step; give {valid}")
 
 
 def check_devices(trainer_cfg) -> None:
@@ -556,6 +569,7 @@ def run_lightning(args: list[str], console_log: bool = False):
     finally:
         sys.argv = argv0
         finish_wandb()
+        dirs.release()  # the run directory's lock: another command may write it now
     return cli
 
 

@@ -6,11 +6,13 @@ are made and proven writable the same way, before their computing starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-from accrot.errors import UsageError
+from accrot.errors import UsageError, declare_write_folder
 
 NAME_MAX = 255  # bytes in one folder name on Linux's and macOS's filesystems
 
@@ -39,17 +41,94 @@ def check_run_name(root: str, name: str) -> None:
                          f"one is {len(os.fsencode(longest))}); give a shorter --name")
 
 
+LOCK_NAME = ".accrot.lock"
+
+
+class FolderLock:
+    """One writer per folder: an exclusive ``flock`` on ``<folder>/.accrot.lock`` held for the command's life (with
+    ``beside``: on ``.<folder>.accrot.lock`` next to it, for a folder that must stay empty until its writer fills
+    it, as a run directory must for Lightning's logger).
+
+    A second command that would write the same folder (two ``fit --resume`` of one run, a requeue submitted twice,
+    two ``eval`` into one ``--out``) is refused at once in one line naming the holder. The kernel drops the lock when
+    its holder dies, so a stale lock of a dead process is taken over by the next command without a word; the file
+    holds the holder's pid and host for the message, and is removed on release (before unlocking, so a command that
+    opened it meanwhile still finds it held)."""
+
+    def __init__(self, folder: Path, option: str, what: str, beside: bool = False) -> None:
+        import fcntl
+        import socket
+
+        folder = Path(folder).absolute()
+        self.folder = folder
+        self.path = folder.parent / f".{folder.name}{LOCK_NAME}" if beside else folder / LOCK_NAME
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(self.fd)
+            other = "" if option == "--resume" else f", or pass another {option}"  # a run has one place
+            raise UsageError(f"{option} {str(folder)!r}: {what} is being written by another accrot command "
+                             f"(pid {holder}); wait for it to finish{other}") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        os.close(self.fd)  # closing the last descriptor drops the flock
+        self.fd = None
+
+
+@contextlib.contextmanager
+def holding(folder: Path, option: str, what: str) -> Iterator[Path]:
+    """``folder`` made (with its parents) and locked for the body (:class:`FolderLock`: one writer per folder). What
+    the body wrote stays, whatever happened (a study's or a report's folder holds earlier results); a folder this
+    command made and left empty is removed again when the body fails (a refusal leaves nothing behind)."""
+    folder = Path(folder).absolute()
+    made, p = [], folder
+    while not p.exists() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write {what} {str(folder)!r} ({err.strerror or err}); pass a writable {option}") from None
+    declare_write_folder(folder, option)
+    lock = FolderLock(folder, option, what)
+    try:
+        yield folder
+    except BaseException:
+        lock.release()
+        for path in made:  # innermost first; rmdir refuses a folder that holds anything
+            try:
+                path.rmdir()
+            except OSError:
+                break
+        raise
+    finally:
+        lock.release()
+
+
 class RunDirs:
-    """The directories one command created (outermost first) and the run directory it writes."""
+    """The directories one command created (outermost first) and the run directory it writes, locked for the
+    command's life (:class:`FolderLock`) until :meth:`release`."""
 
     def __init__(self) -> None:
         self.created: list[Path] = []
         self.run_dir: Path | None = None
+        self.lock: FolderLock | None = None
 
     def make(self, run_dir: Path, option: str = "--root", what: str = "the run directory") -> None:
         """Create the run directory now (recording what this command created) and prove it writable; ``option``
         and ``what``: how the one-line error names the command's own option and the folder."""
         self.run_dir = Path(run_dir)
+        declare_write_folder(run_dir, option)
         missing, p = [], Path(run_dir).absolute()
         while not p.exists() and p != p.parent:
             missing.append(p)
@@ -61,10 +140,20 @@ class RunDirs:
         except OSError as err:
             raise UsageError(f"cannot write {what} {str(run_dir)!r} ({err.strerror or err}); pass a writable "
                              f"{option} with free space") from None
+        if self.lock is None or self.lock.folder != Path(run_dir).absolute():
+            self.release()
+            self.lock = FolderLock(Path(run_dir), option, what, beside=True)
+
+    def release(self) -> None:
+        """Drop the folder's lock (the command is done writing it)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def remove_incomplete(self) -> None:
         """Remove the run directory unless it holds a checkpoint; a parent folder this command created only if
-        that is empty (another process may be writing a run of its own beside)."""
+        that is empty (another process may be writing a run of its own beside). The lock goes first."""
+        self.release()
         for path in reversed(self.created):
             if not path.exists():
                 continue

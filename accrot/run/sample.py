@@ -4,13 +4,17 @@ checked before any computing: a bad one is one line naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from accrot.errors import BadInput, UsageError, one_line
-from accrot.run.args import check_device
+from accrot.errors import EXIT_INTERRUPTED, BadInput, UsageError, one_line
+from accrot.options import FREE_TEXT, conflicts, count, no_effect_unless, number, option, parse, read_file
+from accrot.run.args import DEVICE, READ_CKPT, check_device
 from accrot.run.checkpoints import load_data_module, open_checkpoint
 
 HELP = ("Continue a prompt with a checkpoint of an accrot run (a .ckpt file or its run directory), decoding from the "
@@ -21,25 +25,22 @@ HELP = ("Continue a prompt with a checkpoint of an accrot run (a .ckpt file or i
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="accrot sample", exit_on_error=False, description=HELP)
-    parser.add_argument("--ckpt", type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
+    option(parser, "--ckpt", kind=READ_CKPT, type=str, required=True, help="a checkpoint (.ckpt) of an accrot run, or its run "
                         "directory")
-    parser.add_argument("--prompt", type=str | None, default=None, help="the text to continue")
-    parser.add_argument("--prompt_file", type=str | None, default=None, help="a UTF-8 file holding the prompt instead")
-    parser.add_argument("--max_new_tokens", type=int, default=200, help="tokens to generate (at least 1)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0: greedy; otherwise the softmax temperature")
-    parser.add_argument("--top_k", type=int | None, default=None, help="sample from the k likeliest tokens only")
-    parser.add_argument("--seed", type=int, default=0, help="the seed of the draws")
-    parser.add_argument("--config", type=str | None, default=None,
+    option(parser, "--prompt", kind=FREE_TEXT, type=str | None, default=None, help="the text to continue")
+    option(parser, "--prompt_file", kind=read_file("a UTF-8 text file"), type=str | None, default=None, help="a UTF-8 file holding the prompt instead")
+    option(parser, "--max_new_tokens", kind=count(1), type=int, default=200, help="tokens to generate (at least 1)")
+    option(parser, "--temperature", kind=number(0, low_open=False, what="0: greedy"), type=float, default=1.0, help="0: greedy; otherwise the softmax temperature")
+    option(parser, "--top_k", kind=count(1), type=int | None, default=None, help="sample from the k likeliest tokens only")
+    option(parser, "--seed", kind=count(0, 2**63 - 1), type=int, default=0, help="the seed of the draws")
+    option(parser, "--config", kind=read_file("a config.yaml"), type=str | None, default=None,
                         help="the run's config.yaml (default: RUN/config.yaml beside RUN/checkpoints/)")
-    parser.add_argument("--device", type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
-    args = parser.parse_args(argv)
+    option(parser, "--device", kind=DEVICE, type=str, default="cpu", help="cpu, cuda, cuda:1, ... (one this machine has)")
+    conflicts(parser, "--prompt", "--prompt_file", "each gives the whole prompt")
+    for flag in ("--top_k", "--seed"):  # greedy decoding draws nothing
+        no_effect_unless(parser, flag, lambda a: a.temperature > 0, "--temperature 0 decodes greedily, drawing nothing")
+    args = parse(parser, argv)
     text = _prompt(args)
-    if args.max_new_tokens < 1:
-        raise UsageError(f"--max_new_tokens={args.max_new_tokens} is not valid; generate at least 1 token")
-    if not args.temperature >= 0 or args.temperature == float("inf"):
-        raise UsageError(f"--temperature={args.temperature} is not valid; give 0 (greedy) or a positive number")
-    if args.top_k is not None and args.top_k < 1:
-        raise UsageError(f"--top_k={args.top_k} is not valid; give a positive number of tokens (or leave it out)")
     device = check_device(args.device)
     _, lit, _, _, config = open_checkpoint(args.ckpt, args.config)
     tokenizer = load_data_module(config).tokenizer
@@ -52,9 +53,32 @@ def main(argv: list[str]) -> int:
     model = lit.model.eval().to(device)
     generator = torch.Generator().manual_seed(args.seed)
     prompt = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
-    new = generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator)[0].tolist()
+    new: list[int] = []
+    with _progress(args.max_new_tokens) as advance:
+        try:
+            generate(model, prompt, args.max_new_tokens, args.temperature, args.top_k, generator,
+                     on_token=lambda token: (new.append(int(token[0])), advance()))
+        except KeyboardInterrupt:  # Ctrl-C keeps what was generated: printed, then the shell's code for SIGINT
+            sys.stdout.write(text + _decode(tokenizer, new) + "\n")
+            print(f"accrot: interrupted after {len(new)} of {args.max_new_tokens} tokens (printed above)",
+                  file=sys.stderr)
+            return EXIT_INTERRUPTED
     sys.stdout.write(text + _decode(tokenizer, new) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def _progress(total: int):
+    """A progress bar of the tokens generated, on stderr when it is a terminal (nothing otherwise); yields the
+    function that counts one token."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda: None
+        return
+    with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("tokens", total=total)
+        yield lambda: bar.advance(task)
 
 
 def _prompt(args) -> str:

@@ -42,8 +42,14 @@ from rich.console import Console
 
 from accrot.errors import BadInput, UsageError
 from accrot.io import atomic_write_text
+from accrot.logs import WANDB_MODES
+from accrot.options import FLAG, Kind, choice, count, option, parse, read_dir, text, words, write_dir
+from accrot.options import numbers as numbers_kind
 from accrot.run.args import config_path
+from accrot.run.rundir import holding
 from accrot.study.options import (
+    CORPORA,
+    PRECISIONS,
     check_args,
     check_resumable,
     check_settings,
@@ -51,7 +57,6 @@ from accrot.study.options import (
     numbers,
     recipe,
     refuse_other_options,
-    words,
 )
 from accrot.study.report import build_report, write_notes
 from accrot.study.results import ALSO_DIAGNOSED, CORPUS
@@ -69,7 +74,7 @@ from accrot.study.variants import (
 )
 from accrot.sweep.parent import Terminated, run_sweep
 from accrot.sweep.spec import load_spec
-from accrot.sweep.storage import StorageRef
+from accrot.sweep.storage import STORAGE, StorageRef
 
 
 def checkpoint_callback(base: str) -> dict[str, Any]:
@@ -184,48 +189,65 @@ HELP = ("The paper's ablation in one command: every variant on each data set (de
         "than a size's --max_steps, --seeds or --multipliers is a quick look, which the report marks.")
 
 
+def _is_hf(value: str) -> bool:
+    return value.startswith("hf:") and len(value) > 3
+
+
+def _check_set(flag: str, value) -> None:
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        key, eq, _ = str(item).partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"{flag} {str(item)!r} is not valid; give KEY=VALUE with a dotted key of accrot fit "
+                             "(--set model.weight_decay=0.05)")
+
+
+DATASET_KIND = choice(*(d for d in DATASET_RECORDS if d != "hf"), also=_is_hf, what="hf:NAME_OR_FILES")
+CORPUS_KIND = choice(*CORPORA, also=_is_hf, what="hf:NAME_OR_FILES")
+SET_KIND = Kind("settings", _check_set, ("novalue", "=3", ""), "KEY=VALUE")
+
+
 def _parser():
     from jsonargparse import ActionYesNo, ArgumentParser
 
     parser = ArgumentParser(prog="accrot ablation", exit_on_error=False, description=HELP)
-    parser.add_argument("--size", type=str, default="study",
+    option(parser, "--size", kind=choice(*SIZES), type=str, default="study",
                         help="study, decide, tiny, small or paper")
-    parser.add_argument("--seeds", type=int | None, default=None, help="seeds per variant (default: the size's)")
-    parser.add_argument("--workers", type=int, default=2, help="worker processes on this machine (0: none)")
-    parser.add_argument("--storage", type=str | None, default=None,
+    option(parser, "--seeds", kind=count(1, 1000), type=int | None, default=None, help="seeds per variant (default: the size's)")
+    option(parser, "--workers", kind=count(0, 256), type=int, default=2, help="worker processes on this machine (0: none)")
+    option(parser, "--storage", kind=STORAGE, type=str | None, default=None,
                         help="Optuna storage URL (default: sqlite under <out>/<study>/)")
-    parser.add_argument("--out", type=str, default="results", help="results folder")
-    parser.add_argument("--study", type=str | None, default=None, help="study name (default: ablation-<size>)")
+    option(parser, "--out", kind=write_dir("a results folder"), type=str, default="results", help="results folder")
+    option(parser, "--study", kind=text("a study name"), type=str | None, default=None, help="study name (default: ablation-<size>)")
     # nargs: `--variants NoPE RoPE` as a shell user types it; `--variants '[NoPE, RoPE]'` (YAML) works too
-    parser.add_argument("--variants", type=str, nargs="+", default=None, help=f"subset of: {', '.join(VARIANT_RECORDS)}")
-    parser.add_argument("--datasets", type=str, nargs="+", default=None,
+    option(parser, "--variants", kind=choice(*VARIANT_RECORDS), type=str, nargs="+", default=None, help=f"subset of: {', '.join(VARIANT_RECORDS)}")
+    option(parser, "--datasets", kind=DATASET_KIND, type=str, nargs="+", default=None,
                         help=f"any of: {', '.join(d for d in DATASET_RECORDS if d != 'hf')}, hf:NAME_OR_FILES (default: "
                              f"{', '.join(DEFAULT_DATASETS)})")
-    parser.add_argument("--corpus", type=str, default="stdlib",
+    option(parser, "--corpus", kind=CORPUS_KIND, type=str, default="stdlib",
                         help="the data set the claims are read on: stdlib, prose, text or hf:NAME_OR_FILES")
-    parser.add_argument("--text_root", type=str | None, default=None,
+    option(parser, "--text_root", kind=read_dir("a folder of .txt files"), type=str | None, default=None,
                         help="the `text` data set's folder of .txt files (any depth; split by file)")
-    parser.add_argument("--max_steps", type=int | None, default=None, help="override the size's training steps")
-    parser.add_argument("--tokens", type=int | None, default=None,
+    option(parser, "--max_steps", kind=count(1), type=int | None, default=None, help="override the size's training steps")
+    option(parser, "--tokens", kind=count(1), type=int | None, default=None,
                         help="training tokens per run (sets the steps; the cadences follow)")
-    parser.add_argument("--tune_lr", action=ActionYesNo, default=None,
+    option(parser, "--tune_lr", kind=FLAG, action=ActionYesNo, default=None,
                         help="each variant's lr from a 3-point grid first (default: on for small, paper)")
-    parser.add_argument("--precision", type=str | None, default=None,
+    option(parser, "--precision", kind=choice(*PRECISIONS), type=str | None, default=None,
                         help="trainer.precision of every run (bf16-mixed on a GPU)")
-    parser.add_argument("--set", type=str, action="append", default=None, dest="settings",
+    option(parser, "--set", kind=SET_KIND, type=str, action="append", default=None, dest="settings",
                         help="KEY=VALUE: an accrot fit override for every run (repeatable)")
-    parser.add_argument("--multipliers", type=str, nargs="+", default=None,
+    option(parser, "--multipliers", kind=numbers_kind(), type=str, nargs="+", default=None,
                         help="evaluation lengths as multiples of L (default: 1 2 4 ... 64)")
-    parser.add_argument("--wandb", type=str, default="auto", help="auto, online, offline or disabled")
-    parser.add_argument("--report_only", action="store_true", help="only rebuild REPORT.md from complete trials")
-    parser.add_argument("--quiet", action="store_true",
+    option(parser, "--wandb", kind=choice(*WANDB_MODES), type=str, default="auto", help="auto, online, offline or disabled")
+    option(parser, "--report_only", kind=FLAG, action="store_true", help="only rebuild REPORT.md from complete trials")
+    option(parser, "--quiet", kind=FLAG, action="store_true",
                         help="a line per finished run (as when stderr is no terminal)")
     return parser
 
 
 def main(argv: list[str]) -> int:
     """``accrot ablation [--size study|decide|tiny|small|paper] [--seeds N] [--workers N] [--storage URL] [--out results]``."""
-    args = _parser().parse_args(argv)
+    args = parse(_parser(), argv)
     args.variants, args.datasets = words(args.variants, "--variants"), words(args.datasets, "--datasets")
     args.multipliers = numbers(words(args.multipliers, "--multipliers"))
 
@@ -240,26 +262,29 @@ def main(argv: list[str]) -> int:
     spec_path = folder / f"{study}.yaml"
     tune_path = folder / f"{tuning_name(study)}.yaml"
     ref = StorageRef.parse(args.storage, study, out)
-    started = time.time()
+    # refused before the folder is made: nothing left behind
+    if args.report_only and not spec_path.is_file():
+        raise UsageError(f"no ablation study at {folder} (no {spec_path.name}); run it first without --report_only")
     if not args.report_only:
         check_settings(args, spec_doc)
-        tune = size.tune_lr if args.tune_lr is None else args.tune_lr
-        rc = _run(args, spec_doc, spec_path, tune_path if tune else None, ref, out)
-        if rc is not None:
-            return rc
-    elif not spec_path.is_file():
-        raise UsageError(f"no ablation study at {folder} (no {spec_path.name}); run it first without --report_only")
-    spec = load_spec(spec_path)
-    meta = {"command": "accrot ablation " + " ".join(argv), "size": args.size, "size_cost": size.cost,
-            "seeds": seeds, "workers": args.workers, "started": started,
-            "scope": describe_scope(yaml.safe_load(spec_path.read_text()), args.size)}
-    if tune_path.is_file() and tuned(yaml.safe_load(spec_path.read_text())):
-        meta["lr"] = lr_table(load_spec(tune_path), ref)
-    built = time.perf_counter()
-    report = build_report(spec, ref, folder, meta, console=Console(stderr=True, highlight=False))
-    # the eval-time extension rows (PI, NTK, YaRN of the RoPE runs) are evaluated here, after the sweep's split
-    print(f"report: {report} (built in {time.perf_counter() - built:.0f} s, eval-time extension rows included)")
-    return 0
+    with holding(folder, "--out", "the ablation's folder"):  # one ablation writes a folder at a time
+        started = time.time()
+        if not args.report_only:
+            tune = size.tune_lr if args.tune_lr is None else args.tune_lr
+            rc = _run(args, spec_doc, spec_path, tune_path if tune else None, ref, out)
+            if rc is not None:
+                return rc
+        spec = load_spec(spec_path)
+        meta = {"command": "accrot ablation " + " ".join(argv), "size": args.size, "size_cost": size.cost,
+                "seeds": seeds, "workers": args.workers, "started": started,
+                "scope": describe_scope(yaml.safe_load(spec_path.read_text()), args.size)}
+        if tune_path.is_file() and tuned(yaml.safe_load(spec_path.read_text())):
+            meta["lr"] = lr_table(load_spec(tune_path), ref)
+        built = time.perf_counter()
+        report = build_report(spec, ref, folder, meta, console=Console(stderr=True, highlight=False))
+        # the eval-time extension rows (PI, NTK, YaRN of the RoPE runs) are evaluated here, after the sweep's split
+        print(f"report: {report} (built in {time.perf_counter() - built:.0f} s, eval-time extension rows included)")
+        return 0
 
 
 def _run(args, doc: dict[str, Any], spec_path: Path, tune_path: Path | None, ref: StorageRef, out: Path) -> int | None:

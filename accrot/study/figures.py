@@ -20,15 +20,20 @@ from accrot.study.theory import kind, measured_far_mass, predicted_far_mass
 from accrot.study.variants import DATASET_RECORDS, extension_of
 
 
-def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]], faint: bool = False) -> None:
+def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]], faint: bool = False,
+          intervals: Sequence[tuple[float, Sequence[Sequence[float]]]] | None = None) -> None:
     """The mean over seeds at each x as a line, ± one standard deviation as a shaded band (none for an evaluation
     of another variant's runs); ``faint``: the mean alone, thin and pale, unlabelled (a reference in another
-    family's panel)."""
+    family's panel). ``intervals``: per x, each seed's own interval (the text's noise within a run, e.g. the
+    anchors' interval of a same-target rise), drawn as error bars from the mean of their bounds: with one seed the
+    band is empty and these bars are what says how far the line may be noise."""
     xs, ms, ss = [], [], []
     for x, vals in points:
         if vals:
             mean, std = mean_std(vals)
             xs.append(x), ms.append(mean), ss.append(std or 0.0)
+    if not xs:  # nothing measured: no line, so no legend entry for a curve that is not there
+        return
     lk = look(variant)
     if faint:
         ax.plot(xs, ms, color=lk.color, linestyle=lk.linestyle, lw=0.9, alpha=0.35, zorder=1)
@@ -37,6 +42,12 @@ def _band(ax, variant: str, points: Sequence[tuple[float, Sequence[float]]], fai
     if not lk.evaluation_only:
         ax.fill_between(xs, [a - b for a, b in zip(ms, ss)], [a + b for a, b in zip(ms, ss)], color=lk.color,
                         alpha=0.15, lw=0, zorder=2)
+    bars = [(x, m, [sum(b[0] for b in cis) / len(cis), sum(b[1] for b in cis) / len(cis)])
+            for (x, cis), m in zip([(x, c) for x, c in (intervals or []) if c], ms) if cis]
+    if bars:
+        ax.errorbar([b[0] for b in bars], [b[1] for b in bars],
+                    yerr=[[max(0.0, b[1] - b[2][0]) for b in bars], [max(0.0, b[2][1] - b[1]) for b in bars]],
+                    fmt="none", ecolor=lk.color, elinewidth=0.9, capsize=2.5, alpha=0.8, zorder=3)
 
 
 def _family_panels(plt, variants: Sequence[str], draw: Callable[[Any, str, bool], None], title: str, xlabel: str,
@@ -113,11 +124,14 @@ def plot_rise(res: Results, dataset: str, path: Path) -> Path | None:
     plt = pyplot()
 
     def draw(ax, v: str, faint: bool) -> None:
-        _band(ax, v, [(m, res.values(dataset, v, "same_target_rise", m)) for m in mults], faint)
+        _band(ax, v, [(m, res.values(dataset, v, "same_target_rise", m)) for m in mults], faint,
+              intervals=[(m, [ci for r in res.by.get((dataset, v), [])
+                              if (ci := r.lengths.get(m, {}).get("same_target_rise_ci"))]) for m in mults])
 
     fig, axes = _family_panels(plt, res.variants(dataset), draw,
                                f"{dataset_title(dataset)}: the same targets at every length, rise over 1×, "
-                               "mean ± std over seeds", "context length / training length L (dotted: L)",
+                               "mean over seeds (band: ± std over seeds; bars: the anchors' 95 % interval)",
+                               "context length / training length L (dotted: L)",
                                "NLL(m·L) − NLL(L) on the same targets (nats)")
     for ax in axes:
         _multiples_axis(ax)

@@ -283,25 +283,6 @@ def refuse_other_options(path: Path, old: dict[str, Any], new: dict[str, Any], t
                          "pass --study NAME for a new one, or the same options to resume it")
 
 
-def words(values: list[str] | None, flag: str) -> list[str] | None:
-    """Items of a list flag given either as shell words (``a b``) or as one YAML list (``'[a, b]'``)."""
-    if values is None:
-        return None
-    out: list[str] = []
-    for value in values:
-        if value.lstrip().startswith("["):
-            try:
-                items = yaml.safe_load(value)
-            except yaml.YAMLError:
-                items = None
-            if not isinstance(items, list):
-                raise UsageError(f"{flag}={value!r} is not valid; give names (a b) or one YAML list ('[a, b]')")
-            out.extend(str(v) for v in items)
-        else:
-            out.extend(v for v in value.replace(",", " ").split())
-    return out
-
-
 def numbers(values: list[str] | None) -> list[float] | None:
 
     if values is None:

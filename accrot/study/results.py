@@ -294,6 +294,8 @@ def final_lengths(doc: Mapping[str, Any]) -> dict[float, dict[str, Any]]:
         row = lengths.get(float(rise["multiplier"]))
         if row is not None:
             row["same_target_rise"], row["same_target_nll"] = rise["rise"], rise["nll"]
+            if rise.get("rise_ci") is not None:  # the anchors' interval of this run's rise
+                row["same_target_rise_ci"] = tuple(rise["rise_ci"])
     return lengths
 
 

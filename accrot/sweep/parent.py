@@ -22,6 +22,7 @@ from rich.markup import escape
 from accrot.display import Finished, RunDisplay, Running, plain_help
 from accrot.errors import UsageError
 from accrot.metrics import metric_key
+from accrot.options import FLAG, count, option, parse, write_dir
 from accrot.phases import WORKER_SPAWNED_AT
 from accrot.sweep.recovery import (
     EVERY_TRIAL_FAILED,
@@ -34,8 +35,9 @@ from accrot.sweep.recovery import (
     recover_stale,
     unowned,
 )
-from accrot.sweep.spec import SweepSpec, load_spec
+from accrot.sweep.spec import SPEC, SweepSpec, load_spec
 from accrot.sweep.storage import (
+    STORAGE,
     StorageRef,
     creation_lock,
     open_storage,
@@ -562,26 +564,26 @@ def main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(prog="accrot sweep", exit_on_error=False, description=plain_help(main.__doc__))
-    parser.add_argument("spec", type=str, help="a spec file (sweeps/smoke.yaml) or a shipped spec's name (smoke)")
-    parser.add_argument("--workers", type=int, default=1,
+    option(parser, "spec", kind=SPEC, type=str, help="a spec file (sweeps/smoke.yaml) or a shipped spec's name (smoke)")
+    option(parser, "--workers", kind=count(0, 256), type=int, default=1,
                         help="worker processes on this machine (0: validate and create the study only)")
-    parser.add_argument("--storage", type=str | None, default=None,
+    option(parser, "--storage", kind=STORAGE, type=str | None, default=None,
                         help="sqlite:///PATH, postgresql://USER@HOST/DB, grpc://HOST:PORT (accrot storage-proxy) or "
                              "journal:///ABS/PATH.log "
                              "(default: the spec's, else <root>/<name>/study.db)")
-    parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's root)")
-    parser.add_argument("--worker", action="store_true",
+    option(parser, "--root", kind=write_dir("a run root"), type=str | None, default=None, help="run root (default: the spec's root)")
+    option(parser, "--worker", kind=FLAG, action="store_true",
                         help="run as a worker on an existing study (other nodes; the driver starts these itself)")
-    parser.add_argument("--worker_index", type=int, default=0, help="offsets the sampler seed of a worker")
-    parser.add_argument("--quiet", action="store_true",
+    option(parser, "--worker_index", kind=count(0), type=int, default=0, help="offsets the sampler seed of a worker")
+    option(parser, "--quiet", kind=FLAG, action="store_true",
                         help="one line per finished run instead of the live display (also when stderr is no terminal)")
-    parser.add_argument("--distributed", action="store_true",
+    option(parser, "--distributed", kind=FLAG, action="store_true",
                         help="with --worker, under srun/torchrun: this process is one rank; every trial is a DDP run "
                              "over all ranks (rank 0 talks to Optuna; accrot.sweep.ddp)")
-    parser.add_argument("--nodes", type=int | None, default=None, help="--distributed: nodes (default: SLURM_NNODES)")
-    parser.add_argument("--tasks_per_node", type=int | None, default=None,
+    option(parser, "--nodes", kind=count(1, 100000), type=int | None, default=None, help="--distributed: nodes (default: SLURM_NNODES)")
+    option(parser, "--tasks_per_node", kind=count(1, 1024), type=int | None, default=None,
                         help="--distributed: ranks per node (default: SLURM_NTASKS_PER_NODE or LOCAL_WORLD_SIZE)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.distributed and not args.worker:
         raise UsageError("--distributed is an option of a worker: accrot sweep SPEC --worker --distributed --storage URL")
     if args.workers < 0:

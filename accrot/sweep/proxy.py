@@ -28,9 +28,18 @@ import time
 from pathlib import Path
 
 from accrot.errors import UsageError
+from accrot.options import count, option, parse, text, write_file
 from accrot.sweep.lease import LeaseTable, lock_handler
 from accrot.sweep.recovery import budget_state
-from accrot.sweep.storage import BudgetLock, StorageRef, creation_lock, open_storage, redact, require_grpc
+from accrot.sweep.storage import (
+    STORAGE,
+    BudgetLock,
+    StorageRef,
+    creation_lock,
+    open_storage,
+    redact,
+    require_grpc,
+)
 
 DEFAULT_PORT = 13000  # Optuna's
 LINGER = 30.0  # seconds --until_done waits after the sweep is done before stopping
@@ -41,17 +50,17 @@ def _parser():
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(prog="accrot storage-proxy", exit_on_error=False, description=__doc__)
-    parser.add_argument("--storage", type=str | None, default=None,
+    option(parser, "--storage", kind=STORAGE, type=str | None, default=None,
                         help="the database: postgresql://USER@HOST/DB (or sqlite:///PATH); default: "
                              "$ACCROT_SWEEP_STORAGE")
-    parser.add_argument("--host", type=str, default="0.0.0.0", help="address to listen on (127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
-    parser.add_argument("--advertise", type=str | None, default=None,
+    option(parser, "--host", kind=text("an address to listen on"), type=str, default="0.0.0.0", help="address to listen on (127.0.0.1: this machine only)")
+    option(parser, "--port", kind=count(0, 65535), type=int, default=DEFAULT_PORT, help="port to listen on (0: any free port)")
+    option(parser, "--advertise", kind=text("an address workers reach"), type=str | None, default=None,
                         help="the host name workers reach the proxy by (default: --host, or this machine's name)")
-    parser.add_argument("--threads", type=int, default=32, help="server threads (requests served at once)")
-    parser.add_argument("--address_file", type=str | None, default=None,
+    option(parser, "--threads", kind=count(1, 4096), type=int, default=32, help="server threads (requests served at once)")
+    option(parser, "--address_file", kind=write_file("a file for the address"), type=str | None, default=None,
                         help="write HOST:PORT here once listening (removed when the proxy stops)")
-    parser.add_argument("--until_done", type=str | None, default=None,
+    option(parser, "--until_done", kind=text("a study name"), type=str | None, default=None,
                         help="stop once every study of this sweep has spent its budget and nothing runs")
     return parser
 
@@ -126,7 +135,7 @@ def sweep_done(storage, name: str) -> bool:
 
 def main(argv: list[str]) -> int:
     """``accrot storage-proxy --storage URL [--host H] [--port P] [--address_file F] [--until_done NAME]``"""
-    args = _parser().parse_args(argv)
+    args = parse(_parser(), argv)
     url = args.storage or os.environ.get("ACCROT_SWEEP_STORAGE")
     if not url:
         raise UsageError("accrot storage-proxy needs the database it serves: --storage postgresql://USER@HOST/DB "

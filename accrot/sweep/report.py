@@ -10,6 +10,9 @@ from pathlib import Path
 from accrot.display import plain_help
 from accrot.io import atomic_savefig, atomic_write_text, pyplot
 from accrot.metrics import mean_std, metric_key, parse_metric, pm
+from accrot.options import option, parse, read_dir, text, write_dir
+from accrot.run.rundir import holding
+from accrot.sweep.storage import STORAGE
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -191,7 +194,16 @@ def study_report(study: str, storage_url: str | None = None, root: str | Path = 
         raise UsageError(f"study {study!r} in storage {redact(ref.url)!r} has no trials yet; run its workers first "
                          f"(accrot sweep SPEC --worker --storage URL), then accrot report")
     out = Path(out) if out else Path("results") / study
-    out.mkdir(parents=True, exist_ok=True)
+    with holding(out, "--out", "the report's folder"):
+        return _write(out, rows, study, ref, names, storage)
+
+
+def _write(out: Path, rows: list[dict], study: str, ref, names: list[str], storage) -> dict[str, Path]:
+    """The report's files in ``out`` (held by the caller)."""
+    import optuna
+
+    from accrot.sweep.storage import redact
+
     written = {"csv": out / "trials.csv", "markdown": out / "report.md"}
     atomic_write_text(written["csv"], _csv_text(rows))
     best = _best_configs(rows)
@@ -231,12 +243,12 @@ def main(argv: list[str]) -> int:
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(prog="accrot report", exit_on_error=False, description=plain_help(main.__doc__))
-    parser.add_argument("--study", type=str, required=True, help="the spec's name (its variants are included)")
-    parser.add_argument("--storage", type=str | None, default=None,
+    option(parser, "--study", kind=text("a study name"), type=str, required=True, help="the spec's name (its variants are included)")
+    option(parser, "--storage", kind=STORAGE, type=str | None, default=None,
                         help="the sweep's storage URL (default: <root>/<study>/study.db)")
-    parser.add_argument("--root", type=str, default="runs/sweeps", help="the sweeps' run root")
-    parser.add_argument("--out", type=str | None, default=None, help="output folder (default: results/<study>)")
-    args = parser.parse_args(argv)
+    option(parser, "--root", kind=read_dir("the sweeps' run root"), type=str, default="runs/sweeps", help="the sweeps' run root")
+    option(parser, "--out", kind=write_dir("an output folder"), type=str | None, default=None, help="output folder (default: results/<study>)")
+    args = parse(parser, argv)
     written = study_report(args.study, args.storage, args.root, args.out)
     print(Path(written["markdown"]).read_text())
     for path in written.values():

@@ -31,11 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from accrot.errors import UsageError, bad_input_message
+from accrot.options import FLAG, count, option, parse, pattern, write_dir, write_file
 from accrot.run.launch import device_count
+from accrot.sweep.spec import SPEC
+from accrot.sweep.storage import STORAGE
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "sweeps" / "slurm"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$")  # sbatch --time: M, M:S, H:M:S, D-H, D-H:M[:S]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+HOST = re.compile(r"[A-Za-z0-9_.:-]+")  # a host name or an IPv4/IPv6 address
 # filesystems only the node that mounts them sees (a run directory on one cannot be shared across nodes)
 LOCAL_FS = {"tmpfs", "ramfs", "overlay", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "vfat", "zfs"}
 
@@ -152,39 +156,39 @@ def _parser(kind: str):
 
     parser = ArgumentParser(prog=f"accrot slurm {kind}", exit_on_error=False, description=plain_help(__doc__))
     if kind == "sweep":
-        parser.add_argument("spec", type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
-        parser.add_argument("--storage", type=str | None, default=None,
+        option(parser, "spec", kind=SPEC, type=str, help="a spec file (sweeps/lr.yaml) or a shipped spec's name (lr)")
+        option(parser, "--storage", kind=STORAGE, type=str | None, default=None,
                             help="postgresql://USER@HOST/DB (every node must reach it; --proxy serves it through the "
                                  "storage proxy), grpc://HOST:PORT or journal:///SHARED/PATH.log; "
                                  "default: $ACCROT_SWEEP_STORAGE")
-        parser.add_argument("--workers", type=int, default=1, help="array tasks = workers running trials at once")
-        parser.add_argument("--root", type=str | None, default=None, help="run root (default: the spec's)")
-        parser.add_argument("--proxy", action="store_true",
+        option(parser, "--workers", kind=count(1, 100000), type=int, default=1, help="array tasks = workers running trials at once")
+        option(parser, "--root", kind=write_dir("a run root"), type=str | None, default=None, help="run root (default: the spec's)")
+        option(parser, "--proxy", kind=FLAG, action="store_true",
                             help="serve the database through accrot storage-proxy, its own one-core job: for many "
                                  "workers (each worker on the database holds ~3 connections)")
-        parser.add_argument("--proxy_host", type=str | None, default=None,
+        option(parser, "--proxy_host", kind=pattern(HOST, "a host name or an IP address"), type=str | None, default=None,
                             help="--proxy: the address workers reach the proxy at (default: its node's host name)")
-        parser.add_argument("--proxy_port", type=int, default=0, help="--proxy: its port (0: any free port)")
-        parser.add_argument("--proxy_time", type=str | None, default=None,
+        option(parser, "--proxy_port", kind=count(0, 65535), type=int, default=0, help="--proxy: its port (0: any free port)")
+        option(parser, "--proxy_time", kind=pattern(_TIME, "minutes, HH:MM:SS or D-HH:MM:SS (sbatch --time)"), type=str | None, default=None,
                             help="--proxy: the proxy job's time limit, as long as the whole sweep (default: --time)")
-    parser.add_argument("--nodes", type=int, default=1, help="nodes per run (a sweep: per trial)")
-    parser.add_argument("--tasks_per_node", type=int, default=1, help="ranks per node: one per GPU")
-    parser.add_argument("--gpus_per_node", type=int, default=0, help="GPUs per node (#SBATCH --gpus-per-node)")
-    parser.add_argument("--cpus_per_task", type=int | None, default=None, help="#SBATCH --cpus-per-task")
-    parser.add_argument("--partition", type=str | None, default=None, help="partition (default: the cluster's)")
-    parser.add_argument("--account", type=str | None, default=None, help="account to charge")
-    parser.add_argument("--time", type=str, default="01:00:00", help="time limit (sbatch --time: HH:MM:SS, D-HH, M)")
-    parser.add_argument("--signal_seconds", type=int, default=90,
+    option(parser, "--nodes", kind=count(1, 100000), type=int, default=1, help="nodes per run (a sweep: per trial)")
+    option(parser, "--tasks_per_node", kind=count(1, 1024), type=int, default=1, help="ranks per node: one per GPU")
+    option(parser, "--gpus_per_node", kind=count(0, 1024), type=int, default=0, help="GPUs per node (#SBATCH --gpus-per-node)")
+    option(parser, "--cpus_per_task", kind=count(1, 4096), type=int | None, default=None, help="#SBATCH --cpus-per-task")
+    option(parser, "--partition", kind=pattern(NAME, "letters, digits and _.+-"), type=str | None, default=None, help="partition (default: the cluster's)")
+    option(parser, "--account", kind=pattern(NAME, "letters, digits and _.+-"), type=str | None, default=None, help="account to charge")
+    option(parser, "--time", kind=pattern(_TIME, "minutes, HH:MM:SS or D-HH:MM:SS (sbatch --time)"), type=str, default="01:00:00", help="time limit (sbatch --time: HH:MM:SS, D-HH, M)")
+    option(parser, "--signal_seconds", kind=count(1, 65535), type=int, default=90,
                         help="send USR1 this long before the time limit: checkpoint and requeue")
-    parser.add_argument("--job_name", type=str | None, default=None, help="job name (default: accrot-train / the spec)")
-    parser.add_argument("--master_addr", type=str | None, default=None,
+    option(parser, "--job_name", kind=pattern(NAME, "letters, digits and _.+-"), type=str | None, default=None, help="job name (default: accrot-train / the spec)")
+    option(parser, "--master_addr", kind=pattern(HOST, "a host name or an IP address"), type=str | None, default=None,
                         help="export MASTER_ADDR (e.g. 127.0.0.1 where node names do not resolve); "
                              "default: Lightning's, the first node of the job")
-    parser.add_argument("--assume_shared", type=bool, default=False,
+    option(parser, "--assume_shared", kind=FLAG, type=bool, default=False,
                         help="trust that the run root is shared by every node although its filesystem looks local")
-    parser.add_argument("--out", type=str | None, default=None,
+    option(parser, "--out", kind=write_file("a file for the script"), type=str | None, default=None,
                         help="where to write the script (default: <root>/slurm/<job>-<time>.sbatch)")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+    option(parser, "--dry-run", "--dry_run", kind=FLAG, dest="dry_run", action="store_true",
                         help="print the script, submit nothing")
     return parser
 
@@ -269,7 +273,7 @@ def _submit(script: str, out: Path, env: dict | None = None, extra: list[str] | 
 def train_main(argv: list[str]) -> int:
     """``accrot slurm train [options] -- FIT ARGS``: one DDP training run on nodes × tasks per node."""
     head, fit_args = _split(argv)
-    args = _parser("train").parse_args(head)
+    args = parse(_parser("train"), head)
     _check_common(args)
     if not fit_args:
         raise UsageError("give the accrot fit arguments after --: accrot slurm train --nodes 2 -- --config tiny")
@@ -305,7 +309,7 @@ def sweep_main(argv: list[str]) -> int:
     head, rest = _split(argv)
     if rest:
         raise UsageError("accrot slurm sweep takes no arguments after --; put overrides in the spec")
-    args = _parser("sweep").parse_args(head)
+    args = parse(_parser("sweep"), head)
     _check_common(args)
     if args.workers < 1:
         raise UsageError(f"--workers={args.workers} is not valid; use an integer >= 1 (array tasks)")

@@ -22,6 +22,7 @@ import yaml
 from accrot.errors import UsageError, check_choice, one_line
 from accrot.io import load_yaml
 from accrot.metrics import metric_key, parse_metric
+from accrot.options import Kind
 from accrot.run.args import config_path
 
 SPEC_DIR = Path(__file__).resolve().parents[2] / "sweeps"
@@ -590,6 +591,9 @@ def find_spec(name: str) -> Path:
     p = Path(name)
     if p.is_file():
         return p
+    if p.is_dir():
+        raise UsageError(f"sweep spec {name!r} is a folder; give a spec file (sweeps/smoke.yaml) or a shipped spec's "
+                         f"name ({', '.join(sorted(f.stem for f in SPEC_DIR.glob('*.yaml')))})")
     if not p.suffix:
         for folder in (Path("sweeps"), SPEC_DIR):
             if (folder / f"{name}.yaml").is_file():
@@ -605,6 +609,11 @@ def load_spec(path: str | Path) -> SweepSpec:
         data = load_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise UsageError(f"{path}: not valid YAML ({one_line(str(err))})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+    if not isinstance(data, dict) or not data:  # empty, comments only, `---`, or a list or a scalar
+        what = "empty (no keys)" if not data else f"a {type(data).__name__}, not a mapping of keys"
+        raise UsageError(f"{path}: the spec is {what}; a spec holds name:, base:, space: ... (see sweeps/smoke.yaml)")
     spec = _strict(SweepSpec, data, str(path))
     spec.path = path.resolve()
     return spec
@@ -615,3 +624,11 @@ def quiet_experimental() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         yield
+
+
+def _check_spec(flag: str, value) -> None:
+    load_spec(str(value))  # found, read and checked whole: every problem is one line naming the file and the key
+
+
+SPEC = Kind("spec", _check_spec, ("MISSING", "A_DIR", "EMPTY_YAML", "COMMENTS_YAML", "DASHES_YAML", "LIST_YAML", ""),
+            "a spec file or a shipped spec's name")

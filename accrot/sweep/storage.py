@@ -24,6 +24,7 @@ from typing import Any
 import optuna
 
 from accrot.errors import UsageError, one_line
+from accrot.options import Kind
 from accrot.sweep.recovery import RetryTrial
 from accrot.sweep.spec import HeartbeatSpec, quiet_experimental
 
@@ -82,7 +83,7 @@ class StorageRef:
             return cls(f"sqlite:///{path}", "sqlite", path)
         if url.startswith("sqlite:///"):
             path = Path(url[len("sqlite:///"):])
-            if str(path) in ("", ":memory:"):
+            if url[len("sqlite:///"):].strip() in ("", ":memory:"):
                 raise UsageError(f"storage {url!r} is not valid; workers need a file: sqlite:///PATH")
             return cls(f"sqlite:///{path.resolve()}", "sqlite", path.resolve())
         if re.match(r"^postgres(ql)?(\+\w+)?://", url):
@@ -396,3 +397,17 @@ class BudgetLock:
             conn.close()
             engine.dispose()
         self._handle = None
+
+
+def _check_storage(flag: str, value) -> None:
+    if not str(value).strip():
+        raise UsageError(f"{flag}={value!r} is empty; give a storage URL (sqlite:///PATH, postgresql://..., "
+                         "grpc://HOST:PORT, journal:///ABS/PATH.log) or leave the option out")
+    try:
+        StorageRef.parse(str(value), "study", ".")
+    except UsageError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+STORAGE = Kind("storage", _check_storage, ("bogus://x", "", "sqlite:///", "grpc://host:99999", "journal://rel.log"),
+               "a storage URL")

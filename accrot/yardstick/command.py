@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 from accrot.errors import UsageError
+from accrot.options import FLAG, choice, count, numbers, option, parse, write_dir
+from accrot.run.rundir import holding
 
 HELP = {
     "protocols": "which protocols (default: every one but the curriculum ones)",
@@ -33,17 +35,17 @@ def _parser():
     from accrot.yardstick.protocols import PROTOCOLS
 
     parser = ArgumentParser(prog="accrot yardstick", exit_on_error=False, description=plain_help(__doc__))
-    parser.add_argument("--protocols", type=str, nargs="+", default=None,
+    option(parser, "--protocols", kind=choice(*PROTOCOLS), type=str, nargs="+", default=None,
                         help=f"{HELP['protocols']}: {', '.join(PROTOCOLS)}")
-    parser.add_argument("--cells", type=str, nargs="+", default=None, help=f"{HELP['cells']}: {', '.join(CELLS)}")
-    parser.add_argument("--seeds", type=int, default=3, help=HELP["seeds"])
-    parser.add_argument("--steps", type=int | None, default=None, help=HELP["steps"])
-    parser.add_argument("--lrs", type=float, nargs="+", default=None,
+    option(parser, "--cells", kind=choice(*CELLS), type=str, nargs="+", default=None, help=f"{HELP['cells']}: {', '.join(CELLS)}")
+    option(parser, "--seeds", kind=count(1, 1000), type=int, default=3, help=HELP["seeds"])
+    option(parser, "--steps", kind=count(1), type=int | None, default=None, help=HELP["steps"])
+    option(parser, "--lrs", kind=numbers(what="learning rates"), type=float, nargs="+", default=None,
                         help="the learning-rate grid tried on seed 0 (default: each protocol's own)")
-    parser.add_argument("--workers", type=int, default=2, help=HELP["workers"])
-    parser.add_argument("--out", type=str, default="results/yardstick", help=HELP["out"])
-    parser.add_argument("--report_only", action="store_true", help="rewrite the report from the finished runs")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar: one line per finished run")
+    option(parser, "--workers", kind=count(0, 256), type=int, default=2, help=HELP["workers"])
+    option(parser, "--out", kind=write_dir("a results folder"), type=str, default="results/yardstick", help=HELP["out"])
+    option(parser, "--report_only", kind=FLAG, action="store_true", help="rewrite the report from the finished runs")
+    option(parser, "--quiet", kind=FLAG, action="store_true", help="no progress bar: one line per finished run")
     return parser
 
 
@@ -72,7 +74,7 @@ def _check(args) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = parse(_parser(), argv)
     names, cells = _check(args)
     protocols = _effective(args, names)
     out = Path(args.out)
@@ -83,40 +85,12 @@ def main(argv: list[str]) -> int:
         probe.unlink()
     except OSError as err:
         raise UsageError(f"cannot write into --out {out}: {err.strerror or err}") from None
-    with _lock(out):
+    with holding(out, "--out", "the yardstick's folder"):
         if not args.report_only:
             code = _train(args, protocols, cells, out)
             if code:
                 return code
         return _report(args, protocols, cells, out)
-
-
-class _lock:
-    """One yardstick writes a folder at a time (a second one would train the same runs twice)."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / ".yardstick.lock"
-        self.file = None
-
-    def __enter__(self):
-        import fcntl
-        import os
-
-        self.file = open(self.path, "a+")  # noqa: SIM115 (held until __exit__)
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.file.close()
-            raise UsageError(f"another accrot yardstick is writing {self.path.parent}; wait for it to finish or use "
-                             "another --out") from None
-        self.file.seek(0)
-        self.file.truncate()
-        self.file.write(f"{os.getpid()}\n")
-        self.file.flush()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.file.close()
 
 
 def _effective(args, names: list[str]) -> list:
