@@ -451,7 +451,8 @@ def figure(results: dict, path: Path) -> None:
                 ys = [[1 - v for v in per[s]] for s in keys]
             mean = [sum(y) / len(y) for y in ys]
             colour = "black" if CELLS[c].control else _COLOURS[state]  # the controls: black
-            ax.plot(xs, mean, styles[k % 4], color=colour, marker="o", ms=3, label=c)
+            marker = {"clock": "s", "reflection": "D"}.get(CELLS[c].control, "o")  # the two controls told apart
+            ax.plot(xs, mean, styles[k % 4], color=colour, marker=marker, ms=3, label=c)
             ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=colour, alpha=0.08)
             horizons = [r["clock"]["horizon"] for r in res.runs if r.get("clock")]
             if protocol.kind == "formal" and horizons and not CELLS[c].control:
