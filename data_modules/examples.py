@@ -64,6 +64,9 @@ class ExampleTask(Protocol):
         """``(the problem's bytes [valid_size(size)], the answer byte)``."""
         ...
 
+    # optional: ``prefix_answers(symbols [n]) -> [n]`` the answer byte of each prefix s_1..s_i, None where the
+    # prefix is not a problem of its own (dense prefix labels, :class:`ExampleSamples`)
+
 
 @dataclass(frozen=True)
 class LengthCurriculum:
@@ -118,19 +121,29 @@ def row(task: ExampleTask, g: torch.Generator, size: int, width: int) -> tuple[t
     return torch.tensor(body + [PAD] * (width - len(body)), dtype=torch.long), len(symbols)
 
 
-def split_row(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(inputs [W-1], targets [W-1])`` of a row ``x [W]`` holding a problem of ``size``: only the answer scored."""
+def split_row(x: torch.Tensor, size: int, task: ExampleTask | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inputs [W-1], targets [W-1])`` of a row ``x [W]`` holding a problem of ``size``: only the answer scored,
+    or with ``task`` (dense prefix labels) also the position reading s_i, whose target is the answer of s_1..s_i.
+    A prefix label depends on s_1..s_i alone, so it tells nothing of the size or of the symbols still to come;
+    padding stays unscored either way."""
     targets = torch.full((x.numel() - 1,), IGNORE_INDEX, dtype=torch.long)
+    if task is not None:
+        for i, answer in enumerate(task.prefix_answers(x[1:size + 1].tolist())):
+            if answer is not None:
+                targets[i + 1] = answer  # input i + 1 is s_{i+1}: the prefix s_1..s_{i+1} is read there
     targets[size + 1] = x[size + 2]  # the QUERY's position predicts the answer
     return x[:-1], targets
 
 
 class ExampleSamples(Dataset):
     """Training item j (any j >= 0: the sampler numbers items across epochs) = ``(inputs [W], targets [W])``,
-    its size drawn from the curriculum at step ``j // rows`` (``rows``: examples per global batch)."""
+    its size drawn from the curriculum at step ``j // rows`` (``rows``: examples per global batch); with
+    ``prefix_labels`` every prefix that is a problem is labelled too (:func:`split_row`)."""
 
-    def __init__(self, task: ExampleTask, seed: int, curriculum: LengthCurriculum, rows: int) -> None:
+    def __init__(self, task: ExampleTask, seed: int, curriculum: LengthCurriculum, rows: int,
+                 prefix_labels: bool = False) -> None:
         self.task, self.seed, self.curriculum, self.rows = task, seed, curriculum, rows
+        self.prefix_labels = prefix_labels
 
     def __len__(self) -> int:
         return TRAIN_SAMPLES
@@ -149,7 +162,7 @@ class ExampleSamples(Dataset):
             raise IndexError(f"training example {j} does not exist")
         size, hi, g = self.size_of(j)
         x, made = row(self.task, g, size, self.task.valid_size(hi) + OVERHEAD)
-        return split_row(x, made)
+        return split_row(x, made, self.task if self.prefix_labels else None)
 
 
 class ExampleSampler(ResumableSampler):
@@ -194,7 +207,8 @@ class ExampleDataModule(SyntheticDataModule):
     def train_dataset(self) -> ExampleSamples:
         trainer = self.trainer
         world = trainer.world_size if trainer is not None else 1
-        return ExampleSamples(self.task, self.seed, self.curriculum, self.batch_size * world)
+        return ExampleSamples(self.task, self.seed, self.curriculum, self.batch_size * world,
+                              getattr(self, "prefix_labels", False))
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = self.trainer
@@ -252,9 +266,11 @@ class ExampleDataModule(SyntheticDataModule):
         if self._fingerprint is None:
             h = hashlib.sha256(json.dumps({"task": self.task.name, "version": GENERATOR_VERSION, "seed": self.seed,
                                            "parameters": self.task_parameters()}, sort_keys=True).encode())
-            train = ExampleSamples(self.task, self.seed, self.curriculum, 1)
+            train = ExampleSamples(self.task, self.seed, self.curriculum, 1, getattr(self, "prefix_labels", False))
             for j in range(4):
                 h.update(train[j][0].numpy().tobytes())
+                if train.prefix_labels:
+                    h.update(train[j][1].numpy().tobytes())
             h.update(self.eval_examples(self.curriculum.shortest, 2)[0].numpy().tobytes())
             self._fingerprint = h.hexdigest()
         return self._fingerprint

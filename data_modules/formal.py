@@ -46,6 +46,14 @@ class ParityTask:
         bits = torch.randint(2, (size,), generator=g)
         return [ord("a") + int(b) for b in bits], self.classes[int(bits.sum()) % 2]
 
+    def prefix_answers(self, symbols: Sequence[int]) -> list[int | None]:
+        """``[n]``: the answer byte of every prefix s_1..s_i (the parity of its b's so far)."""
+        out, odd = [], 0
+        for s in symbols:
+            odd ^= s == ord("b")
+            out.append(self.classes[odd])
+        return out
+
 
 def _value(symbols: Sequence[int]) -> int:
     """The value mod 5 of an expression of digits, ``+ - *`` and brackets, precedence as usual (recursive descent)."""
@@ -117,6 +125,10 @@ class ModArithTask(_Arithmetic):
             symbols += [self.operators[o], DIGITS[d]]
         return symbols, DIGITS[_value(symbols)]
 
+    def prefix_answers(self, symbols: Sequence[int]) -> list[int | None]:
+        """``[n]``: the value of every prefix that is an expression (it ends on a number), None after an operator."""
+        return [DIGITS[_value(symbols[:i + 1])] if i % 2 == 0 else None for i in range(len(symbols))]
+
 
 class ModArithBracketsTask(_Arithmetic):
     """Modular arithmetic with brackets: the suite's recursive expressions (module docstring)."""
@@ -155,6 +167,11 @@ class FormalLanguageDataModule(ExampleDataModule):
         curriculum: instead of ``train_lengths``, stages ``[[first_step, shortest, longest], …]`` (the first at step
             0): the sizes drawn move with the optimiser step, and a resumed run continues its stage.
         operators: the arithmetic tasks' operators (default: the suite's, ``+-*`` without brackets, ``+-`` with).
+        prefix_labels: a deviation from the suite, training rows only: every prefix that is a problem of its own
+            is labelled too (the target at the position reading s_i is the answer of s_1..s_i; an arithmetic prefix
+            ending on an operator has none), as Merrill et al.'s and Grazzi et al.'s §5.2 word problems label every
+            prefix. The inputs are unchanged and evaluation scores the final answer only. Not for the bracketed
+            language, whose prefixes are mostly not expressions.
         batch_size, seed, num_workers, val_blocks: as in :class:`~data_modules.streams.TokenStreamDataModule`
             (validation reads ``val_blocks`` problems at the longest training size).
     """
@@ -165,6 +182,7 @@ class FormalLanguageDataModule(ExampleDataModule):
         train_lengths: list[int] = (3, 40),  # type: ignore[assignment]
         curriculum: list[list[int]] | None = None,
         operators: str | None = None,
+        prefix_labels: bool = False,
         batch_size: int = 32,
         seed: int = 0,
         num_workers: int = 0,
@@ -178,11 +196,18 @@ class FormalLanguageDataModule(ExampleDataModule):
             if not isinstance(operators, str) or not operators or set(operators) - set("+-*") \
                     or len(set(operators)) != len(operators):
                 raise DataError(f"operators={operators!r} is not valid; use distinct characters of '+-*'")
+        if not isinstance(prefix_labels, bool):
+            raise DataError(f"prefix_labels={prefix_labels!r} is not valid; use true or false")
+        if prefix_labels and not hasattr(TASKS[task], "prefix_answers"):
+            raise DataError(f"prefix_labels=true is not defined for task={task!r} (its prefixes are not problems); "
+                            "use it with parity or modarith")
         super().__init__(8, batch_size, num_workers, seed, val_blocks)  # seq_len: set from the lengths below
         self.task = TASKS[task]() if operators is None else TASKS[task](operators)
+        self.prefix_labels = prefix_labels
         self.tokenizer = ByteTokenizer()
         self._init_lengths(list(train_lengths), curriculum)
 
     def task_parameters(self) -> dict:
         extra = {"operators": "".join(map(chr, self.task.operators))} if hasattr(self.task, "operators") else {}
+        extra.update({"prefix_labels": True} if self.prefix_labels else {})  # absent: the suite's one label
         return {**super().task_parameters(), **extra, "modulus": MODULUS if self.task.name != "parity" else 2}

@@ -60,11 +60,22 @@ class Protocol:
     published: tuple[Published, ...] = ()
     default: bool = True  # in `accrot yardstick`'s default selection
     metric: str = "scaled accuracy"
+    clock: str | None = None  # the task's exact clock (controls.CLOCKS); None: no fixed transport is exact here
+    deviation: str = ""  # how this protocol departs from the published one (empty: it is the published one)
 
     def data_module(self, seed: int, **over):
+        data = dict(self.data)
+        fractions = data.pop("curriculum_fractions", None)
+        if fractions is not None:  # stages at fractions of this protocol's steps (so --steps keeps their shape)
+            data["curriculum"] = [[round(f * self.steps), lo, hi] for f, lo, hi in fractions]
         if self.kind == "formal":
-            return FormalLanguageDataModule(**self.data, batch_size=self.batch_size, seed=seed, **over)
-        return FlipFlopDataModule(**self.data, batch_size=self.batch_size, seed=seed, **over)
+            return FormalLanguageDataModule(**data, batch_size=self.batch_size, seed=seed, **over)
+        return FlipFlopDataModule(**data, batch_size=self.batch_size, seed=seed, **over)
+
+    @property
+    def modulus(self) -> int:
+        """Classes of a formal task (chance is 1/modulus)."""
+        return 2 if self.data.get("task") == "parity" else 5
 
     def groups(self) -> dict[str, Sequence]:
         """The evaluation groups: ``train`` (the gate) and ``test`` (the headline), by size or density."""
@@ -122,8 +133,7 @@ def headline(protocol: Protocol, accuracy: dict[str, float], group: str) -> floa
     keys = [str(k) for k in protocol.groups()[group]]
     values = [accuracy[k] for k in keys]
     if protocol.kind == "formal":
-        n = 2 if protocol.data.get("task") == "parity" else 5
-        return sum(scaled_accuracy(v, n) for v in values) / len(values)
+        return sum(scaled_accuracy(v, protocol.modulus) for v in values) / len(values)
     return sum(1 - v for v in values) / len(values)
 
 
@@ -136,6 +146,9 @@ class Prediction:
     why: str
 
 
+_MONOID = ("the automaton's transition monoid is solvable: translations mod 5 (+, −), the units of Z5 acting by "
+           "multiplication (a cyclic group of order 4) and the reset × 0, so by Krohn–Rhodes a cascade of abelian "
+           "groups and resets carries it, each layer reading the one below")
 _PREDICT: dict[str, dict[str, Prediction]] = {
     "parity": {
         NONE: Prediction("no", "no running state: attention reads the share of b's, whose parity is lost once the "
@@ -146,13 +159,24 @@ _PREDICT: dict[str, dict[str, Prediction]] = {
         CONTRACT: Prediction("no", "eigenvalues in [0, 1) cannot flip a sign: products that only contract cannot "
                                    "count mod 2 (Grazzi et al., Theorem 1)"),
     },
+    "modsum": {
+        NONE: Prediction("no", "no running state: the sum mod 5 of n digits is lost once the share of each digit "
+                               "no longer resolves it"),
+        ABELIAN: Prediction("yes", "a turn of 2πd/5 per digit d is an exact clock of the sum mod 5 at any length"),
+        FULL: Prediction("open", "a single reflection has order 2; a product of reflections along varying w can "
+                                 "be a rotation of order 5 in a plane, which a learned w may or may not find"),
+        CONTRACT: Prediction("no", "contractions have no eigenvalue on the unit circle but 1: they cannot count "
+                                   "mod 5 (Grazzi et al.; Sarrof et al. 2024 for diagonal ones)"),
+    },
     "modarith": {
-        NONE: Prediction("no", "no running state"),
-        ABELIAN: Prediction("no", "× and + do not commute (× 0 resets the state): a commuting rotation can carry a "
-                                  "sum mod 5 but not this automaton"),
-        FULL: Prediction("open", "non-commuting products with negative eigenvalues can represent the automaton's "
-                                 "transitions with enough layers (Grazzi et al.), which 2 layers may not reach"),
-        CONTRACT: Prediction("no", "contractions cannot represent a permutation of the state"),
+        NONE: Prediction("no", "no running state: the value depends on every digit and operator in order"),
+        ABELIAN: Prediction("open", f"{_MONOID}; commuting layers can be such a cascade (Mamba-3's complex-diagonal "
+                                    "row reaches 0.985 with 3 layers): open with two or more layers, what the run "
+                                    "shows is whether these learn it"),
+        FULL: Prediction("open", f"{_MONOID}; non-commuting products hold the cascade in fewer layers (DeltaNet "
+                                 "[−1, 1]: 0.971 with 3 layers): open with two or more layers"),
+        CONTRACT: Prediction("no", "contractions alone carry only aperiodic (star-free) state, and the sum mod 5 is "
+                                   "a cyclic group (Sarrof et al. 2024; DeltaNet [0, 1]: 0.314)"),
     },
     "modarith-brackets": {
         k: Prediction("no", "a context-free language: its state is a stack whose depth grows with the length, which "
@@ -169,13 +193,43 @@ _PREDICT: dict[str, dict[str, Prediction]] = {
 }
 
 
+def task_of(protocol: Protocol) -> str:
+    """The prediction table a protocol reads: its task, a sum of digits being ``modsum``."""
+    if protocol.kind != "formal":
+        return "flipflop"
+    if protocol.clock == "modsum":
+        return "modsum"
+    return protocol.data["task"]
+
+
+def applies(protocol: Protocol, cell: Cell) -> bool:
+    """A control runs only where its fixed transport is defined (a protocol with an exact clock)."""
+    return not cell.control or protocol.clock is not None
+
+
 def predict(protocol: Protocol, cell: Cell) -> Prediction:
-    table = _PREDICT[protocol.data.get("task", "flipflop") if protocol.kind == "formal" else "flipflop"]
-    p = table[cell.state]
-    if cell.name == "accum-token" and protocol.data.get("task") == "parity":
-        return Prediction("no", "a frozen random table, never trained: a state only where its draw turns b "
-                                "against a by about π on some pair")
+    task = task_of(protocol)
+    if cell.control:
+        return _predict_control(protocol, cell)
+    p = _PREDICT[task][cell.state]
+    if task == "modarith" and cell.state in (ABELIAN, FULL) and protocol.shape["n_layers"] < 2:
+        return Prediction("no", "one layer is no cascade: a single commuting (or single-layer) transport cannot "
+                                "hold the reset and the multiplication's action together")
+    if cell.name == "accum-token" and task in ("parity", "modsum"):
+        return Prediction("no", "a frozen random table, never trained: a state only where its draw happens to turn "
+                                "each symbol by its exact angle on some pair")
     return p
+
+
+def _predict_control(protocol: Protocol, cell: Cell) -> Prediction:
+    n = protocol.modulus
+    if cell.control == "clock":
+        return Prediction("yes", f"the exact clock is pinned (a turn of 2π·count/{n} per symbol): the state is in "
+                                 "the transport at every length; only the readout is learned")
+    if n == 2:
+        return Prediction("yes", "a reflection along a fixed w per b is pinned: (−1)^count along w at any length")
+    return Prediction("no", f"a reflection has order 2: pinned on the odd digits it carries the sum mod 2, not mod {n}"
+                            " (a negative control)")
 
 
 # --- the protocols ----------------------------------------------------------------------------------------------
@@ -231,9 +285,34 @@ _CURRICULUM = {
     "train_sizes": (3, 40, 80, 120, 160), "test_sizes": (256,), "source": _MAMBA3, "cut": _MAMBA3_CUT,
     "default": False,
 }
+_DENSE_STAGES = [[0.0, 1, 10], [0.25, 1, 20], [0.5, 1, 40]]  # fractions of the steps, shortest 1
+_DENSE = ("Deviations from the published protocol, labelled: (1) a short-first length curriculum starting below the "
+          "published minimum of 3: sizes 1–10 for the first quarter of the steps, 1–20 for the second, 1–40 after; "
+          "(2) dense prefix labels in training: the position reading symbol i is trained on the answer of symbols "
+          "1..i (Grazzi et al. §5.2 and Merrill et al. supervise every prefix of their word problems). The inputs, "
+          "the test sizes and the scoring (the final answer only) are the published ones")
+_SUM = ("Counting mod 5 as a formal language: Delétang et al.'s modular arithmetic without brackets restricted to "
+        "the operator +, so the answer is the sum of the digits mod 5, an abelian state whose exact clock turns digit "
+        "d by 2πd/5; sizes and scoring as Grazzi et al.'s (no published row: no paper runs this restriction)")
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
     Protocol("parity", "Parity (regular)", "formal", {"task": "parity", "train_lengths": [3, 40]},
-             published=_grazzi(0), **_FORMAL),
+             published=_grazzi(0), clock="parity", **_FORMAL),
+    Protocol("parity-dense", "Parity, learnable protocol (curriculum from size 1, dense prefix labels)", "formal",
+             {"task": "parity", "prefix_labels": True, "curriculum_fractions": _DENSE_STAGES},
+             published=_grazzi(0), clock="parity", deviation=_DENSE, default=False,
+             **{**_FORMAL, "source": _GRAZZI + ". " + _DENSE}),
+    Protocol("modsum", "Counting mod 5 (sums of digits, + only)", "formal",
+             {"task": "modarith", "operators": "+", "train_lengths": [3, 40]}, clock="modsum",
+             deviation="a restriction of the published task to one operator", default=False,
+             **{**_FORMAL, "source": _SUM}),
+    Protocol("modsum-dense", "Counting mod 5, learnable protocol (curriculum from size 1, dense prefix labels)",
+             "formal", {"task": "modarith", "operators": "+", "prefix_labels": True,
+                        "curriculum_fractions": _DENSE_STAGES},
+             clock="modsum", deviation=_DENSE, default=False, **{**_FORMAL, "source": _SUM + ". " + _DENSE}),
+    Protocol("modarith-dense", "Modular arithmetic without brackets, learnable protocol (curriculum from size 1, "
+             "dense prefix labels)", "formal",
+             {"task": "modarith", "prefix_labels": True, "curriculum_fractions": _DENSE_STAGES},
+             published=_grazzi(1), deviation=_DENSE, default=False, **{**_FORMAL, "source": _GRAZZI + ". " + _DENSE}),
     Protocol("modarith", "Modular arithmetic without brackets (regular)", "formal",
              {"task": "modarith", "train_lengths": [3, 40]}, published=_grazzi(1), **_FORMAL),
     Protocol("modarith-brackets", "Modular arithmetic with brackets (context-free)", "formal",

@@ -21,7 +21,8 @@ from accrot.errors import UsageError
 from accrot.io import atomic_write_text
 from accrot.study.variants import WINDOW_FRACTION  # accum-token's window: the study's fraction of L
 from accrot.yardstick.cells import CELLS, Cell
-from accrot.yardstick.protocols import PROTOCOLS, Protocol, headline, score
+from accrot.yardstick.controls import pin
+from accrot.yardstick.protocols import PROTOCOLS, Protocol, applies, headline, score
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,17 @@ def scheme_of(cell: Cell, seq_len: int) -> dict:
     return over
 
 
-def _count(shape: dict, scheme: dict, mlp_hidden: int | None) -> tuple[int, int]:
-    """``(parameters, the SwiGLU width the model has)`` of the protocol's shape under ``scheme``."""
+def _count(shape: dict, scheme: dict, mlp_hidden: int | None, control: str = "",
+           clock: str | None = None) -> tuple[int, int]:
+    """``(parameters, the SwiGLU width the model has)`` of the protocol's shape under ``scheme`` (a control pinned:
+    its fixed transport has no parameters)."""
     from accrot.model import ModelConfig, Transformer
 
     cfg = ModelConfig(vocab_size=256, scheme=scheme, mlp_hidden=mlp_hidden, **shape)
-    return sum(p.numel() for p in Transformer(cfg).parameters()), cfg.hidden
+    model = Transformer(cfg)
+    if control:
+        pin(model, control, clock)
+    return sum(p.numel() for p in model.parameters()), cfg.hidden
 
 
 def matched_hidden(protocol: Protocol, cell: Cell, seq_len: int) -> tuple[int, int, int]:
@@ -61,22 +67,25 @@ def matched_hidden(protocol: Protocol, cell: Cell, seq_len: int) -> tuple[int, i
     shape = protocol.shape
     target, base = _count(shape, {}, None)
     scheme = scheme_of(cell, seq_len)
-    n, _ = _count(shape, scheme, base)
+    n, _ = _count(shape, scheme, base, cell.control, protocol.clock)
     per_unit = 3 * shape["d_model"] * shape["n_layers"]
     hidden = max(1, base - round((n - target) / per_unit))
-    n, _ = _count(shape, scheme, hidden)
+    n, _ = _count(shape, scheme, hidden, cell.control, protocol.clock)
     return hidden, n, target
 
 
 def run_job(job: Job, out: str) -> dict:
     """Train and score one run in this process; write its JSON; return the record."""
+    import dataclasses
+
     import lightning as L
     import torch
 
     from accrot.io import git_revision
     from accrot.lit import LitLM
 
-    protocol, cell = PROTOCOLS[job.protocol], CELLS[job.cell]
+    # the protocol at this run's steps: a curriculum given in fractions of the steps follows --steps
+    protocol, cell = dataclasses.replace(PROTOCOLS[job.protocol], steps=job.steps), CELLS[job.cell]
     start = time.perf_counter()
     L.seed_everything(job.seed, workers=True, verbose=False)
     dm = protocol.data_module(job.seed)
@@ -85,12 +94,15 @@ def run_job(job: Job, out: str) -> dict:
     L.seed_everything(job.seed, workers=True, verbose=False)  # the init draws the same whatever matching built
     model = LitLM(lr=job.lr, warmup_steps=protocol.warmup_steps, vocab_size=256, mlp_hidden=hidden, scheme=scheme,
                   **protocol.shape)
+    if cell.control:
+        pin(model.model, cell.control, protocol.clock)
     trainer = L.Trainer(max_steps=job.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, deterministic=False)
     trainer.fit(model, datamodule=dm)
     model.eval()
     accuracy = score(model.model, protocol)
+    clock = read_clock_of(model.model, protocol)
     loss = model.last_train_loss
     record = {
         "settings": job.settings(),
@@ -98,6 +110,7 @@ def run_job(job: Job, out: str) -> dict:
         "train": headline(protocol, accuracy, "train"),
         "test": headline(protocol, accuracy, "test"),
         "final_train_loss": float(loss) if loss is not None else None,
+        "clock": clock,
         "ran": {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu",
                 "revision": git_revision(Path(__file__).parent), "seconds": round(time.perf_counter() - start, 1),
                 "steps": int(trainer.global_step)},
@@ -109,6 +122,24 @@ def run_job(job: Job, out: str) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record
+
+
+def read_clock_of(model, protocol: Protocol) -> dict | None:
+    """The learned clock of an SO(2) cell (:func:`accrot.yardstick.angles.read_clock`) on 64 evaluation problems
+    at the longest training size; None without an exact clock for the task or an SO(2) layer."""
+    import torch
+
+    from accrot.yardstick.angles import read_clock
+    from accrot.yardstick.controls import CLOCKS
+    from accrot.yardstick.protocols import EVAL_DATA_SEED
+
+    if protocol.clock is None:
+        return None
+    dm = protocol.data_module(EVAL_DATA_SEED)
+    inputs, _, _ = dm.eval_examples(max(protocol.train_sizes), 64)
+    modulus, counts = CLOCKS[protocol.clock]
+    with torch.no_grad():
+        return read_clock(model, inputs, counts, modulus)
 
 
 def load(out: Path, job: Job) -> dict | None:
@@ -127,6 +158,9 @@ def load(out: Path, job: Job) -> dict | None:
 
 
 def grid_jobs(protocol: Protocol, cell: str, steps: int) -> list[Job]:
+    """Seed 0 at every rate of the grid; none where the cell is a control the protocol has no fixed form of."""
+    if not applies(protocol, CELLS[cell]):
+        return []
     return [Job(protocol.name, cell, lr, 0, steps) for lr in protocol.lrs]
 
 
@@ -143,6 +177,8 @@ def _finite(value: float, protocol: Protocol) -> float:
 
 
 def seed_jobs(protocol: Protocol, cell: str, lr: float, seeds: int, steps: int) -> list[Job]:
+    if not applies(protocol, CELLS[cell]):
+        return []
     return [Job(protocol.name, cell, lr, s, steps) for s in range(1, seeds)]
 
 

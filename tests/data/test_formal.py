@@ -203,3 +203,69 @@ def test_curriculum_parse_is_pure():
     c = LengthCurriculum.parse([[0, 3, 5], [10, 4, 9]], 1)
     assert c.at(0) == (3, 5) and c.at(9) == (3, 5) and c.at(10) == (4, 9) and c.at(10**6) == (4, 9)
     assert c.longest == 9 and c.shortest == 3
+
+
+# --- the learnable protocol: dense prefix labels and a curriculum from size 1 ------------------------------------
+
+
+def _prefix_solutions(task: str, text: str) -> dict[int, str]:
+    """``{i: answer}`` for every prefix text[:i] that is a problem of its own, by the solver above."""
+    if task == "parity":
+        return {i: solve(task, text[:i]) for i in range(1, len(text) + 1)}
+    return {i: solve(task, text[:i]) for i in range(1, len(text) + 1) if text[i - 1].isdigit()}
+
+
+@pytest.mark.parametrize("task", ["parity", "modarith"])
+def test_every_prefix_label_matches_an_independent_solver(task):
+    dm = FormalLanguageDataModule(task=task, prefix_labels=True, curriculum=[[0, 1, 5], [2, 1, 40]], batch_size=16)
+    checked = 0
+    for _, (x, y) in zip(range(4), dm.train_dataloader(), strict=False):
+        for xi, yi in zip(x, y, strict=True):
+            b = xi.tolist()
+            t = b.index(QUERY)  # the problem is b[1:t]; the answer is read at t
+            text = bytes(b[1:t]).decode()
+            want = _prefix_solutions(task, text)
+            got = {i: chr(v) for i, v in enumerate(yi.tolist()) if v != IGNORE and i < t}
+            assert got == want, (text, got)  # position i reads symbol i: its label is the answer of text[:i]
+            assert chr(yi[t].item()) == solve(task, text)  # the final answer as before
+            assert (yi[t + 1:] == IGNORE).all(), "padding is never scored"
+            assert all(v == PAD for v in b[t + 2:])
+            checked += len(want)
+    assert checked > 200
+    # the first stage draws sizes 1..5: below the published minimum of 3
+    first = next(iter(dm.train_dataloader()))[0]
+    assert first.shape[1] == 5 + 2 and min(r.tolist().index(QUERY) - 1 for r in first) < 3
+
+
+def test_prefix_labels_cannot_leak_the_size_or_the_future():
+    # a label depends on the symbols up to its position only: two rows sharing a prefix share its labels, whatever
+    # their sizes and later symbols, and the inputs are the published rows exactly (labels are targets only)
+    from data_modules.examples import split_row
+
+    dm = FormalLanguageDataModule(task="modarith", prefix_labels=True)
+    short = torch.tensor([START, *b"1+2*3", QUERY, ord("2"), PAD, PAD, PAD, PAD])
+    long = torch.tensor([START, *b"1+2*3-4*4", QUERY, ord("0")])
+    (_, ys), (xl, yl) = split_row(short, 5, dm.task), split_row(long, 9, dm.task)
+    assert torch.equal(ys[:6], yl[:6]) and (ys[7:] == IGNORE).all()
+    plain_x, plain_y = split_row(long, 9)
+    assert torch.equal(plain_x, xl) and (plain_y != IGNORE).sum() == 1
+    # evaluation is unchanged: one scored answer per row
+    _, targets, _ = dm.eval_examples(9, 8)
+    assert ((targets != IGNORE).sum(1) == 1).all()
+    # a row's labels never say its size: the same prefix at two sizes has the same labels at every shared position
+    g = FormalLanguageDataModule(task="parity", prefix_labels=True, train_lengths=[1, 40], batch_size=64)
+    x, y = next(iter(g.train_dataloader()))
+    for xi, yi in zip(x, y, strict=True):
+        t = xi.tolist().index(QUERY)
+        assert (yi[1:t] != IGNORE).all() and (yi[t + 1:] == IGNORE).all()
+
+
+def test_the_prefix_labels_change_the_fingerprint_and_are_refused_where_undefined():
+    a = FormalLanguageDataModule(task="parity")
+    b = FormalLanguageDataModule(task="parity", prefix_labels=True)
+    assert a.fingerprint != b.fingerprint and b.describe()["parameters"]["prefix_labels"] is True
+    for kwargs, needle in (({"task": "modarith-brackets", "prefix_labels": True}, "modarith-brackets"),
+                           ({"prefix_labels": "yes"}, "true or false")):
+        with pytest.raises(DataError) as err:
+            FormalLanguageDataModule(**kwargs)
+        assert "\n" not in str(err.value) and needle in str(err.value)

@@ -56,8 +56,15 @@ def test_the_predictions_follow_the_algebra_and_not_the_results():
     assert predict(p, CELLS["PaTH-reflect"]).beyond == "yes"
     assert predict(p, CELLS["PaTH-contract"]).beyond == "no"  # no negative eigenvalue
     assert predict(p, CELLS["RoPE"]).beyond == "no" and predict(p, CELLS["accum-token"]).beyond == "no"
-    assert {predict(m, c).beyond for c in CELLS.values()} == {"no"}  # a stack, for every cell
-    assert predict(PROTOCOLS["modarith"], CELLS["accum-learned"]).beyond == "no"
+    assert {predict(m, c).beyond for c in CELLS.values() if not c.control} == {"no"}  # a stack, for every cell
+    # modular arithmetic's monoid is solvable: a cascade of two or more commuting layers may carry it; one may not
+    m2 = PROTOCOLS["modarith"]
+    assert m2.shape["n_layers"] == 2 and predict(m2, CELLS["accum-learned"]).beyond == "open"
+    assert predict(m2, CELLS["PaTH"]).beyond == "open" and predict(m2, CELLS["NoPE"]).beyond == "no"
+    assert predict(m2, CELLS["PaTH-contract"]).beyond == "no"
+    one = dataclasses.replace(m2, shape={**m2.shape, "n_layers": 1})
+    assert predict(one, CELLS["accum-learned"]).beyond == "no" and predict(one, CELLS["PaTH"]).beyond == "no"
+    assert "solvable" in predict(m2, CELLS["accum-learned-plain"]).why
 
 
 def _runs(train, test):
@@ -79,10 +86,11 @@ def test_the_gate_and_the_outcome_can_each_come_out_either_way():
 
 
 def test_rank_test_holds_fails_and_sits_in_the_noise():
-    assert rank_test([0.9, 0.95, 0.92], [0.1, 0.2, 0.0]) == ("for", pytest.approx(0.05))
-    assert rank_test([0.1, 0.2, 0.0], [0.9, 0.95, 0.92])[0] == "against"
-    assert rank_test([0.9, 0.1, 0.5], [0.4, 0.6, 0.2])[0] == "unresolved"
-    assert rank_test([0.9, 0.95], [0.1, 0.2])[0] == "unresolved (too few seeds)"  # p = 1/6: 2 seeds cannot decide
+    # at the study's one-sided α = 0.025: 4 seeds a side decide (p = 1/70), 3 cannot (1/20)
+    assert rank_test([0.9, 0.95, 0.92, 0.93], [0.1, 0.2, 0.0, 0.1]) == ("for", pytest.approx(1 / 70))
+    assert rank_test([0.1, 0.2, 0.0, 0.1], [0.9, 0.95, 0.92, 0.93])[0] == "against"
+    assert rank_test([0.9, 0.1, 0.5, 0.7], [0.4, 0.6, 0.2, 0.3])[0] == "unresolved"
+    assert rank_test([0.9, 0.95, 0.92], [0.1, 0.2, 0.0])[0] == "unresolved (too few seeds)"
 
 
 def _results(rows: dict[str, tuple[list, list]], name: str = "parity") -> Results:
@@ -92,18 +100,44 @@ def _results(rows: dict[str, tuple[list, list]], name: str = "parity") -> Result
     return r
 
 
-def test_s1_reads_its_null_and_its_gate():
-    solved, flat = ([1.0] * 3, [0.95, 0.97, 0.99]), ([1.0] * 3, [0.0, 0.05, -0.02])
-    text = "\n".join(claims(_results({"accum-learned-plain": solved, "RoPE": flat, "NoPE": flat})))
+SOLVED4, FLAT4 = ([1.0] * 4, [0.95, 0.97, 0.99, 0.96]), ([1.0] * 4, [0.0, 0.05, -0.02, 0.01])
+
+
+def test_s1_reads_its_null_its_positive_check_and_its_gate():
+    controls = {"clock": SOLVED4, "reflection": SOLVED4}
+    text = "\n".join(claims(_results({**controls, "accum-learned-plain": SOLVED4, "RoPE": FLAT4, "NoPE": FLAT4})))
     assert "accum-learned-plain above RoPE beyond the training lengths: **for**" in text
-    assert "null (RoPE above NoPE, neither with a state): unresolved" in text
+    assert "positive check (the fixed clock above NoPE): for" in text  # the rule can read for ...
+    assert "null (RoPE above NoPE, neither with a state): unresolved" in text  # ... and does not on its null
     # RoPE above NoPE on every seed: the rule reads for where the claim says nothing differs: uninformative
-    text = "\n".join(claims(_results({"accum-learned-plain": solved, "RoPE": ([1.0] * 3, [0.5, 0.6, 0.55]),
-                                      "NoPE": flat})))
+    text = "\n".join(claims(_results({**controls, "accum-learned-plain": SOLVED4,
+                                      "RoPE": ([1.0] * 4, [0.5, 0.6, 0.55, 0.52]), "NoPE": FLAT4})))
     assert "uninformative at this size" in text
     # a cell that never learned at the training lengths is not tested, whatever it scores beyond them
-    text = "\n".join(claims(_results({"accum-learned-plain": ([0.1] * 3, [0.9] * 3), "RoPE": flat, "NoPE": flat})))
+    text = "\n".join(claims(_results({**controls, "accum-learned-plain": ([0.1] * 4, [0.9] * 4), "RoPE": FLAT4,
+                                      "NoPE": FLAT4})))
     assert "accum-learned-plain: **not tested**" in text and "above RoPE" not in text
+
+
+def test_a_failed_control_stops_every_judgement_and_a_passed_one_allows_it():
+    from accrot.yardstick.report import controls, judged
+
+    failed = _results({"clock": ([1.0] * 4, [0.1, 0.0, 0.2, 0.1]), "reflection": SOLVED4,
+                       "accum-learned-plain": SOLVED4, "RoPE": FLAT4, "NoPE": FLAT4})
+    rows, p = failed["parity"], failed.protocols["parity"]
+    assert controls(p, rows)[0] == "fails"
+    assert judged(p, rows, "accum-learned-plain") == "not judged (controls)" == judged(p, rows, "NoPE")
+    assert judged(p, rows, "clock") == "against the prediction"  # the control itself is read
+    assert "a positive control failed" in "\n".join(claims(failed)) and "above RoPE" not in "\n".join(claims(failed))
+    passed = _results({"clock": SOLVED4, "reflection": SOLVED4, "accum-learned-plain": FLAT4, "NoPE": FLAT4})
+    rows, p = passed["parity"], passed.protocols["parity"]
+    assert controls(p, rows)[0] == "separates"
+    assert judged(p, rows, "NoPE") == "as predicted" and judged(p, rows, "accum-learned-plain") == \
+        "against the prediction"
+    # no exact fixed transport on modular arithmetic: no control runs, nothing is judged
+    plain = _results({"NoPE": FLAT4}, "modarith")
+    assert controls(plain.protocols["modarith"], plain["modarith"])[0] == "none"
+    assert judged(plain.protocols["modarith"], plain["modarith"], "NoPE") == "not judged (no control)"
 
 
 def test_the_grid_chooses_at_the_training_lengths_only():
@@ -118,7 +152,9 @@ def test_the_grid_chooses_at_the_training_lengths_only():
 def test_parameter_counts_match_nope_within_one_percent(name):
     protocol = PROTOCOLS[name]
     seq_len = protocol.data_module(0).seq_len
-    for cell in CELLS.values():
+    from accrot.yardstick.protocols import applies
+
+    for cell in (c for c in CELLS.values() if applies(protocol, c)):
         hidden, params, nope = matched_hidden(protocol, cell, seq_len)
         assert abs(params - nope) <= 0.01 * nope, (cell.name, params, nope, hidden)
 
@@ -232,3 +268,47 @@ def test_the_default_selection_leaves_the_curriculum_protocols_out():
 
     protocols, cells = _check(_parser().parse_args([]))
     assert protocols == ["parity", "modarith", "modarith-brackets", "flipflop"] and cells == list(CELLS)
+
+
+def test_the_preset_declares_its_selection_and_options_beside_it_win():
+    from accrot.yardstick.command import PRESETS, _check, _parser
+
+    args = _parser().parse_args(["--preset", "decide-s1"])
+    protocols, cells = _check(args)
+    assert protocols == ["parity-dense"] and args.seeds == 4 and args.lrs == [3e-3, 1e-3]
+    assert cells[:2] == ["clock", "reflection"] and {"NoPE", "RoPE", "accum-learned-plain", "PaTH",
+                                                     "PaTH-reflect"} <= set(cells)
+    assert CELLS["accum-learned-plain"].scheme["max_increment"] >= 3.14159  # a half turn is reachable
+    assert args.steps > PROTOCOLS["parity"].steps  # more steps than the default protocol
+    args = _parser().parse_args(["--preset", "decide-s1", "--steps", "10", "--seeds", "2"])
+    _check(args)
+    assert args.steps == 10 and args.seeds == 2 and PRESETS["decide-s1"]["steps"] != 10
+
+
+def test_an_unknown_preset_is_one_line(tmp_path, capsys):
+    assert main(["yardstick", "--preset", "decide-s3", f"--out={tmp_path / 'ys'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown --preset 'decide-s3'" in err[0] and "decide-s1" in err[0]
+
+
+def test_the_learnable_protocol_is_labelled_and_its_curriculum_follows_the_steps():
+    import dataclasses as dc
+
+    p = PROTOCOLS["parity-dense"]
+    assert "curriculum" in p.deviation and "prefix" in p.deviation and p.published == PROTOCOLS["parity"].published
+    for steps in (3000, 400):
+        dm = dc.replace(p, steps=steps).data_module(0)
+        assert dm.prefix_labels and dm.curriculum.stages == ((0, 1, 10), (steps // 4, 1, 20), (steps // 2, 1, 40))
+    assert p.test_sizes == PROTOCOLS["parity"].test_sizes and p.train_sizes == PROTOCOLS["parity"].train_sizes
+
+
+def test_flipflop_names_each_cells_convolution_and_its_twin():
+    assert CELLS["PaTH"].conv == 3 and CELLS["accum-learned"].conv == 4 and CELLS["NoPE"].conv == 0
+    for name in ("PaTH", "PaTH-reflect", "accum-learned"):
+        twin = CELLS[f"{name} (no conv)"]
+        assert twin.conv == 0 and twin.state == CELLS[name].state
+        assert {k: v for k, v in twin.scheme.items() if k != "conv_size"} == \
+            {k: v for k, v in CELLS[name].scheme.items() if k != "conv_size"}
+    from accrot.yardstick.report import _lookback
+
+    assert _lookback(0.5 * 0.8**2, 0.8) == pytest.approx(2.0)  # the two-instruction heuristic reads k = 2
