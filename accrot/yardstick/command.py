@@ -53,7 +53,7 @@ def _parser():
     option(parser, "--steps", kind=count(1), type=int | None, default=None, help=HELP["steps"])
     option(parser, "--lrs", kind=numbers(what="learning rates"), type=float, nargs="+", default=None,
                         help="the learning-rate grid tried on seed 0 (default: each protocol's own)")
-    option(parser, "--workers", kind=count(0, 256), type=int, default=2, help=HELP["workers"])
+    option(parser, "--workers", kind=count(1, 256), type=int, default=2, help=HELP["workers"])
     option(parser, "--out", kind=write_dir("a results folder"), type=str, default="results/yardstick", help=HELP["out"])
     option(parser, "--report_only", kind=FLAG, action="store_true", help="rewrite the report from the finished runs")
     option(parser, "--quiet", kind=FLAG, action="store_true", help="no progress bar: one line per finished run")
@@ -101,14 +101,7 @@ def main(argv: list[str]) -> int:
     args = parse(_parser(), argv)
     names, cells = _check(args)
     protocols = _effective(args, names)
-    out = Path(args.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(f"cannot write into --out {out}: {err.strerror or err}") from None
+    out = Path(args.out)  # checked writable by its kind; made and held here
     with holding(out, "--out", "the yardstick's folder"):
         if not args.report_only:
             code = _train(args, protocols, cells, out)

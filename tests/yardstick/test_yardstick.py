@@ -176,8 +176,8 @@ def test_a_run_record_with_other_settings_or_broken_is_refused(tmp_path):
 def test_bad_options_are_one_line_and_write_nothing(tmp_path, capsys):
     out = tmp_path / "ys"
     for argv, expect in [
-        (["--protocols", "parity", "dyck"], "unknown protocol 'dyck'"),
-        (["--cells", "NoPE", "Rope"], "unknown cell 'Rope'"),
+        (["--protocols", "parity", "dyck"], "--protocols='dyck' is not valid; choose one of parity"),
+        (["--cells", "NoPE", "Rope"], "--cells='Rope' is not valid; did you mean RoPE?"),
         (["--cells", "NoPE", "NoPE"], "a cell is named twice"),
         (["--seeds", "0"], "--seeds=0 is not valid"),
         (["--steps", "0"], "--steps=0 is not valid"),
@@ -195,14 +195,16 @@ def test_a_held_or_unwritable_folder_is_one_line(tmp_path, capsys):
 
     out = tmp_path / "ys"
     out.mkdir()
-    with open(out / ".yardstick.lock", "a") as held:
+    from accrot.run.rundir import LOCK_NAME
+
+    with open(out / LOCK_NAME, "a") as held:  # another command writing the folder (one writer per folder)
         fcntl.flock(held, fcntl.LOCK_EX)
         assert main(["yardstick", "--protocols", "parity", "--cells", "NoPE", f"--out={out}"]) == 2
-        assert "another accrot yardstick is writing" in capsys.readouterr().err
+        assert "the yardstick's folder is being written by another accrot command" in capsys.readouterr().err
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     assert main(["yardstick", "--protocols", "parity", f"--out={blocked / 'ys'}"]) == 2
-    assert "cannot write into --out" in capsys.readouterr().err
+    assert "is a file, not a folder; give a results folder" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder")
@@ -212,7 +214,7 @@ def test_a_read_only_folder_is_one_line(tmp_path, capsys):
     ro.chmod(0o500)
     try:
         assert main(["yardstick", "--protocols", "parity", f"--out={ro / 'ys'}"]) == 2
-        assert "cannot write into --out" in capsys.readouterr().err
+        assert "cannot be written" in capsys.readouterr().err
     finally:
         ro.chmod(0o700)
 
@@ -288,7 +290,7 @@ def test_the_preset_declares_its_selection_and_options_beside_it_win():
 def test_an_unknown_preset_is_one_line(tmp_path, capsys):
     assert main(["yardstick", "--preset", "decide-s3", f"--out={tmp_path / 'ys'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown --preset 'decide-s3'" in err[0] and "decide-s1" in err[0]
+    assert len(err) == 1 and "--preset='decide-s3' is not valid; did you mean decide-s1?" in err[0] and "decide-s1" in err[0]
 
 
 def test_the_learnable_protocol_is_labelled_and_its_curriculum_follows_the_steps():
