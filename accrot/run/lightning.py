@@ -192,6 +192,7 @@ class AccrotCLI(LightningCLI):
         if self.subcommand == "fit":
             check_training_length(cfg.get("trainer") or {})
         check_devices(cfg.get("trainer") or {})
+        check_cpu_precision(cfg.get("trainer") or {})
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
@@ -462,6 +463,39 @@ def check_devices(trainer_cfg) -> None:
     if devices in (0, "0", []) and not isinstance(devices, bool):
         raise UsageError(f"trainer.devices={devices!r} is not valid; give a number of devices >= 1, a list of device "
                          "indices ([0, 1]) or auto")
+
+
+def trains_on_cpu(trainer_cfg) -> bool:
+    """Whether ``trainer.accelerator`` resolves to the CPU: ``cpu``, or ``auto`` (the default) without CUDA or MPS."""
+    import torch
+
+    accelerator = trainer_cfg.get("accelerator")
+    if accelerator is None or str(accelerator) == "auto":
+        mps = getattr(torch.backends, "mps", None)
+        return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
+    return str(accelerator) == "cpu"
+
+
+def check_cpu_precision(trainer_cfg) -> None:
+    """A bfloat16 precision (``bf16-mixed``, ``bf16-true``, and ``16-mixed``, which Lightning turns into
+    ``bf16-mixed`` on a CPU) on a CPU without hardware bf16 is refused in one line before anything is created:
+    there it would train several times slower than the float32 default, silently."""
+    from lightning.fabric.connector import _convert_precision_to_unified_args
+
+    from accrot.runtime import cpu_bf16_problem
+
+    asked = trainer_cfg.get("precision")
+    if asked is None or not trains_on_cpu(trainer_cfg):
+        return
+    try:
+        unified = str(_convert_precision_to_unified_args(asked))
+    except ValueError:  # not a precision at all: Lightning's own message names the valid ones
+        return
+    on_cpu = "bf16-mixed" if unified == "16-mixed" else unified  # Lightning's CPU fallback
+    problem = cpu_bf16_problem(on_cpu)
+    if problem:
+        shown = f" (on a CPU: {on_cpu})" if on_cpu != unified else ""
+        raise UsageError(f"trainer.precision={asked!r}{shown} is not valid on this CPU: {problem}")
 
 
 def start_warnings(model, trainer, data) -> list[str]:
