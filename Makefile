@@ -80,8 +80,8 @@ bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memo
 bench-storage: $(STAMP) ## a sweep's storage under load: PostgreSQL directly vs through the storage proxy, kills included (minutes)
 	$(BIN)/accrot bench storage
 
-gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0)
-	$(BIN)/python tests/helpers/gpu_check.py
+gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0; DRY_RUN=1: the plan and its time, anywhere)
+	$(BIN)/python tests/helpers/gpu_check.py $(if $(DRY_RUN),--dry-run)
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)

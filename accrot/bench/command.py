@@ -143,6 +143,8 @@ def _path_args(parser) -> None:
     parser.add_argument("--chunk", type=int, default=32)
     parser.add_argument("--memory_lengths", nargs="+", type=int, default=[4096, 16384],
                         help="evaluation peak-memory lengths (CUDA: also fla's)")
+    parser.add_argument("--backward_lengths", nargs="*", type=int, default=None,
+                        help="CUDA: the lengths also timed forward + backward (default: the first two --lengths)")
     parser.add_argument("--peer", type=Literal["fla", "none"], default="fla",
                         help="CPU: time accrot's PaTH against fla's naive_path_attn (installed on first use)")
     parser.add_argument("--peer_lengths", nargs="+", type=int, default=[512, 2048, 8192],
@@ -280,7 +282,8 @@ def main(argv: list[str]) -> int:
     if command in ("path", "all"):
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
                                   memory_lengths=args.memory_lengths, peer=args.peer, peer_lengths=args.peer_lengths,
-                                  peer_backward_lengths=args.peer_backward_lengths)
+                                  peer_backward_lengths=args.peer_backward_lengths,
+                                  backward_lengths=args.backward_lengths)
         _print_path(console, report["path"])
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
