@@ -94,7 +94,8 @@ class AccrotCLI(LightningCLI):
                                  "rotation[-increments]-far_mass[-values][-gate][-layers_...], e.g. accum-learned-none)")
         parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
         parser.add_argument("--wandb", type=str, default="auto",
-                            help="auto (online if logged in, else offline), online, offline or disabled")
+                            help="auto (online if logged in, else offline; disabled where wandb is not installed), online, "
+                                 "offline or disabled")
         parser.add_argument("--resume", type=str | None, default=None,
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
@@ -539,9 +540,14 @@ def check_path_kernel(model, device) -> None:
 
 
 def wandb_mode(requested: str) -> str:
-    """``auto`` honours WANDB_MODE, else goes online only when an API key is configured."""
+    """``auto`` honours WANDB_MODE, else goes online only when an API key is configured; where wandb is not
+    installed (a node's minimal install, make wheelhouse HAVE=...) it is off."""
     if requested != "auto":
         return requested
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        return "disabled"
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):
