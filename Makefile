@@ -33,7 +33,7 @@ WHEELHOUSE ?= wheelhouse
 # demo, sweep, ablation: QUIET=1 prints one line per finished run instead of the live display
 QUIET ?=
 
-.PHONY: help install wheelhouse test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
+.PHONY: help install wheelhouse node-stack test test-slow test-all faults breakages demo ablation lint bench bench-storage sweep dashboard clean gpu-check
 
 help: ## show this help (colour on a terminal only; NO_COLOR=1 turns it off)
 	@if [ -t 1 ] && [ -z "$$NO_COLOR" ]; then on=$$'\033[36m'; off=$$'\033[0m'; else on=; off=; fi; \
@@ -52,6 +52,12 @@ install: $(STAMP) ## create .venv and install pinned dependencies (idempotent)
 # needs only python3 with pip >= 22.2 and network; installs nothing here
 wheelhouse: ## every wheel but the node's torch/triton/CUDA for an offline node -> WHEELHOUSE (PY=3.12 PLATFORM=manylinux_2_28_x86_64; HAVE=node-packages.json: only what a run imports that the node lacks)
 	$(PYTHON) .ci/wheelhouse.py $(if $(PY),--python-version $(PY)) $(if $(PLATFORM),--platform $(PLATFORM)) --dest '$(WHEELHOUSE)' $(if $(HAVE),--have '$(HAVE)')
+
+# the node's versions (the last GPU node checked: torch 2.11, Triton 3.6, fla-core 0.6.0); torch stays .venv's
+NODE_TRITON ?= 3.6.0
+NODE_FLA ?= 0.6.0
+node-stack: $(STAMP) ## the GPU node's Triton and fla-core in a venv over .venv: they import, fla's tests pass under the suite's warning filters (network, ~200 MB once)
+	$(BIN)/python .ci/node_stack.py --triton $(NODE_TRITON) --fla $(NODE_FLA)
 
 # `make test` stays under 15 minutes on 2 cores: the long tests (marked slow, about 5 minutes together) are their own
 # target, which CI runs right after it; `make test-all` is both in one pytest run

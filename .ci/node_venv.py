@@ -13,8 +13,9 @@ cluster image's ``/opt/.../.venv`` with torch inside), the new venv's ``pyvenv.c
 interpreter (``home``), and ``--system-site-packages`` adds that base's site-packages, not the outer venv's: the new
 venv sees no torch and pip stops on ``torch>=2.11``. pyvenv.cfg has no key for a second, outer environment, so this
 script adds the node Python's own site-packages with the mechanism the ``site`` module documents for it: a ``.pth``
-file in the new venv's site-packages, each of whose lines is appended to ``sys.path`` at start-up. They come after
-the new venv's own, so what it installs shadows the node's, while the node's torch stays visible to Python and to
+file in the new venv's site-packages, whose ``import`` line runs at start-up and calls ``site.addsitedir`` on each
+of them (not a bare path line: addsitedir also processes *their* .pth files, the editable installs and namespace
+packages of the node's venv). They come after the new venv's own, so what it installs shadows the node's, while the node's torch stays visible to Python and to
 pip (which keeps it: a requirement already satisfied is not downloaded, and pip never uninstalls outside its own
 environment). Installing into the outer venv instead would work too, but it writes into the cluster's image,
 which is often read-only or shared.
@@ -53,14 +54,23 @@ def purelib(python: Path) -> Path:
 
 def make_venv(venv: Path) -> Path:
     """``venv`` with --system-site-packages, plus a .pth of this interpreter's site-packages where it is a venv
-    itself (module docstring). Returns the venv's python."""
+    itself (module docstring). Returns the venv's python.
+
+    Made ``--without-pip``: ensurepip would put its own pip and (Python < 3.12) setuptools 65 in front of the
+    node's, and pip would then find the node's torch requiring a newer setuptools than the one it sees; the node's
+    pip (seen through the .pth or the system site-packages) installs into the new venv as well. Only where the new
+    venv sees no pip at all is ensurepip run."""
     if not venv_python(venv).exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                       check=True)
     python = venv_python(venv)
     if sys.prefix != sys.base_prefix:  # the node's Python is a venv: its site-packages is not the base's
         target = purelib(python) / PTH
-        target.write_text("".join(f"{p}\n" for p in node_site_packages()))
+        # one exec'd line per folder: a comprehension would not see `site` (exec's locals are not its globals)
+        target.write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in node_site_packages()))
         print(f"node_venv: {venv} sees {sys.prefix}'s packages ({target.name})", flush=True)
+    if subprocess.run([str(python), "-c", "import pip"], capture_output=True).returncode != 0:
+        subprocess.run([str(python), "-m", "ensurepip", "--default-pip"], check=True)
     return python
 
 

@@ -394,6 +394,11 @@ class AccrotCLI(LightningCLI):
         loggers = [csv]
         mode = wandb_mode(cfg.get("wandb", "auto"))
         if mode != "disabled" and self.subcommand == "fit":
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:  # a minimal install (make wheelhouse HAVE=...)
+                raise UsageError(f"--wandb={cfg.get('wandb')!r} (mode {mode}) needs wandb, which is not installed; "
+                                 "pip install wandb, or pass --wandb=disabled")
             os.environ["WANDB_MODE"] = mode  # WandbLogger(offline=...) would override WANDB_MODE=disabled
             csv.experiment  # noqa: B018 - the CSV writer claims the new run directory before wandb fills it
             loggers.append(self._wandb(cfg, name, wandb_id))
