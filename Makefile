@@ -23,8 +23,10 @@ ARTIFACTS ?= runs/sweeps/$(STUDY)/artifacts
 SIZE ?= study
 SEEDS ?=
 ABLATION_WORKERS ?= 2
-# make wheelhouse PY=3.12 PLATFORM=manylinux_2_28_x86_64 [WHEELHOUSE=wheelhouse]: the node's Python and newest
-# manylinux tag (glibc 2.N: `ldd --version` there); unset, this machine's
+# make wheelhouse PY=3.12 PLATFORM=manylinux_2_28_x86_64 [WHEELHOUSE=wheelhouse] [HAVE=node-packages.json]: the
+# node's Python and newest manylinux tag (glibc 2.N: `ldd --version` there); unset, this machine's. HAVE: the node's
+# `python -m pip list --format=json`, for the minimal carry (only what a run imports and the node lacks)
+HAVE ?=
 PY ?=
 PLATFORM ?=
 WHEELHOUSE ?= wheelhouse
@@ -48,8 +50,8 @@ $(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp accrot
 install: $(STAMP) ## create .venv and install pinned dependencies (idempotent)
 
 # needs only python3 with pip >= 22.2 and network; installs nothing here
-wheelhouse: ## every wheel but the node's torch/triton/CUDA for an offline node -> WHEELHOUSE (PY=3.12 PLATFORM=manylinux_2_28_x86_64)
-	$(PYTHON) .ci/wheelhouse.py $(if $(PY),--python-version $(PY)) $(if $(PLATFORM),--platform $(PLATFORM)) --dest '$(WHEELHOUSE)'
+wheelhouse: ## every wheel but the node's torch/triton/CUDA for an offline node -> WHEELHOUSE (PY=3.12 PLATFORM=manylinux_2_28_x86_64; HAVE=node-packages.json: only what a run imports that the node lacks)
+	$(PYTHON) .ci/wheelhouse.py $(if $(PY),--python-version $(PY)) $(if $(PLATFORM),--platform $(PLATFORM)) --dest '$(WHEELHOUSE)' $(if $(HAVE),--have '$(HAVE)')
 
 # `make test` stays under 15 minutes on 2 cores: the long tests (marked slow, about 5 minutes together) are their own
 # target, which CI runs right after it; `make test-all` is both in one pytest run
@@ -80,8 +82,8 @@ bench: $(STAMP) ## print side-by-side benchmark ratios (schemes, PaTH, eval memo
 bench-storage: $(STAMP) ## a sweep's storage under load: PostgreSQL directly vs through the storage proxy, kills included (minutes)
 	$(BIN)/accrot bench storage
 
-gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0)
-	$(BIN)/python tests/helpers/gpu_check.py
+gpu-check: $(STAMP) ## on a GPU: pytest -m gpu, bench schemes/path on CUDA, 200 small steps per variant -> results/gpu-check/REPORT.md (<10 min; without CUDA: one line, exit 0; DRY_RUN=1: the plan and its time, anywhere)
+	$(BIN)/python tests/helpers/gpu_check.py $(if $(DRY_RUN),--dry-run)
 
 sweep: $(STAMP) ## run a study spec of sweeps/ with parallel workers (SWEEP=smoke WORKERS=2 [STORAGE=url])
 	$(BIN)/accrot sweep $(SWEEP) --workers $(WORKERS) $(if $(STORAGE),--storage '$(STORAGE)') $(if $(QUIET),--quiet)

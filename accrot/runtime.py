@@ -138,3 +138,42 @@ def configure_process() -> dict[str, str]:
     set_denormals()
     set_allocator()
     return {"denormals": denormals(), "allocator": allocator()}
+
+
+# -- bfloat16 on the CPU -------------------------------------------------------------------------------------------
+# The x86 features that run bfloat16 dot products in hardware (AVX-512 BF16's VDPBF16PS, AMX's tile multiply;
+# oneDNN picks them for torch's bf16 matmuls), and aarch64's BF16 extension (BFDOT, BFMMLA). Without one of them a
+# bf16 matmul is emulated through float32 conversions and runs several to tens of times slower than float32.
+CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU's feature flags as Linux lists them (x86 ``flags``, aarch64 ``Features``); empty where the file is
+    missing (not Linux) or unreadable."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return set()
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, flags=re.M)
+    return set(m[1].split()) if m else set()
+
+
+def cpu_bf16(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The feature that gives this CPU hardware bfloat16 (``amx_bf16``, ``avx512_bf16``, aarch64's ``bf16``), or None.
+
+    Read from /proc/cpuinfo rather than asked of torch: torch 2.13 exposes only its vector ISA level
+    (``torch.backends.cpu.get_cpu_capability()`` says ``AVX512`` on CPUs with and without BF16). Where the flags
+    cannot be read (not Linux) the answer is None, and bf16 on the CPU is refused rather than risked."""
+    flags = cpu_flags(cpuinfo)
+    return next((f for f in CPU_BF16_FLAGS if f in flags), None)
+
+
+def cpu_bf16_problem(precision: str) -> str | None:
+    """Why ``precision`` (Lightning's unified name: ``bf16-mixed``, ``bf16-true``, ...) should not train on this CPU,
+    as the tail of a one-line refusal; None where it is not a bf16 precision or the CPU has hardware bf16."""
+    if not precision.startswith("bf16") or cpu_bf16() is not None:
+        return None
+    return ("this CPU has no hardware bfloat16 (no avx512_bf16 or amx_bf16 flag in /proc/cpuinfo), where bf16 "
+            "matmuls run several times slower than float32; use trainer.precision=32-true (the default) here, or "
+            "bf16-mixed on a GPU or a CPU with AVX-512 BF16 or AMX")

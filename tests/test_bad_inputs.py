@@ -904,6 +904,19 @@ CATALOGUE: list[Row] = [
         ("is a folder, not a config file; its run's config is --config ", "config.yaml")),
     Row("devices-zero", "--trainer.devices=0", lambda f: f.fit("--trainer.devices=0"),
         "trainer.devices='0' is not valid; give a number of devices >= 1, a list of device indices ([0, 1]) or auto"),
+    Row("cpu-bf16-without-hardware-bf16", "--trainer.precision=bf16-mixed --trainer.accelerator=cpu (a CPU without "
+        "AVX-512 BF16 or AMX)", lambda f: f.fit("--trainer.precision=bf16-mixed", "--trainer.accelerator=cpu"),
+        ("trainer.precision='bf16-mixed' is not valid on this CPU", "no hardware bfloat16",
+         "use trainer.precision=32-true (the default) here"),
+        simulate=lambda: _patched_module("accrot.runtime", cpu_bf16=lambda: None)),
+    Row("wandb-not-installed", "--wandb=offline (wandb not installed: a node's minimal install)",
+        lambda f: f.fit("--wandb=offline"),
+        ("--wandb='offline' (mode offline) needs wandb, which is not installed", "--wandb=disabled"),
+        simulate=lambda: _hidden_module("wandb")),
+    _ablation("ablation-cpu-bf16-without-hardware-bf16", "--size tiny --precision bf16-mixed",
+              ("trainer.precision='bf16-mixed' is not valid on this CPU", "no hardware bfloat16"),
+              note="on a CPU without AVX-512 BF16 or AMX",
+              simulate=lambda: _patched_module("accrot.runtime", cpu_bf16=lambda: None)),
 ]
 
 

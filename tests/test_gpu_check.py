@@ -82,7 +82,7 @@ def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkey
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
-    assert gpu_check.run_all(500.0, tmp_path) == 0
+    assert gpu_check.run_all(500.0, tmp_path, cache=tmp_path / "cache") == 0
     assert list(budgets) == [name for name, _ in gpu_check.PLAN]
     # each section gets its share of what is left: the first its share of all, the last what the others left
     assert budgets[gpu_check.PLAN[0][0]] == pytest.approx(500 * gpu_check.PLAN[0][1], abs=0.5)
@@ -99,8 +99,8 @@ def test_a_failed_section_is_exit_1_and_no_time_left_skips(tmp_path, monkeypatch
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
-    assert gpu_check.run_all(500.0, tmp_path) == 1
-    assert gpu_check.run_all(20.0, tmp_path) == 1  # 20 s: every share is under 15 s
+    assert gpu_check.run_all(500.0, tmp_path, cache=tmp_path / "cache") == 1
+    assert gpu_check.run_all(20.0, tmp_path, cache=tmp_path / "cache") == 1  # 20 s: every share is under 15 s
     assert "no time left in the budget" in (tmp_path / "REPORT.md").read_text()
 
 
@@ -115,7 +115,7 @@ def test_the_report_is_rewritten_after_every_section_and_names_the_running_one(t
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
-    gpu_check.run_all(500.0, tmp_path)
+    gpu_check.run_all(500.0, tmp_path, cache=tmp_path / "cache")
     first, second = gpu_check.PLAN[0][0], gpu_check.PLAN[1][0]
     assert f"**passed** — {first} ok" in seen[second] and f"## {gpu_check.TITLES[second]}\n\n**running**" in seen[second]
     assert "overall: **not all passed**" in seen[second]  # a report stopped here does not read as a pass
@@ -202,7 +202,9 @@ def test_steps_section_plumbing_on_the_cpu(tmp_path):
     assert [r["variant"] for r in rows] == ["NoPE", "accum-random"]
     for row in rows:
         assert row["status"] == "ok" and row["steps"] == 4 and row["ms_per_step"] > 0 and row["tokens_per_s"] > 0
-        assert row["preset_gpu_h"] == pytest.approx(6 * 5000 * row["ms_per_step"] / 3.6e6)
+        # both variants run on both of the small preset's data sets: 2 × (5 seeds + a 3-point lr grid) runs
+        assert row["preset_runs"] == 16
+        assert row["preset_gpu_h"] == pytest.approx(16 * 5000 * row["ms_per_step"] / 3.6e6)
     assert "GPU-hours" in doc["summary"]
     json.dumps(doc)  # the child writes it as JSON
 
@@ -282,3 +284,135 @@ def test_the_compile_caches_live_where_the_next_check_finds_them(tmp_path, monke
 def test_the_ddp_section_passes_only_over_nccl(rc, text, status, words):
     doc = gpu_check.ddp_outcome(rc, text, 60)
     assert doc["status"] == status and words in doc["summary"]
+
+
+# -- what the GPU-hours estimate counts, the cold node's plan, the dry run, the staged benches ---------------------
+def test_the_preset_runs_are_read_from_the_size_record(monkeypatch):
+    """The small preset's runs: 5 seeds and a 3-point learning-rate grid per variant and data set, and the local
+    task runs only its own variants; another record counts otherwise (nothing is assumed about seeds)."""
+    from accrot.study import variants
+
+    runs = gpu_check.preset_runs("small")
+    assert (runs["seeds"], runs["grid"], runs["steps"], runs["datasets"]) == (5, 3, 5000, ["corpus", "local"])
+    assert runs["variants"]["NoPE"] == {"datasets": ["corpus", "local"], "runs": 16}
+    only_corpus = [v for v in variants.DEFAULT_VARIANTS if v not in variants.LOCAL_VARIANTS]
+    assert only_corpus and all(runs["variants"][v]["runs"] == 8 for v in only_corpus)
+    assert runs["runs"] == 16 * (len(variants.DEFAULT_VARIANTS) - len(only_corpus)) + 8 * len(only_corpus)
+    assert gpu_check.preset_runs("paper")["steps"] == 20000  # the record's own trainer.max_steps
+    study = gpu_check.preset_runs("study")  # no lr grid, 3 seeds, tiny's 300 steps... as its record says
+    assert study["grid"] == 0 and study["variants"]["NoPE"]["runs"] == 2 * variants.SIZES["study"].seeds
+    monkeypatch.setitem(variants.SIZES, "small", variants.Size(base="small", seq_len=512, seeds=7, lr=1e-3,
+                                                               datasets=("corpus",), variants=("NoPE", "RoPE")))
+    assert gpu_check.preset_runs("small")["runs"] == 2 * 7
+    assert "14 runs of 5000 steps: 2 variants × 1 data sets (corpus) × (7 seeds)" in gpu_check.runs_line(
+        gpu_check.preset_runs("small"))
+
+
+def test_the_gpu_hours_count_each_variants_runs(monkeypatch):
+    rows = [{"variant": "NoPE", "status": "ok", "ms_per_step": 36.0, "preset_runs": 16,
+             "preset_gpu_h": 16 * 5000 * 36.0 / 3.6e6}]
+    doc = gpu_check.steps_outcome(rows, [], 200, 10)
+    assert "training ≈ 0.8 GPU-hours on this GPU for 16 of its 224 runs" in doc["summary"]
+
+
+def test_a_cold_node_skips_the_compile_bound_sections_says_why_and_is_warm_after(tmp_path, monkeypatch):
+    budgets = {}
+
+    def child(name, budget, out):
+        budgets[name] = budget
+        return {"name": name, "status": "passed", "seconds": 1.0, "budget_s": round(budget), "summary": "ok"}
+
+    monkeypatch.setattr(gpu_check, "run_child", child)
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    cache = tmp_path / "cache"
+    assert gpu_check.is_cold(cache)
+    assert gpu_check.run_all(500.0, tmp_path, cold=True, cache=cache) == 1  # skipped sections are not passes
+    assert set(budgets) == {n for n, _ in gpu_check.PLAN} - set(gpu_check.COLD_SKIPS)
+    assert budgets["steps"] == pytest.approx(500, abs=0.5) and max(budgets.values()) <= 500
+    text = (tmp_path / "REPORT.md").read_text()
+    for name in gpu_check.COLD_SKIPS:
+        assert f"## {gpu_check.TITLES[name]}\n\n**skipped** — skipped: first check on this node" in text
+    assert "run make gpu-check again" in text
+    assert text.index(gpu_check.TITLES["kernels"]) < text.index(gpu_check.TITLES["steps"])  # in the plan's order
+    assert not gpu_check.is_cold(cache)  # the last section ran: the next check is warm and runs everything
+    budgets.clear()
+    assert gpu_check.run_all(500.0, tmp_path, cold=gpu_check.is_cold(cache), cache=cache) == 0
+    assert set(budgets) == {n for n, _ in gpu_check.PLAN}
+
+
+def test_a_check_stopped_before_its_last_section_leaves_the_node_cold(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "run_child", lambda name, budget, out: {
+        "name": name, "status": "passed", "seconds": 0, "summary": "x"})
+    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    gpu_check.run_all(20.0, tmp_path, cold=True, cache=tmp_path / "cache")  # every share under 15 s: skipped
+    assert gpu_check.is_cold(tmp_path / "cache")
+
+
+def test_the_dry_run_prints_the_plan_and_its_time_without_a_gpu(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "tests/helpers/gpu_check.py", "--dry-run", "--budget", "300", "--out",
+                           str(tmp_path / "out")], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("gpu-check --dry-run: a ") and "budget 300 s" in lines[0]
+    at_most = [float(line.split("at most")[1].split()[0]) for line in lines if line.startswith("  ") and " at most " in line]
+    skipped = [line for line in lines if "skipped: first check" in line]
+    assert len(at_most) + len(skipped) == len(gpu_check.PLAN) and sum(at_most) == pytest.approx(300, abs=len(at_most))
+    assert any(line.startswith("estimated: at most ") for line in lines)
+    assert "224 runs of 5000 steps" in done.stdout.replace(str(gpu_check.preset_runs()["runs"]), "224")
+    assert not (tmp_path / "out").exists()  # runs nothing, writes nothing
+    warm = gpu_check.dry_run(300, cold=False)
+    assert not any("skipped" in line for line in warm) and "for 7 of 7 sections" in "".join(warm)
+    bad = subprocess.run([sys.executable, "tests/helpers/gpu_check.py", "--dry-run", "--budget", "5"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "gpu-check: error: --budget=5 is not valid; give at least 60 seconds"]
+
+
+def _path_doc(T, backward):
+    rows = [_path_row(T, "fwd")] + ([_path_row(T, "fwd+bwd")] if backward else [])
+    return {"fla": "ok", "kernels": rows, "memory": [{"T": T, "chunked_mib": 1.0}]}
+
+
+def test_the_path_section_writes_each_length_as_it_goes_and_keeps_them_when_stopped(tmp_path, monkeypatch):
+    calls, seen = [], []
+
+    def bench(command, budget, out, name):
+        calls.append(command)
+        partial = tmp_path / "path.partial.json"
+        seen.append(len(json.loads(partial.read_text())["tables"][0][1]) if partial.exists() else 0)
+        T = int(command[command.index("--lengths") + 1])
+        if T == 65536:
+            return None, {"status": "timed out", "summary": "did not finish within 20 s"}
+        return _path_doc(T, "--backward_lengths" in command and command[-1] == str(T)), {}
+
+    monkeypatch.setattr(gpu_check, "_bench", bench)
+    doc = gpu_check.section_path(100, tmp_path)
+    assert [c[c.index("--lengths") + 1] for c in calls] == ["4096", "16384", "65536"]
+    assert calls[2][-1] == "--backward_lengths"  # no backward at 64k: the default pair of lengths only
+    assert seen == [0, 2, 4]  # the rows of every earlier length were on disk before the next call
+    assert doc["status"] == "timed out" and "chunked vs fla in 4 cells" in doc["summary"]
+    assert "T=65536 and longer not measured: did not finish within 20 s" in doc["summary"]
+    assert [r["T"] for r in doc["tables"][0][1]] == [4096, 4096, 16384, 16384]
+
+
+def _schemes_doc(lengths):
+    return {"rows": [{"variant": v, "train": {"small": {"batch": 32, "T": 512, "ms": 64.0, "ratio": 1.0}},
+                      "eval": {str(ln): {"peak_mib": 10.0 * ln / 4096, "mem_ratio": 1.0} for ln in lengths}}
+                     for v in ("none/none", "rope/none")]}
+
+
+def test_the_schemes_section_keeps_the_lengths_measured_before_a_time_out(tmp_path, monkeypatch):
+    def bench(command, budget, out, name):
+        lengths = [int(x) for x in command[command.index("--eval_lengths") + 1:]]
+        if lengths == [65536]:
+            assert json.loads((tmp_path / "schemes.partial.json").read_text())["status"] == "failed"
+            return None, {"status": "timed out", "summary": "did not finish within 30 s"}
+        return _schemes_doc(lengths), {}
+
+    monkeypatch.setattr(gpu_check, "_bench", bench)
+    doc = gpu_check.section_schemes(100, tmp_path)
+    assert doc["status"] == "timed out" and "evaluation at 4096, 16384 tokens" in doc["summary"]
+    assert "1 of 3 evaluation stages not measured: did not finish within 30 s" in doc["summary"]
+    memory = doc["tables"][1][1]
+    assert memory[0]["4096 MiB"] == 10.0 and memory[0]["16384 MiB"] == 40.0 and "65536 MiB" not in memory[0]

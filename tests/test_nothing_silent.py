@@ -198,9 +198,12 @@ def test_a_result_file_records_the_command_revision_and_checkpoint(command, writ
 
 
 @pytest.mark.filterwarnings("ignore:.*AMP with fp16 is not supported on CPU")
-def test_a_precision_the_trainer_falls_back_from_is_recorded_as_what_runs():
-    """Lightning trains ``16-mixed`` on a CPU in ``bf16-mixed``: the resolved config (what config.yaml saves) says so."""
+def test_a_precision_the_trainer_falls_back_from_is_recorded_as_what_runs(monkeypatch):
+    """Lightning trains ``16-mixed`` on a CPU in ``bf16-mixed``: the resolved config (what config.yaml saves) says so
+    (on a CPU with hardware bf16; elsewhere the command refuses it: tests/test_cpu_bf16.py)."""
     from accrot.run.probe import probe
+
+    monkeypatch.setattr("accrot.runtime.cpu_bf16", lambda: "amx_bf16")
 
     flat = probe(["fit", "--config", "tiny", "--trainer.accelerator=cpu", "--trainer.precision=16-mixed"])
     assert flat["trainer.precision"] == "bf16-mixed"

@@ -55,7 +55,7 @@ COMMANDS: dict[str, object] = {
     "slurm train": lambda t: ["slurm", "train", "--dry-run"],
     "slurm sweep": lambda t: ["slurm", "sweep", "smoke", "--storage", "postgresql://u@h/db", "--dry-run"],
     **{f"bench {b}": (lambda name: lambda t: ["bench", name, "--out", str(t["out"] / "b.json")])(b)
-       for b in ("schemes", "path", "pipeline", "storage", "decode", "all")},
+       for b in ("schemes", "path", "pipeline", "precision", "storage", "decode", "all")},
 }
 
 

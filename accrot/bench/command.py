@@ -9,7 +9,9 @@ Subcommands::
                          [--memory_lengths 4096 16384] [--out bench_path.json]
     accrot bench pipeline [--pipeline_steps 30] [--pipeline_rounds 3] [--pipeline_sizes tiny small] [--with_logger]
                           [--out bench_pipeline.json]
-    accrot bench all     (all three; one table each, one JSON report, default bench.json)
+    accrot bench precision [--precision_size small] [--precision_T 512] [--precision_batch 2]
+                           [--precision_repeats 5] [--device cpu] [--out bench_precision.json]
+    accrot bench all     (all four; one table each, one JSON report, default bench.json)
     accrot bench storage [--workers 8 32 64] [--trials 150] [--storages postgresql proxy] [--deadline 300]
                          [--quick] [--out bench_storage.json]
 
@@ -20,6 +22,10 @@ a worker and the proxy killed mid-run: trials per second, database connections h
 
 ``path --device cuda`` times the chunked kernel against fla's Triton PaTH (and the recurrence at short lengths)
 and measures their peak memory, e.g. ``--lengths 4096 16384 65536 --memory_lengths 4096 16384 65536``.
+
+``precision`` times one training step of the small preset's model (RoPE and PaTH) in float32 against bf16
+autocast, side by side, and prints float32 / bf16 per cell; on a CPU without hardware bf16 only float32 is
+measured (:mod:`accrot.bench.precision`).
 
 ``pipeline`` times the Lightning training loop against a bare PyTorch loop on the same model and batches, step by
 step in pairs, at the tiny and the small shape (:mod:`accrot.bench.pipeline`).
@@ -100,6 +106,7 @@ from rich.table import Table
 from accrot.bench.grid import BENCH_BATCH, FULL, LONG_EVAL, QUICK, QUICK_BATCH, SCHEMA, machine, machine_line
 from accrot.bench.path import run_path
 from accrot.bench.pipeline import pipeline_table, run_pipeline
+from accrot.bench.precision import precision_lines, run_precision
 from accrot.bench.schemes import ops_table, run_schemes, schemes_table
 from accrot.bench.subnormals import subnormals_table
 from accrot.errors import UsageError
@@ -146,6 +153,8 @@ def _path_args(parser) -> None:
     option(parser, "--chunk", kind=count(1, 1 << 16), type=int, default=32)
     option(parser, "--memory_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="+", type=int, default=[4096, 16384],
                         help="evaluation peak-memory lengths (CUDA: also fla's)")
+    option(parser, "--backward_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="*", type=int,
+           default=None, help="CUDA: the lengths also timed forward + backward (default: the first two --lengths)")
     option(parser, "--peer", kind=choice("fla", "none"), type=Literal["fla", "none"], default="fla",
                         help="CPU: time accrot's PaTH against fla's naive_path_attn (installed on first use)")
     option(parser, "--peer_lengths", kind=numbers(what="lengths in tokens", whole=True), nargs="+", type=int, default=[512, 2048, 8192],
@@ -163,7 +172,7 @@ def _schemes_settings(args) -> dict[str, Any]:
     return settings
 
 
-COMMANDS = ("schemes", "path", "pipeline", "all", "storage", "decode")
+COMMANDS = ("schemes", "path", "pipeline", "precision", "all", "storage", "decode")
 # what `--help` says: plain text (the module docstring above is the reference, with its method and targets)
 HELP = {
     "schemes": "Every cell of the scheme grid (rotation x far_mass x rotate_values, accum with random and learned "
@@ -176,7 +185,10 @@ HELP = {
             "(pip-installed on first use into .venv/accrot-peers/; --peer none skips it).",
     "pipeline": "The Lightning training loop against a bare PyTorch loop on the same model and batches, step by step "
                 "in pairs, at the tiny and the small shape (targets 1.05x and 1.02x).",
-    "all": "schemes, path and pipeline in one run (one table each, one JSON report; make bench): 7 to 15 minutes on "
+    "precision": "One training step of the small preset's model (RoPE, PaTH) in float32 against bf16-mixed (bf16 "
+                 "autocast), side by side in one process: float32 / bf16 per cell (above 1: bf16 is faster). On a "
+                 "CPU without hardware bf16 (AVX-512 BF16, AMX) only float32 is measured.",
+    "all": "schemes, path, pipeline and precision in one run (one table each, one JSON report; make bench): 7 to 15 minutes on "
            "2 cores, by CPU; --quick: a few minutes. Every report starts with the machine it measured.",
     "storage": "Optuna storages under load: many lightweight sweep workers (a trivial objective, no training) on a "
                "throwaway PostgreSQL server directly and through accrot's gRPC storage proxy, a worker and the proxy "
@@ -186,10 +198,11 @@ HELP = {
               "for every token, after prompts of 1x and 16x the training length, measured side by side in rounds "
               "(not part of all).",
 }
-OVERVIEW = ("usage: accrot bench {schemes,path,pipeline,all,storage,decode} [options]   (accrot bench COMMAND --help for its "
+OVERVIEW = ("usage: accrot bench {schemes,path,pipeline,precision,all,storage,decode} [options]   (accrot bench COMMAND --help for its "
             "options)\n\nSide-by-side benchmarks: every number is a ratio measured in one process on this machine "
-            "(ratios from two machines do not compare).\n\n" + "\n".join(f"  {c:<9} {HELP[c]}" for c in HELP))
+            "(ratios from two machines do not compare).\n\n" + "\n".join(f"  {c:<10} {HELP[c]}" for c in HELP))
 DEFAULT_OUT = {"schemes": "bench_schemes.json", "path": "bench_path.json", "pipeline": "bench_pipeline.json",
+               "precision": "bench_precision.json",
                "all": "bench.json", "storage": "bench_storage.json", "decode": "bench_decode.json"}
 QUICK_STORAGE = {"workers": [4, 8], "trials": 60}
 
@@ -207,7 +220,7 @@ def _storage_args(parser) -> None:
 
 def _parser(command: str) -> ArgumentParser:
     parser = ArgumentParser(prog=f"accrot bench {command}", exit_on_error=False, description=HELP[command])
-    if command in ("schemes", "path", "all", "decode"):
+    if command in ("schemes", "path", "all", "decode", "precision"):
         option(parser, "--device", kind=DEVICE, type=str, default="cpu", help="cpu, cuda, cuda:1, ...")
     if command == "decode":
         _decode_args(parser)
@@ -217,6 +230,8 @@ def _parser(command: str) -> ArgumentParser:
         _path_args(parser)
     if command == "storage":
         _storage_args(parser)
+    if command in ("precision", "all"):
+        _precision_args(parser)
     if command in ("pipeline", "all"):
         option(parser, "--pipeline_steps", kind=count(1, 100000), type=int, default=30, help="training steps per loop and round")
         option(parser, "--pipeline_rounds", kind=count(1, 1000), type=int, default=3, help="fits of paired steps per size")
@@ -234,9 +249,11 @@ def _parser(command: str) -> ArgumentParser:
 QUICK_PATH = {"lengths": [512, 2048], "memory_lengths": [2048], "peer_lengths": [512, 2048],
               "peer_backward_lengths": [512]}
 QUICK_PIPELINE = {"pipeline_steps": 10, "pipeline_rounds": 1, "pipeline_sizes": ["tiny"]}
+QUICK_PRECISION = {"precision_size": "tiny", "precision_T": 256, "precision_repeats": 1}
 QUICK_HELP = {"schemes": "schemes: tiny, batch 4, T 256, every cell evaluated at 1024, one round",
               "path": "path: lengths 512 2048, memory at 2048, the peer at 512 and 2048 (backward at 512)", "pipeline": "pipeline: tiny, 10 paired steps, one round",
               "storage": "storage: 4 and 8 workers, 60 trials per row",
+              "precision": "precision: tiny, T 256, one round",
               "decode": "decode: 4 new tokens, one round"}
 
 
@@ -245,7 +262,7 @@ def _quick(args, argv: Sequence[str]) -> None:
     if not getattr(args, "quick", False):
         return
     given = {a.split("=", 1)[0].lstrip("-") for a in argv if a.startswith("--")}
-    for key, value in {**QUICK_PATH, **QUICK_PIPELINE}.items():
+    for key, value in {**QUICK_PATH, **QUICK_PIPELINE, **QUICK_PRECISION}.items():
         if hasattr(args, key) and key not in given:
             setattr(args, key, value)
 
@@ -271,20 +288,19 @@ def main(argv: list[str]) -> int:
     if command in ("storage", "decode"):  # benches of their own, with their own report
         return {"storage": _storage, "decode": _decode}[command](args, console, log, out)
     if command in ("schemes", "all"):
-        report["schemes"] = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
-        console.print(schemes_table(report["schemes"]))
-        console.print(ops_table(report["schemes"]))
-        if report["schemes"]["subnormals"] is not None:
-            console.print(subnormals_table(report["schemes"]["subnormals"]))
+        report["schemes"] = _schemes(args, console, log)
     if command in ("path", "all"):
         report["path"] = run_path(args.lengths, args.B, args.H, args.D, args.chunk, log=log, device=args.device,
                                   memory_lengths=args.memory_lengths, peer=args.peer, peer_lengths=args.peer_lengths,
-                                  peer_backward_lengths=args.peer_backward_lengths)
+                                  peer_backward_lengths=args.peer_backward_lengths,
+                                  backward_lengths=args.backward_lengths)
         _print_path(console, report["path"])
     if command in ("pipeline", "all"):
         report["pipeline"] = run_pipeline(steps=args.pipeline_steps, rounds=args.pipeline_rounds,
                                           sizes=args.pipeline_sizes, with_logger=args.with_logger, log=log)
         console.print(pipeline_table(report["pipeline"]))
+    if command in ("precision", "all"):
+        report["precision"] = _precision(args, console, log)
     info = info or machine(device)
     for part in report.values():
         part["machine"] = info
@@ -335,6 +351,42 @@ def _storage(args, console, log, out: Path) -> int:
     atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
     return 0
+
+
+def _precision_args(parser) -> None:
+    """The precision bench's options (``--precision_*`` so that ``all`` keeps the schemes bench's ``--T``)."""
+    option(parser, "--precision_size", kind=choice("tiny", "small"), type=Literal["tiny", "small"], default="small",
+           help="the preset whose model shape is timed (default small: d 256, 6 layers)")
+    option(parser, "--precision_T", kind=count(2, 1 << 20), type=int, default=512,
+           help="training-step length (default 512, small's L)")
+    option(parser, "--precision_batch", kind=count(1, 4096), type=int, default=None,
+           help="batch (default: the bench's, small 2)")
+    option(parser, "--precision_repeats", kind=count(1, 1000), type=int, default=5,
+           help="rounds, both precisions each (default 5)")
+
+
+def _schemes(args, console, log) -> dict[str, Any]:
+    doc = run_schemes(**_schemes_settings(args), device=args.device, seed=args.seed, log=log)
+    console.print(schemes_table(doc))
+    console.print(ops_table(doc))
+    if doc["subnormals"] is not None:
+        console.print(subnormals_table(doc["subnormals"]))
+    return doc
+
+
+def _check_precision(args) -> None:
+    for name in ("precision_T", "precision_batch", "precision_repeats"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name}={value} is not valid; it must be positive")
+
+
+def _precision(args, console, log) -> dict[str, Any]:
+    doc = run_precision(args.precision_size, args.precision_T, args.precision_batch, args.precision_repeats,
+                        device=args.device, log=log)
+    for line in precision_lines(doc):
+        console.print(line, highlight=False)
+    return doc
 
 
 def _decode_args(parser) -> None:
@@ -392,6 +444,8 @@ def _checked_args(command: str, rest: list[str]):
         {"storage": _check_storage, "decode": _check_decode}[command](args)
     if hasattr(args, "device"):
         args.device = check_device(args.device)
+    if command in ("precision", "all"):
+        _check_precision(args)
     if command in ("pipeline", "all") and (args.pipeline_steps < 10 or args.pipeline_rounds < 1):
         raise UsageError("--pipeline_steps must be at least 10 (5 are warm-up) and --pipeline_rounds at least 1")
     if command in ("path", "all"):  # shapes and lengths of the PaTH kernels: a 0 would crash (or divide) deep inside

@@ -333,10 +333,12 @@ def eval_memory_cuda(lengths: Sequence[int] = (4096, 16384, 65536), B: int = 1, 
 def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=print, device: str = "cpu",
              memory_lengths: Sequence[int] | None = None, peer: str = "fla",
              peer_lengths: Sequence[int] = (512, 2048, 8192),
-             peer_backward_lengths: Sequence[int] = (512, 2048)) -> dict[str, Any]:
+             peer_backward_lengths: Sequence[int] = (512, 2048),
+             backward_lengths: Sequence[int] | None = None) -> dict[str, Any]:
     """The PaTH kernels' report: the kernels timed at each length and the evaluation's peak memory (CPU: chunked vs
     the recurrence, memory in fresh subprocesses, and against fla's CPU reference, :mod:`accrot.bench.peer`, unless
-    ``peer="none"``; CUDA: chunked vs fla's Triton kernel, memory in-process)."""
+    ``peer="none"``; CUDA: chunked vs fla's Triton kernel, memory in-process, forward + backward at
+    ``backward_lengths``, by default the first two ``lengths``)."""
     dev = parse_device(device)
     started = time.perf_counter()
     log(f"path: kernels at T = {', '.join(map(str, lengths))} (B {B}, H {H}, D {D}, chunk {chunk}) on {dev}")
@@ -345,7 +347,8 @@ def run_path(lengths: Sequence[int], B: int, H: int, D: int, chunk: int, log=pri
     if dev.type == "cuda":
         with torch.cuda.device(dev):
             doc["fla"] = fla_problem(dev) or "ok"
-            doc["kernels"] = bench_kernels_cuda(lengths=tuple(lengths), backward_lengths=tuple(lengths[:2]), B=B,
+            doc["kernels"] = bench_kernels_cuda(lengths=tuple(lengths), backward_lengths=tuple(
+                lengths[:2] if backward_lengths is None else backward_lengths), B=B,
                                                 H=H, D=D, chunk=chunk)
             log("path: evaluation peak memory")
             doc["memory"] = eval_memory_cuda(tuple(memory_lengths or (4096, 16384)), B=B, H=H, D=D, chunk=chunk)

@@ -94,7 +94,8 @@ class AccrotCLI(LightningCLI):
                                  "rotation[-increments]-far_mass[-values][-gate][-layers_...], e.g. accum-learned-none)")
         parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
         parser.add_argument("--wandb", type=str, default="auto",
-                            help="auto (online if logged in, else offline), online, offline or disabled")
+                            help="auto (online if logged in, else offline; disabled where wandb is not installed), online, "
+                                 "offline or disabled")
         parser.add_argument("--resume", type=str | None, default=None,
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
@@ -192,6 +193,7 @@ class AccrotCLI(LightningCLI):
         if self.subcommand == "fit":
             check_training_length(cfg.get("trainer") or {})
         check_devices(cfg.get("trainer") or {})
+        check_cpu_precision(cfg.get("trainer") or {})
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
@@ -392,6 +394,11 @@ class AccrotCLI(LightningCLI):
         loggers = [csv]
         mode = wandb_mode(cfg.get("wandb", "auto"))
         if mode != "disabled" and self.subcommand == "fit":
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:  # a minimal install (make wheelhouse HAVE=...)
+                raise UsageError(f"--wandb={cfg.get('wandb')!r} (mode {mode}) needs wandb, which is not installed; "
+                                 "pip install wandb, or pass --wandb=disabled")
             os.environ["WANDB_MODE"] = mode  # WandbLogger(offline=...) would override WANDB_MODE=disabled
             csv.experiment  # noqa: B018 - the CSV writer claims the new run directory before wandb fills it
             loggers.append(self._wandb(cfg, name, wandb_id))
@@ -477,6 +484,39 @@ def check_devices(trainer_cfg) -> None:
                          "indices ([0, 1]) or auto")
 
 
+def trains_on_cpu(trainer_cfg) -> bool:
+    """Whether ``trainer.accelerator`` resolves to the CPU: ``cpu``, or ``auto`` (the default) without CUDA or MPS."""
+    import torch
+
+    accelerator = trainer_cfg.get("accelerator")
+    if accelerator is None or str(accelerator) == "auto":
+        mps = getattr(torch.backends, "mps", None)
+        return not torch.cuda.is_available() and not (mps is not None and mps.is_available())
+    return str(accelerator) == "cpu"
+
+
+def check_cpu_precision(trainer_cfg) -> None:
+    """A bfloat16 precision (``bf16-mixed``, ``bf16-true``, and ``16-mixed``, which Lightning turns into
+    ``bf16-mixed`` on a CPU) on a CPU without hardware bf16 is refused in one line before anything is created:
+    there it would train several times slower than the float32 default, silently."""
+    from lightning.fabric.connector import _convert_precision_to_unified_args
+
+    from accrot.runtime import cpu_bf16_problem
+
+    asked = trainer_cfg.get("precision")
+    if asked is None or not trains_on_cpu(trainer_cfg):
+        return
+    try:
+        unified = str(_convert_precision_to_unified_args(asked))
+    except ValueError:  # not a precision at all: Lightning's own message names the valid ones
+        return
+    on_cpu = "bf16-mixed" if unified == "16-mixed" else unified  # Lightning's CPU fallback
+    problem = cpu_bf16_problem(on_cpu)
+    if problem:
+        shown = f" (on a CPU: {on_cpu})" if on_cpu != unified else ""
+        raise UsageError(f"trainer.precision={asked!r}{shown} is not valid on this CPU: {problem}")
+
+
 def start_warnings(model, trainer, data) -> list[str]:
     """One line for each setting that will not do what it says: more CPU processes than cores (each rank also
     trains its own batch), and scheme options the chosen scheme never reads."""
@@ -518,9 +558,14 @@ def check_path_kernel(model, device) -> None:
 
 
 def wandb_mode(requested: str) -> str:
-    """``auto`` honours WANDB_MODE, else goes online only when an API key is configured."""
+    """``auto`` honours WANDB_MODE, else goes online only when an API key is configured; where wandb is not
+    installed (a node's minimal install, make wheelhouse HAVE=...) it is off."""
     if requested != "auto":
         return requested
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        return "disabled"
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     if os.environ.get("WANDB_API_KEY"):

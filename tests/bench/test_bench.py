@@ -136,9 +136,10 @@ def test_quick_schemes_report(tmp_path):
     [["bench", "nonsense"], ["bench", "schemes", "--sizes", "huge"], ["bench", "schemes", "--repeats", "0"],
      ["bench", "schemes", "--batch", "{medium: 2}"], ["bench", "schemes", "--out", "/no/such/dir/x.json"],
      ["bench", "path", "--chunk", "0"], ["bench", "path", "--H", "-1"], ["bench", "all", "--lengths", "512", "0"],
-     ["bench", "path", "--memory_lengths", "0"]],
+     ["bench", "path", "--memory_lengths", "0"], ["bench", "precision", "--precision_repeats", "0"],
+     ["bench", "precision", "--precision_size", "huge"]],
     ids=["unknown-bench", "unknown-size", "zero-repeats", "unknown-batch-size", "missing-out-dir", "zero-chunk",
-         "negative-heads", "zero-length", "zero-memory-length"],
+         "negative-heads", "zero-length", "zero-memory-length", "precision-zero-repeats", "precision-unknown-size"],
 )
 def test_bad_input_is_one_line(argv, capsys):
     assert cli_main(argv) == 2
@@ -435,3 +436,41 @@ def test_decode_bench_times_the_registries_grid_by_default(monkeypatch):
     doc = decode.run_decode(train_length=4, multipliers=(1,), new_tokens=1, repeats=1, shape=shape,
                             log=lambda _: None)
     assert [r["cell"] for r in doc["rows"]] == ["none/none", "rope/none"]
+
+
+@pytest.mark.parametrize("hardware", ["avx512_bf16", None], ids=["cpu-with-bf16", "cpu-without-bf16"])
+def test_precision_bench_times_float32_and_bf16_side_by_side_where_the_cpu_has_bf16(monkeypatch, hardware):
+    """Both precisions per cell and their ratio (the median of the per-round ratios, from the samples it kept)
+    where the CPU has hardware bf16; float32 alone and the reason where it has not. Nothing about speed."""
+    import statistics
+
+    from accrot.bench.precision import precision_lines, run_precision
+
+    monkeypatch.setattr("accrot.runtime.cpu_bf16", lambda: hardware)
+    doc = run_precision("tiny", T=32, batch=1, repeats=3, log=lambda _: None)
+    assert [r["variant"] for r in doc["rows"]] == ["rope/none", "path/none"]
+    lines = precision_lines(doc)
+    for row, line in zip(doc["rows"], lines):
+        assert len(row["samples"]["32-true"]) == 3 and row["float32 ms"] > 0
+        if hardware:
+            ratios = [a / b for a, b in zip(row["samples"]["32-true"], row["samples"]["bf16-mixed"])]
+            assert row["float32 / bf16"] == pytest.approx(statistics.median(ratios))
+            assert f"float32 / bf16 = {row['float32 / bf16']:.2f}x" in line
+        else:
+            assert "bf16-mixed" not in row["samples"] and row["float32 / bf16"] is None
+            assert "no hardware bf16" in row["note"] and "no hardware bf16" in line
+    assert doc["bf16"] == ("measured" if hardware else doc["rows"][0]["note"])
+
+
+def test_the_precision_bench_is_a_command_and_part_of_all(tmp_path, monkeypatch):
+    from accrot.bench.command import QUICK_PRECISION, _checked_args
+
+    args = _checked_args("all", ["--quick"])
+    assert (args.precision_size, args.precision_T, args.precision_repeats) == (
+        QUICK_PRECISION["precision_size"], QUICK_PRECISION["precision_T"], 1)
+    monkeypatch.setattr("accrot.runtime.cpu_bf16", lambda: "amx_bf16")
+    out = tmp_path / "p.json"
+    assert main(["precision", "--precision_size", "tiny", "--precision_T", "16", "--precision_batch", "1",
+                 "--precision_repeats", "1", f"--out={out}"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["bench"] == "precision" and doc["machine"]["cpu"] and len(doc["rows"]) == 2

@@ -1,6 +1,9 @@
 """``make gpu-check``: every GPU check in one prepared script, within 10 minutes on one GPU.
 
-    .venv/bin/python tests/helpers/gpu_check.py [--budget 540] [--out results/gpu-check]
+    .venv/bin/python tests/helpers/gpu_check.py [--budget 540] [--out results/gpu-check] [--dry-run] [--all-sections]
+
+``--dry-run`` (no GPU needed) prints what a check would run on this node and for how long at most, and what its
+GPU-hours estimate will count; it runs nothing.
 
 Without CUDA it prints one line, writes a REPORT.md whose every section reads "skipped: no CUDA", and exits 0 (the
 rest of the suite never needs a GPU). With CUDA it runs, each section in a child process under its own share of the
@@ -16,15 +19,22 @@ did not run or a benchmark cell that erred is not a pass.
    the twin tests (outputs and gradients against the float64 CPU twins, fla PaTH / PaTH-FoX against the chunked
    kernel), a resumed run on CUDA, a 2-step bf16-mixed fast_dev_run of every shipped config × every scheme cell;
 2. one-rank DDP over NCCL: ``accrot fit --config tiny --trainer.strategy=ddp`` on one GPU;
-3. ``accrot bench path --device cuda``: chunked vs fla PaTH, forward and forward + backward, and peak memory;
+3. ``accrot bench path --device cuda``: chunked vs fla PaTH, forward and forward + backward, and peak memory, one
+   call per length (4k, 16k, 64k), each kept as it ends;
 4. the fused rotation kernels on CUDA, ``torch.compile`` (``ACCROT_GPU_KERNELS=on``) against eager (``off``), on the
    small model's training step of the learned-increment cells: which measures better;
 5. ``accrot bench schemes --device cuda``: training-step tokens/s per scheme cell (small, float32) and evaluation
-   peak memory at 4k / 16k / 64k tokens;
+   peak memory at 4k / 16k / 64k tokens, one call per evaluation length, each kept as it ends;
 6. last, the first 200 steps of the ``small`` preset per variant of the study (bf16-mixed, one GPU, in one
    process): tokens/s, ms/step and peak memory measured after a 10-step warm-up (a variant whose share of the budget
-   runs out stops early; its rate is over the steps it took), and the training time of the preset's runs
-   (13 variants × 2 data sets × 3 seeds × 5000 steps) they imply.
+   runs out stops early; its rate is over the steps it took), and the training time of the preset's runs they
+   imply: each variant's runs as the preset's size record makes them (its data sets × (seeds + the learning-rate
+   grid's points)), :func:`preset_runs`.
+
+A first check on a node (no ``warm`` mark in the cache folder) skips the sections of :data:`COLD_SKIPS`, which
+would spend their share compiling, and says so in their rows; their time goes to the others, so the check fits its
+budget and measures the GPU-hours. Once every planned section has run, the caches are marked warm and the next
+check runs all seven (``--all-sections`` runs them on a cold node too).
 
 A section that measures as it goes (the steps, the kernels) rewrites its results so far after each row
 (``NAME.partial.json``): stopped at its time limit, it is reported "timed out" with them. Triton's and Inductor's
@@ -68,10 +78,88 @@ TITLES = {"env": "environment: imports, one fla PaTH call, one compiled rotation
           "schemes": "accrot bench schemes --device cuda",
           "path": "accrot bench path --device cuda (chunked vs fla)"}
 STEPS, WARMUP = 200, 10
-PRESET_RUNS = {"datasets": 2, "seeds": 3, "steps": 5000}  # the small preset of accrot/study/variants.py
+PRESET = "small"  # the preset whose runs the steps section prices (accrot/study/variants.py's SIZES)
+# what a first check on a node skips: its compile caches are empty, and these two spend their share compiling
+# (torch.compile's rotations in every scheme cell, fla's autotuning) rather than measuring; the second check,
+# with the caches warm, runs them. The steps section (the GPU-hours) and the correctness sections always run.
+COLD_SKIPS = {"kernels": "torch.compile of every rotation cell", "schemes": "torch.compile of every scheme cell"}
+WARM_MARK = "warm"  # written into the cache folder when a check has run its last section
 # Triton's and Inductor's compiled kernels, kept for the next check on the same node: fla autotunes some 40 configs
 # per new (heads, head dim) on first use, and torch.compile's rotations compile once per shape family
 CACHE = REPO / ".cache" / "gpu-check"
+
+
+def preset_runs(size_name: str = PRESET) -> dict[str, Any]:
+    """The training runs ``accrot ablation --size SIZE`` makes, from its size record: per variant, the data sets
+    that run it (a data set may run only some variants) × (the seeds + the learning-rate grid's points, one seed
+    each, when the size tunes its rate), each of the size's training steps."""
+    import yaml
+
+    from accrot.run.args import CONFIG_DIR
+    from accrot.study.tuning import GRID_FACTORS
+    from accrot.study.variants import DATASET_VARIANTS, DEFAULT_DATASETS, DEFAULT_VARIANTS, SIZES
+
+    size = SIZES[size_name]
+    base = yaml.safe_load((CONFIG_DIR / f"{size.base}.yaml").read_text())
+    steps = size.overrides.get("trainer.max_steps", base["trainer"]["max_steps"])
+    grid = len(GRID_FACTORS) if size.tune_lr else 0
+    datasets = list(size.datasets or DEFAULT_DATASETS)
+    per_variant = {}
+    for variant in size.variants or DEFAULT_VARIANTS:
+        runs_it = [d for d in datasets if d not in DATASET_VARIANTS or variant in DATASET_VARIANTS[d]]
+        per_variant[variant] = {"datasets": runs_it, "runs": len(runs_it) * (size.seeds + grid)}
+    return {"size": size_name, "seeds": size.seeds, "grid": grid, "steps": steps, "datasets": datasets,
+            "variants": per_variant, "runs": sum(v["runs"] for v in per_variant.values())}
+
+
+def runs_line(runs: dict[str, Any]) -> str:
+    """The preset's runs in words: ``224 runs of 5000 steps: 17 variants × 2 data sets (...) × (5 seeds + 3 ...)``."""
+    only = {d: sum(d in r["datasets"] for r in runs["variants"].values()) for d in runs["datasets"]}
+    only = {d: n for d, n in only.items() if n < len(runs["variants"])}
+    grid = f" + {runs['grid']} learning rates of the grid" if runs["grid"] else ""
+    return (f"{runs['runs']} runs of {runs['steps']} steps: {len(runs['variants'])} variants × "
+            f"{len(runs['datasets'])} data sets ({', '.join(runs['datasets'])}) × ({runs['seeds']} seeds{grid})"
+            + "".join(f", {d} running {n} of the variants" for d, n in only.items()))
+
+
+def plan(cold: bool, everything: bool = False) -> tuple[list[tuple[str, float]], dict[str, str]]:
+    """The sections to run, with their budget shares, and those skipped with the reason: on a cold node (no warm
+    mark in the cache folder) the sections of :data:`COLD_SKIPS`, unless ``everything``."""
+    if not cold or everything:
+        return list(PLAN), {}
+    skipped = {name: (f"skipped: first check on this node (compile caches empty): its share would go to {what}, "
+                      "not to measuring; run make gpu-check again to measure it with the caches warm")
+               for name, what in COLD_SKIPS.items()}
+    return [(n, share) for n, share in PLAN if n not in skipped], skipped
+
+
+def is_cold(cache: Path = CACHE) -> bool:
+    """No check has yet run all its sections with these caches (:data:`WARM_MARK`)."""
+    return not (cache / WARM_MARK).exists()
+
+
+def dry_run(budget: float, cold: bool, everything: bool = False) -> list[str]:
+    """What a check would run here and for how long at most (each section's budget; a section that ends early
+    leaves its time to the next), and what its GPU-hours estimate will count."""
+    sections, skipped = plan(cold, everything)
+    total = sum(share for _, share in sections)
+    lines = [f"gpu-check --dry-run: a {'cold' if cold else 'warm'} node ({'no ' if cold else ''}{CACHE / WARM_MARK})"
+             f", budget {budget:.0f} s ({budget / 60:.1f} min) + up to {GRACE:.0f} s per section to stop one"]
+    spent = 0.0
+    for name, _ in PLAN:
+        share = dict(sections).get(name)
+        if share is None:
+            lines.append(f"  {name:<8} {skipped[name]}")
+            continue
+        seconds = budget * share / total
+        spent += seconds
+        lines.append(f"  {name:<8} at most {seconds:4.0f} s (until {spent:4.0f} s)  {TITLES[name]}")
+    runs = preset_runs()
+    lines += [f"estimated: at most {spent:.0f} s ({spent / 60:.1f} min) for {len(sections)} of {len(PLAN)} sections"
+              f"{'; ' + ', '.join(skipped) + ' on the next check' if skipped else ''}",
+              f"GPU-hours estimate: the {runs['size']} preset's {runs_line(runs)}, at each variant's ms/step "
+              f"measured over {STEPS - WARMUP} of its {STEPS} steps"]
+    return lines
 
 
 def cache_env(cache: Path = CACHE) -> dict[str, str]:
@@ -240,14 +328,21 @@ def report_without_cuda(out: Path) -> Path:
     return report
 
 
-def run_all(budget: float, out: Path) -> int:
+def run_all(budget: float, out: Path, cold: bool = False, everything: bool = False, cache: Path = CACHE) -> int:
+    """Every section of :func:`plan` in order, each under its share of what is left of ``budget``; on a cold node
+    the sections it skips are reported as skipped with the reason, and the caches are marked warm once every
+    planned section has run (passed, failed or timed out: it compiled what it reached)."""
     out.mkdir(parents=True, exist_ok=True)
     started, deadline = time.strftime("%Y-%m-%d %H:%M:%S"), time.monotonic() + budget
     report, env = out / "REPORT.md", environment()
     sections: list[dict[str, Any]] = []
-    for i, (name, share) in enumerate(PLAN):
+    todo, skipped = plan(cold, everything)
+    for name, why in skipped.items():
+        sections.append({"name": name, "status": "skipped", "seconds": 0, "budget_s": 0, "summary": why})
+        print(f"gpu-check: {TITLES[name]}: {why}", flush=True)
+    for i, (name, share) in enumerate(todo):
         left = deadline - time.monotonic()
-        rest = sum(s for _, s in PLAN[i:])
+        rest = sum(s for _, s in todo[i:])
         mine = left * share / rest  # this section's share of what is left
         if mine < 15:
             sections.append({"name": name, "status": "skipped", "seconds": 0, "budget_s": round(mine),
@@ -260,7 +355,12 @@ def run_all(budget: float, out: Path) -> int:
         sections.append(run_child(name, mine, out))
         write_report(report, env, sections, started)
         print(f"gpu-check:   {sections[-1]['status']}: {sections[-1].get('summary')}", flush=True)
+    sections.sort(key=lambda s: [n for n, _ in PLAN].index(s["name"]))
     write_report(report, env, sections, started)
+    ran = [s for s in sections if s["name"] in dict(todo)]
+    if ran and all(s["status"] != "skipped" for s in ran):
+        cache.mkdir(parents=True, exist_ok=True)  # every section compiled what it needs: the next check is warm
+        (cache / WARM_MARK).write_text(f"{started}\n")
     passed = sum(s["status"] == "passed" for s in sections)
     print(f"gpu-check: {passed}/{len(sections)} sections passed; wrote {report}")
     return 0 if passed == len(sections) else 1
@@ -402,6 +502,7 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
 
     size = SIZES[config] if config in SIZES else SIZES["small"]
     variants = list(variants or DEFAULT_VARIANTS)
+    runs = preset_runs()
     deadline = time.monotonic() + budget - 5
     rows, failed = [], []
     root = out / "steps-runs"
@@ -410,7 +511,7 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
         if share < 6:
             rows.append({"variant": label, "status": "skipped: no time left"})
             failed.append(label)
-            write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup))
+            write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup, runs))
             continue
         timing = out / f"steps-{i}.json"
         timing.unlink(missing_ok=True)
@@ -435,25 +536,31 @@ def section_steps(budget: float, out: Path, config: str = "small", steps: int = 
             row.update(steps=doc["steps"], ms_per_step=doc.get("ms_per_step"), tokens_per_s=doc.get("tokens_per_s"),
                        peak_mib=doc.get("peak_mib"))
             if doc.get("ms_per_step"):
-                row["preset_min_per_run"] = PRESET_RUNS["steps"] * doc["ms_per_step"] / 6e4
-                row["preset_gpu_h"] = PRESET_RUNS["datasets"] * PRESET_RUNS["seeds"] * row["preset_min_per_run"] / 60
+                row["preset_runs"] = runs["variants"].get(label, {}).get("runs", 0)
+                row["preset_min_per_run"] = runs["steps"] * doc["ms_per_step"] / 6e4
+                row["preset_gpu_h"] = row["preset_runs"] * row["preset_min_per_run"] / 60
         if rc != 0:
             failed.append(label)
         rows.append(row)
-        write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup))  # kept if the section is stopped
-    return steps_outcome(rows, failed, steps, warmup)
+        write_partial(out, "steps", steps_outcome(rows, failed, steps, warmup, runs))  # kept if the section is stopped
+    return steps_outcome(rows, failed, steps, warmup, runs)
 
 
-def steps_outcome(rows: list[dict[str, Any]], failed: list[str], steps: int, warmup: int) -> dict[str, Any]:
+def steps_outcome(rows: list[dict[str, Any]], failed: list[str], steps: int, warmup: int,
+                  runs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The steps section's result from the variants measured so far."""
+    runs = runs or preset_runs()
     measured = [r for r in rows if r.get("preset_gpu_h")]
     total = sum(r["preset_gpu_h"] for r in measured)
     notes = [f"ms/step and tokens/s over the steps after a {warmup}-step warm-up (batch × L tokens per step); a "
              f"variant stopped by its time share before step {steps} is measured over the steps it took",
-             f"preset_min_per_run: {PRESET_RUNS['steps']} steps at that rate (training only: the evaluation every "
-             "1000 steps and the diagnostics come on top); preset_gpu_h: × 2 data sets × 3 seeds"]
-    summary = (f"{len(measured)}/{len(rows)} variants measured; the small preset's training ≈ {total:.1f} GPU-hours "
-               "on this GPU (+ evaluation)" if measured else "no variant measured")
+             f"preset_min_per_run: {runs['steps']} steps at that rate (training only: the evaluation every "
+             "1000 steps and the diagnostics come on top); preset_gpu_h: × the variant's preset_runs",
+             f"the {runs['size']} preset: {runs_line(runs)}"]
+    unmeasured = runs["runs"] - sum(r.get("preset_runs", 0) for r in measured)
+    summary = (f"{len(measured)}/{len(rows)} variants measured; the {runs['size']} preset's training ≈ {total:.1f} "
+               f"GPU-hours on this GPU for {runs['runs'] - unmeasured} of its {runs['runs']} runs (+ evaluation)"
+               if measured else "no variant measured")
     if failed:
         summary += f"; not measured: {', '.join(failed)}"
     return {"status": "passed" if not failed and len(measured) == len(rows) else "failed", "summary": summary,
@@ -564,16 +671,54 @@ def schemes_rows(doc: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     return train, memory
 
 
-def section_schemes(budget: float, out: Path) -> dict[str, Any]:
-    doc, error = _bench(["schemes", "--device", "cuda", "--sizes", "small", "--T", "512", "--batch", "{small: 32}",
-                         "--repeats", "2", "--eval_repeats", "1", "--eval_lengths", "4096", "16384", "65536"],
-                        budget, out, "schemes")
-    if doc is None:
-        return error
-    train, memory = schemes_rows(doc)
-    return {"status": "passed", "summary": f"{len(train)} cells; float32 training step at small, B 32, T 512",
+SCHEMES_STAGES = ([4096], [16384], [65536])  # evaluation lengths per bench call, shortest first
+SCHEMES_ARGS = ["schemes", "--device", "cuda", "--sizes", "small", "--T", "512", "--batch", "{small: 32}",
+                "--eval_repeats", "1"]
+
+
+def merge_schemes(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One schemes report from the staged calls: the first call's training step, every call's evaluations."""
+    rows = {row["variant"]: {**row, "eval": dict(row["eval"])} for row in docs[0]["rows"]}
+    for doc in docs[1:]:
+        for row in doc["rows"]:
+            if row["variant"] in rows:
+                rows[row["variant"]]["eval"].update(row["eval"])
+    return {"rows": list(rows.values())}
+
+
+def schemes_outcome(docs: list[dict[str, Any]], stages: int, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The schemes section from the calls done so far (``stages`` planned): passed only when every one ran."""
+    if not docs:
+        return error or {"status": "failed", "summary": "nothing measured"}
+    train, memory = schemes_rows(merge_schemes(docs))
+    lengths = sorted({int(k) for row in merge_schemes(docs)["rows"] for k in row["eval"]})
+    summary = (f"{len(train)} cells; float32 training step at small, B 32, T 512; evaluation at "
+               f"{', '.join(map(str, lengths))} tokens")
+    status = "passed"
+    if len(docs) < stages:
+        status = (error or {}).get("status", "failed")
+        summary += f"; {stages - len(docs)} of {stages} evaluation stages not measured: {(error or {}).get('summary')}"
+    return {"status": status, "summary": summary,
             "tables": [("training tokens/s (small, float32)", train),
                        ("evaluation peak memory (tiny, batch 1; n/m cells: see --eval_all)", memory)]}
+
+
+def section_schemes(budget: float, out: Path, stages=SCHEMES_STAGES) -> dict[str, Any]:
+    """``accrot bench schemes --device cuda`` in one call per evaluation length, shortest first, each written as
+    it ends: a section stopped at its limit keeps every length measured before. The first call also times the
+    training step (2 rounds); the later ones repeat it at 1 round (a few seconds on a GPU) and only their
+    evaluations are kept."""
+    deadline = time.monotonic() + budget
+    docs: list[dict[str, Any]] = []
+    for i, lengths in enumerate(stages):
+        repeats = "2" if i == 0 else "1"
+        doc, error = _bench([*SCHEMES_ARGS, "--repeats", repeats, "--eval_lengths", *map(str, lengths)],
+                            deadline - time.monotonic(), out, f"schemes-{i}")
+        if doc is None:
+            return schemes_outcome(docs, len(stages), error)
+        docs.append(doc)
+        write_partial(out, "schemes", schemes_outcome(docs, len(stages)))
+    return schemes_outcome(docs, len(stages))
 
 
 def path_outcome(doc: dict[str, Any]) -> dict[str, Any]:
@@ -595,10 +740,29 @@ def path_outcome(doc: dict[str, Any]) -> dict[str, Any]:
             "notes": errs[1:]}
 
 
-def section_path(budget: float, out: Path) -> dict[str, Any]:
-    doc, error = _bench(["path", "--device", "cuda", "--lengths", "4096", "16384", "65536", "--memory_lengths",
-                         "4096", "16384", "65536"], budget, out, "path")
-    return error if doc is None else path_outcome(doc)
+PATH_STAGES = ((4096, True), (16384, True), (65536, False))  # (length, also forward + backward), shortest first
+
+
+def section_path(budget: float, out: Path, stages=PATH_STAGES) -> dict[str, Any]:
+    """``accrot bench path --device cuda`` in one call per length, shortest first, each written as it ends (a
+    section stopped at its limit keeps the lengths measured before)."""
+    deadline = time.monotonic() + budget
+    merged: dict[str, Any] = {"fla": "ok", "kernels": [], "memory": []}
+    for i, (length, backward) in enumerate(stages):
+        doc, error = _bench(["path", "--device", "cuda", "--lengths", str(length), "--memory_lengths", str(length),
+                             "--backward_lengths", *([str(length)] if backward else [])],
+                            deadline - time.monotonic(), out, f"path-{i}")
+        if doc is None:
+            if not merged["kernels"]:
+                return error
+            done = path_outcome(merged)
+            return {**done, "status": error["status"] if done["status"] == "passed" else done["status"],
+                    "summary": f"{done['summary']}; T={length} and longer not measured: {error['summary']}"}
+        merged["fla"] = merged["fla"] if doc.get("fla", "ok") == "ok" else doc["fla"]
+        merged["kernels"] += doc["kernels"]
+        merged["memory"] += doc["memory"]
+        write_partial(out, "path", path_outcome(merged))
+    return path_outcome(merged)
 
 
 def section_env(budget: float, out: Path) -> dict[str, Any]:
@@ -728,7 +892,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for all sections")
     parser.add_argument("--out", default=str(REPO / "results" / "gpu-check"), help="report folder")
     parser.add_argument("--section", choices=sorted(SECTIONS), help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what the check would run here and for how long at most, run nothing (no GPU needed)")
+    parser.add_argument("--all-sections", action="store_true",
+                        help="run every section even on a cold node (a first check: some sections may time out)")
     args = parser.parse_args(argv)
+    if args.budget < 60:
+        parser.exit(2, f"gpu-check: error: --budget={args.budget:g} is not valid; give at least 60 seconds\n")
+    if args.dry_run:
+        print("\n".join(dry_run(args.budget, is_cold(), args.all_sections)))
+        return 0
     import torch
 
     out = Path(args.out).resolve()
@@ -740,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.section:
         return run_section(args.section, args.budget, out)
-    return run_all(args.budget, out)
+    return run_all(args.budget, out, cold=is_cold(), everything=args.all_sections)
 
 
 if __name__ == "__main__":
