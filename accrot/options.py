@@ -332,9 +332,16 @@ def parse(parser, argv: Sequence[str]):
     """Parse ``argv`` and check every declared option and interaction, before the command does anything else."""
     argv = list(argv)
     args = parser.parse_args(argv)
+    check(parser, args, argv)
+    return args
+
+
+def check(parser, args, argv: Sequence[str]) -> None:
+    """Every declared option of ``parser`` in ``args`` (a namespace, or LightningCLI's config, read by ``dest``) and
+    every declared interaction, ``argv`` telling which options were given."""
     for action in declared(parser):
         kind = getattr(action, "accrot_kind", None)
-        value = getattr(args, action.dest, None)
+        value = args.get(action.dest) if hasattr(args, "get") else getattr(args, action.dest, None)
         if kind is None or value is None or (value == action.default and not given(argv, action.option_strings)):
             continue  # a default is the command's own choice (a default folder may not exist yet)
         kind.check(flag_of(action), value)
@@ -349,7 +356,6 @@ def parse(parser, argv: Sequence[str]):
         if given(argv, a) and not when(args):
             raise UsageError(f"{a} has no effect here ({why}); drop it")
     _checked(parser, args)
-    return args
 
 
 def _checked(parser, args) -> None:

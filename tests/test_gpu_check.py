@@ -73,8 +73,10 @@ def test_report_names_the_machine_and_every_section(tmp_path):
     assert "- ms/step after a 10-step warm-up" in text
 
 
-def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkeypatch):
-    budgets = {}
+@pytest.fixture
+def passing_sections(monkeypatch) -> dict[str, float]:
+    """Every section a child that passes at once; returns the budget each section was given, by name."""
+    budgets: dict[str, float] = {}
 
     def child(name, budget, out):
         budgets[name] = budget
@@ -82,6 +84,11 @@ def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, monkey
 
     monkeypatch.setattr(gpu_check, "run_child", child)
     monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+    return budgets
+
+
+def test_all_sections_passed_is_exit_0_and_the_budget_is_shared(tmp_path, passing_sections):
+    budgets = passing_sections
     assert gpu_check.run_all(500.0, tmp_path, cache=tmp_path / "cache") == 0
     assert list(budgets) == [name for name, _ in gpu_check.PLAN]
     # each section gets its share of what is left: the first its share of all, the last what the others left
@@ -315,15 +322,8 @@ def test_the_gpu_hours_count_each_variants_runs(monkeypatch):
     assert "training ≈ 0.8 GPU-hours on this GPU for 16 of its 224 runs" in doc["summary"]
 
 
-def test_a_cold_node_skips_the_compile_bound_sections_says_why_and_is_warm_after(tmp_path, monkeypatch):
-    budgets = {}
-
-    def child(name, budget, out):
-        budgets[name] = budget
-        return {"name": name, "status": "passed", "seconds": 1.0, "budget_s": round(budget), "summary": "ok"}
-
-    monkeypatch.setattr(gpu_check, "run_child", child)
-    monkeypatch.setattr(gpu_check, "environment", lambda: dict(ENV))
+def test_a_cold_node_skips_the_compile_bound_sections_says_why_and_is_warm_after(tmp_path, passing_sections):
+    budgets = passing_sections
     cache = tmp_path / "cache"
     assert gpu_check.is_cold(cache)
     assert gpu_check.run_all(500.0, tmp_path, cold=True, cache=cache) == 1  # skipped sections are not passes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from accrot.errors import UsageError
 from accrot.io import load_yaml
-from accrot.options import Kind, read_path
+from accrot.options import Kind, read_dir, read_path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -208,3 +208,4 @@ def data_module_class(class_path: str, where: str = "data"):
 DEVICE = Kind("device", lambda flag, value: check_device(str(value), flag), ("gpu", "cuda:99", "bogus", ""),
               "a device this machine has (cpu, cuda, cuda:1, mps)")
 READ_CKPT = read_path("a checkpoint (.ckpt) of an accrot run, or its run directory")
+RESUME = read_dir("a run directory (runs/<name>/version_N)")  # resume_args reads it before LightningCLI does

@@ -29,6 +29,7 @@ from accrot import phases
 from accrot.errors import BadInput, ConfigError, UsageError, one_line
 from accrot.lit import LitLM
 from accrot.logs import WANDB_MODES, hold_startup_logs
+from accrot.options import check, choice, option, read_path, text, write_dir
 from accrot.resume import (
     AtomicCheckpointIO,
     ResumableCSVLogger,
@@ -39,7 +40,7 @@ from accrot.resume import (
     remove_partials,
     settings_differences,
 )
-from accrot.run.args import data_module_class, resolve_config_args, resume_args, usable_cores
+from accrot.run.args import RESUME, data_module_class, resolve_config_args, resume_args, usable_cores
 from accrot.run.launch import check_launch
 from accrot.run.rundir import RunDirs, check_run_name, default_run_name
 from callbacks.checkpoint import make_resumable
@@ -89,17 +90,21 @@ class AccrotCLI(LightningCLI):
         return {"fit": LightningCLI.subcommands()["fit"]}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument("--name", type=str | None, default=None,
+        # accrot's own options of fit, declared of their kinds and checked with the rest (accrot.options) in
+        # before_instantiate_classes, once LightningCLI has read the config files and the command line
+        option(parser, "--name", kind=text("a run name"), type=str | None, default=None,
                             help="run name, a folder inside --root (default: the scheme's cell, "
                                  "rotation[-increments]-far_mass[-values][-gate][-layers_...], e.g. accum-learned-none)")
-        parser.add_argument("--root", type=str, default="runs", help="folder that holds the run directories")
-        parser.add_argument("--wandb", type=str, default="auto",
+        option(parser, "--root", kind=write_dir("a folder for the run directories"), type=str, default="runs",
+               help="folder that holds the run directories")
+        option(parser, "--wandb", kind=choice(*WANDB_MODES), type=str, default="auto",
                             help="auto (online if logged in, else offline; disabled where wandb is not installed), online, "
                                  "offline or disabled")
-        parser.add_argument("--resume", type=str | None, default=None,
+        option(parser, "--resume", kind=RESUME, type=str | None, default=None,
                             help="fit only: RUN_DIR (runs/<name>/version_N) to continue in place from its "
                                  "checkpoints/last.ckpt, with its own config.yaml (overrides allowed)")
-        parser.add_argument("--init_from", type=str | None, default=None,
+        option(parser, "--init_from", kind=read_path("a checkpoint (.ckpt) or its run directory"), type=str | None,
+               default=None,
                             help="fit only: CKPT (or a run directory: its checkpoints/last.ckpt) whose weights start a "
                                  "new run (a fresh optimiser, schedule and step count; run.json records it as init_from)")
         parser.add_lightning_class_args(ExtrapolationCallback, "extrapolation")
@@ -178,9 +183,14 @@ class AccrotCLI(LightningCLI):
             # a constructor refusing its arguments (a callback's, the Trainer's): bad input, one line
             raise UsageError(one_line(str(err))) from err
 
+    def _subcommand_parser(self):
+        """The parser of this subcommand (fit), which holds accrot's own declared options; None if not found."""
+        action = getattr(self.parser, "_subcommands_action", None)
+        return getattr(action, "_name_parser_map", {}).get(self.subcommand) if action is not None else None
+
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(self.subcommand, self.config)
-        if cfg.get("wandb") not in WANDB_MODES:
+        if cfg.get("wandb") not in WANDB_MODES:  # a config file's wandb: (the command line's is checked below too)
             raise UsageError(f"--wandb={cfg.get('wandb')!r} is not valid; choose one of {', '.join(WANDB_MODES)}")
         scheme = cfg.get("model", {}).get("scheme") if hasattr(cfg.get("model", {}), "get") else None
         if scheme is not None and getattr(scheme, "seed", 0) is None:
@@ -197,6 +207,9 @@ class AccrotCLI(LightningCLI):
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
             raise UsageError(f"resume={cfg.get('resume')!r} in a config file is not valid; pass --resume RUN_DIR "
                              "on the command line of accrot fit")
+        parser = self._subcommand_parser()
+        if parser is not None:  # fit's own declared options, as every other command's
+            check(parser, cfg, self.launch_argv)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         cfg = self.config_init[self.subcommand]
