@@ -76,7 +76,7 @@ def test_a_class_refusing_its_arguments_inside_a_union_keeps_the_class_message()
     raw = str(err.__cause__)  # jsonargparse's error, which the CLI turned into a one-line UsageError
     assert raw.startswith("Does not validate against any of the Union subtypes\n"), raw
     assert "Expected a <class 'NoneType'>" in raw
-    line = "seq_len=0 is not valid; use an integer >= 1"
+    line = "seq_len=0 is not valid; use an integer >= 2"
     assert one_line(raw) == line
     assert bad_input_message(err) == line
 

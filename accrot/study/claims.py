@@ -492,7 +492,8 @@ def _c1_extended(res: Results) -> Claim | None:
     if not extended:
         return None
     c = Claim("C1-ext", "... and better than RoPE with its best eval-time length extension",
-              "NLL at 4×–16× L: accum-random against the best of RoPE+PI/NTK/YaRN at that length",
+              "NLL at 4×–16× L: accum-random against the best of RoPE+PI/NTK/YaRN (YaRN in the field's code form) "
+              "at that length",
               rule="for at every length when the interval of accum-random − the best extension lies below 0")
     for m in _lengths(res, d, (4, 8, 16)) or [4.0]:
         best = best_at(res, d, extended, m)  # None: no extension evaluated at m (a "not run" comparison)

@@ -445,7 +445,7 @@ def test_carved_validation_that_is_empty_suggests_a_fraction(tmp_path):
         ({"name": "en"}, "name='en' is a hub dataset config but path"),
         ({"train_split": "dev"}, "train_split='dev' is not a split of"),
         ({"column": ""}, "column='' is not valid"),
-        ({"seq_len": 0}, "seq_len=0 is not valid; use an integer >= 1"),
+        ({"seq_len": 0}, "seq_len=0 is not valid; use an integer >= 2"),
     ],
     ids=["val0", "val-is-train", "name-local", "no-train-split", "column-blank", "seq0"],
 )

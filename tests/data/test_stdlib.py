@@ -278,7 +278,7 @@ def test_empty_validation_split_suggests_a_fraction(tmp_path):
     [
         ({"val_fraction": 0.0}, "val_fraction=0.0 is not valid"),
         ({"val_fraction": 1.5}, "val_fraction=1.5 is not valid"),
-        ({"seq_len": 0}, "seq_len=0 is not valid; use an integer >= 1"),
+        ({"seq_len": 0}, "seq_len=0 is not valid; use an integer >= 2"),
         ({"batch_size": -1}, "batch_size=-1 is not valid"),
         ({"glob": " "}, "glob=' ' is not valid"),
     ],

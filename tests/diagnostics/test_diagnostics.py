@@ -340,12 +340,12 @@ def test_diagnose_main_writes_json_and_pngs(fitted_run, tmp_path, capsys):
 
 
 def test_diagnose_main_rejects_bad_input(fitted_run, tmp_path, monkeypatch, capsys):
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(UsageError, match="--ckpt=.*: no such file or folder"):
         diagnose_main(["--ckpt", str(tmp_path / "missing.ckpt")])
     # through the accrot command: one line, exit status 2
     assert main(["diagnose", "--ckpt", str(tmp_path / "missing.ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("accrot: error: checkpoint") and "does not exist" in err[0]
+    assert len(err) == 1 and err[0].startswith("accrot: error: --ckpt=") and "no such file or folder" in err[0]
     assert main(["diagnose", "--ckpt", str(tmp_path / "missing.ckpt"), "--blocks", "two"]) == 2
     ckpt = str(fitted_run / "checkpoints" / "last.ckpt")
     with pytest.raises(UsageError, match="--eps"):

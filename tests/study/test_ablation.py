@@ -530,15 +530,16 @@ def test_bad_ablation_options_are_one_line_errors(tmp_path, capsys):
 
     for argv, expect in [
         (["--size=huge"], "--size='huge' is not valid; choose one of study, decide, tiny, small, paper"),
-        (["--variants=[NoPE, Rope]"], "unknown variant 'Rope'; choose from NoPE, RoPE"),
-        (["--variants", "NoPE", "Rope"], "unknown variant 'Rope'; choose from NoPE, RoPE"),  # shell words
+        (["--variants=[NoPE, Rope]"], "--variants='Rope' is not valid; did you mean RoPE? choose one of NoPE, RoPE"),
+        (["--variants", "NoPE", "Rope"], "--variants='Rope' is not valid; did you mean RoPE?"),  # shell words
         (["--variants=[NoPE, Rope"], "--variants='[NoPE, Rope' is not valid; give names (a b) or one YAML list"),
-        (["--multipliers", "1", "x"], "--multipliers=['1', 'x'] is not valid"),
+        (["--multipliers", "1", "x"], "--multipliers='1 x' is not valid"),
         (["--seeds=0"], "--seeds=0 is not valid"),
         (["--multipliers=[2, 4]"], "positive multiples of L that include 1"),
         (["--datasets", "corpus", "text"], "the text data set needs --text_root DIR"),
         (["--text_root", str(tmp_path)], "--text_root is given but --datasets does not name text"),
-        (["--datasets", "text", "--text_root", "/nonexistent/books"], "data root '/nonexistent/books' does not exist"),
+        (["--datasets", "text", "--text_root", "/nonexistent/books"],
+         "--text_root='/nonexistent/books': no such folder"),
         (["--datasets", "prose", "passkey", "prose"], "a data set is listed twice"),
     ]:
         assert main(["ablation", *argv, f"--out={tmp_path}"]) == 2
