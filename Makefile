@@ -43,7 +43,7 @@ help: ## show this help (colour on a terminal only; NO_COLOR=1 turns it off)
 $(STAMP): pyproject.toml constraints.txt $(wildcard accrot/ops/csrc/*.cpp accrot/ops/csrc/*.h) accrot/ops/cpu_kernels.py
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,peers]'
 	$(BIN)/python -m accrot.ops.cpu_kernels
 	@touch $@
 

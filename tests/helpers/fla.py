@@ -1,5 +1,5 @@
 """Whether fla's tests can run: they skip, with one reason line, only where fla's ops (``fla-core``) are not
-installed, and never under ``CI=true`` (CI installs fla-core and Triton through the dev extra, so a missing fla
+installed, and never under ``CI=true`` (CI installs fla-core and Triton through the peers extra, so a missing fla
 there fails its tests instead of passing them by skipping). An fla that is installed and does not import, or whose
 kernel raises, makes them fail: a broken install must never read as a skip."""
 
