@@ -599,9 +599,11 @@ def run_lightning(args: list[str], console_log: bool = False):
     typed = list(args)
     args, resume_dir = resume_args(list(args))
     overrides = _model_and_data_flags(typed) if resume_dir is not None else []  # what a refused resume names
-    args = resolve_config_args(args)
     argv0, sys.argv = sys.argv, sys.argv[:1]  # LightningCLI warns when it sees both args= and sys.argv
     try:
+        if resume_dir is not None:  # held before its config.yaml is read: the run's writer may be rewriting it
+            dirs.hold(resume_dir, option="--resume", what="the run directory")
+        args = resolve_config_args(args)
         with hold_startup_logs():  # an error before training is the only line printed
             cli = AccrotCLI(
                 LitLM,

@@ -140,9 +140,15 @@ class RunDirs:
         except OSError as err:
             raise UsageError(f"cannot write {what} {str(run_dir)!r} ({err.strerror or err}); pass a writable "
                              f"{option} with free space") from None
-        if self.lock is None or self.lock.folder != Path(run_dir).absolute():
+        if self.lock is None or self.lock.folder.resolve() != Path(run_dir).resolve():
             self.release()
             self.lock = FolderLock(Path(run_dir), option, what, beside=True)
+
+    def hold(self, run_dir: Path, option: str, what: str) -> None:
+        """Lock an existing run directory now (a resumed run: before anything reads its files), for :meth:`make`
+        to find held."""
+        self.release()
+        self.lock = FolderLock(Path(run_dir), option, what, beside=True)
 
     def release(self) -> None:
         """Drop the folder's lock (the command is done writing it)."""
