@@ -331,9 +331,22 @@ def given(argv: Sequence[str], flag: str | Sequence[str]) -> bool:
 def parse(parser, argv: Sequence[str]):
     """Parse ``argv`` and check every declared option and interaction, before the command does anything else."""
     argv = list(argv)
+    _once(parser, argv)
     args = parser.parse_args(argv)
     check(parser, args, argv)
     return args
+
+
+def _once(parser, argv: Sequence[str]) -> None:
+    """An option given twice is refused (argparse keeps the last without a word); an option that collects values
+    (``--set``, action append) may repeat."""
+    for action in declared(parser):
+        if not action.option_strings or type(action).__name__ == "_AppendAction":
+            continue
+        flags = [f for f in action.option_strings if not f.endswith("+")]
+        times = sum(1 for a in argv if a.split("=", 1)[0] in flags)
+        if times > 1:
+            raise UsageError(f"{flag_of(action)} is given {times} times; give it once")
 
 
 def check(parser, args, argv: Sequence[str]) -> None:

@@ -7,6 +7,7 @@ and logs ``extrap/nll@{m}x`` (plus last-window NLL) to every active logger.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -77,7 +78,7 @@ class ExtrapolationCallback(Periodic):
         elif rope_factor is not None:
             raise ValueError(f"rope_factor is set without rope_scaling; add rope_scaling: {', '.join(SCALINGS)}")
         self.rope_scaling, self.rope_factor = rope_scaling, rope_factor
-        if not multipliers or any(not m > 0 for m in multipliers):
+        if not multipliers or any(not (m > 0 and math.isfinite(m)) for m in multipliers):
             raise ValueError(f"multipliers={multipliers!r} is not valid; give positive multiples of the training length")
         if len(set(multipliers)) != len(multipliers):  # any order is fine (the ladder is sorted); twice is a typo
             twice = sorted({m for m in multipliers if list(multipliers).count(m) > 1})

@@ -229,3 +229,34 @@ def test_each_kind_accepts_its_good_values(tmp_path):
         for value in values:
             kind.check("--x", value)
     assert not (tmp_path / "new").exists()  # checking a folder to write creates nothing
+
+
+def test_an_option_given_twice_is_refused_and_a_collecting_one_may_repeat():
+    """argparse keeps the last of a flag given twice without a word; a collecting option (``action="append"``)
+    is meant to repeat."""
+    from jsonargparse import ArgumentParser
+
+    from accrot.errors import UsageError
+
+    parser = ArgumentParser(exit_on_error=False)
+    options.option(parser, "--n", kind=options.count(1), type=int, default=1)
+    options.option(parser, "--set", kind=options.FREE_TEXT, type=str, action="append", default=None)
+    with pytest.raises(UsageError, match="--n is given 2 times; give it once"):
+        options.parse(parser, ["--n", "2", "--n=3"])
+    assert options.parse(parser, ["--set", "a=1", "--set", "b=2"]).set == ["a=1", "b=2"]
+
+
+def test_every_command_refuses_an_option_given_twice(places, stop_after_checks, capsys):
+    for command in COMMANDS:
+        if command == "fit":  # LightningCLI's parser: fit's own options are checked, its class groups are the classes'
+            continue
+        argv = list(COMMANDS[command](places))
+        pairs = [(a, b) for a, b in zip(argv, argv[1:]) if a.startswith("--") and not b.startswith("--")]
+        if not pairs:  # slurm train: only a flag without a value
+            pairs = [("--dry-run", None)]
+        flag, value = pairs[0]
+        assert main([*argv, flag, *([value] if value is not None else [])]) == 2, command
+        err = capsys.readouterr().err.strip()
+        # the message may spell an option by its other name (--dry-run / --dry_run)
+        assert err.replace("_", "-") == f"accrot: error: {flag} is given 2 times; give it once".replace("_", "-"), (
+            command, err)

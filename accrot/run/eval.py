@@ -100,6 +100,10 @@ def main(argv: list[str]) -> int:
         check_eval_config(ckpt, state, Path(args.config), dm)
     train_length = int(dm.seq_len)
     lengths = [int(n) for n in lengths] if lengths else sorted({max(1, round(m * train_length)) for m in multipliers})
+    if min(lengths) < 2:  # a 1-token block has no position to evaluate (the per-position buckets need two)
+        flag = "--lengths" if args.lengths is not None else "--multipliers"
+        raise UsageError(f"{flag} gives an evaluation length of {min(lengths)} token(s) at L = {train_length}; each "
+                         "length needs at least 2 tokens")
     scaling = _scaling(args, train_length)
     sets = eval_sets(dm, lengths, args.budget_tokens)  # fails before any work
     check_generation(args.generate, dm, sets, scaling)

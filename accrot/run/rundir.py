@@ -59,7 +59,7 @@ class FolderLock:
         import fcntl
         import socket
 
-        folder = Path(folder).absolute()
+        folder = Path(folder).resolve()  # a symlink to a folder is that folder: one lock, not two
         self.folder = folder
         self.path = folder.parent / f".{folder.name}{LOCK_NAME}" if beside else folder / LOCK_NAME
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -140,7 +140,7 @@ class RunDirs:
         except OSError as err:
             raise UsageError(f"cannot write {what} {str(run_dir)!r} ({err.strerror or err}); pass a writable "
                              f"{option} with free space") from None
-        if self.lock is None or self.lock.folder.resolve() != Path(run_dir).resolve():
+        if self.lock is None or self.lock.folder != Path(run_dir).resolve():
             self.release()
             self.lock = FolderLock(Path(run_dir), option, what, beside=True)
 

@@ -112,3 +112,16 @@ def test_two_resumes_of_one_run_never_both_train(tmp_path):
     assert len(lines) == 1 and "is being written by another accrot command" in lines[0], lines
     assert lines[0].startswith(f"accrot: error: --resume {str(run.resolve())!r}") and "pass another" not in lines[0]
     assert not b.stdout.strip()  # refused before its run directory line: it trained and wrote nothing
+
+
+def test_a_symlink_to_a_held_folder_is_the_same_folder(tmp_path):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    held = FolderLock(folder, "--out", "the output folder")
+    try:
+        with pytest.raises(UsageError, match="is being written by another accrot command"):
+            FolderLock(link, "--out", "the output folder")
+    finally:
+        held.release()
