@@ -33,6 +33,15 @@ from accrot.position.rope_scaling import SCALINGS, RopeScaling, apply_rope_scali
 from callbacks.cadence import Periodic
 
 
+def _check_output(max_batch_tokens, filename) -> None:
+    """What the evaluation writes and how it batches, refused before training rather than after it."""
+    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) or max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens={max_batch_tokens!r} is not valid; give a positive number of tokens")
+    if not str(filename).strip() or "/" in str(filename) or not str(filename).endswith(".json"):
+        # written into the run directory itself, once training is done
+        raise ValueError(f"filename={filename!r} is not valid; give a file name ending in .json (no folder)")
+
+
 class ExtrapolationCallback(Periodic):
     """Multi-length evaluation on the data module's fixed evaluation blocks.
 
@@ -88,6 +97,7 @@ class ExtrapolationCallback(Periodic):
         if min_blocks < 1:
             raise ValueError(f"min_blocks={min_blocks!r} is not valid; at least 1 block per length")
         self.budget_tokens, self.min_blocks = budget_tokens, min_blocks
+        _check_output(max_batch_tokens, filename)
         self.max_batch_tokens = max_batch_tokens
         self.filename = filename
         self.sliding_multipliers = sorted(float(m) for m in sliding_multipliers)

@@ -114,6 +114,8 @@ class AccrotCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         try:
             super().parse_arguments(parser, args)
+            cfg = self.config.get(self.config.get("subcommand") or "fit", self.config)
+            check_seed(cfg.get("seed_everything"))  # LightningCLI seeds before any later hook: checked here
         except ArgumentError as err:
             # an unknown flag, or an unknown key inside a config file (jsonargparse: "does not accept")
             bad_class = re.search(r'Parser key "data".*?Problem with given class_path \'([^\']+)\'', str(err), re.S)
@@ -202,6 +204,7 @@ class AccrotCLI(LightningCLI):
             check_run_name(cfg.get("root", "runs"), cfg["name"])
         if self.subcommand == "fit":
             check_training_length(cfg.get("trainer") or {})
+            check_trainer_values(cfg.get("trainer") or {})
         check_devices(cfg.get("trainer") or {})
         check_cpu_precision(cfg.get("trainer") or {})
         if cfg.get("resume"):  # run_lightning turns a command-line --resume into --config/--ckpt_path
@@ -486,6 +489,31 @@ def check_training_length(trainer_cfg) -> None:
             zero = not any(value.values())
         if zero:
             raise UsageError(f"trainer.{key}={value!r} is not valid: the run would train no step; give {valid}")
+
+
+def check_trainer_values(trainer_cfg) -> None:
+    """Trainer settings that Lightning accepts and then fails on mid-run (a division by zero at the first validation,
+    numpy's seed bounds) or that silently invert training (a negative clipping norm flips every gradient): one line
+    before the run directory exists."""
+    def number(key):
+        value = trainer_cfg.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    for key, valid in (("val_check_interval", "a positive number of steps or a fraction in (0, 1]"),
+                       ("accumulate_grad_batches", "a positive whole number"),
+                       ("log_every_n_steps", "a positive whole number")):
+        value = number(key)
+        if value is not None and value <= 0:
+            raise UsageError(f"trainer.{key}={value!r} is not valid; give {valid}")
+    clip = number("gradient_clip_val")
+    if clip is not None and clip < 0:
+        raise UsageError(f"trainer.gradient_clip_val={clip!r} is not valid; give a norm >= 0 (0 or null: no clipping)")
+
+
+def check_seed(seed) -> None:
+    """numpy's seed bounds, which Lightning's seeding would hit with a traceback."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed <= 2**32 - 1:
+        raise UsageError(f"seed_everything={seed!r} is not valid; give a whole number from 0 to {2**32 - 1}")
 
 
 def check_devices(trainer_cfg) -> None:
